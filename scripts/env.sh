@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Sourced by the other scripts. Makes sure the build environment exists and exports:
+#   LIBREYOLO_PY        python with torch==2.11.0 (its libtorch is what we link against)
+#   LIBREYOLO_TORCH_CMAKE  torch.utils.cmake_prefix_path of that python
+#   LIBREYOLO_NV_ROOT   site-packages/nvidia of that python (nccl.h lives there)
+#
+# On a fresh Debian machine this installs the small -dev packages from Debian and
+# creates a virtual environment with the torch wheel in a cache OUTSIDE the clone
+# (default ~/.cache/libreyolo-cpp, override with LIBREYOLO_CACHE). Later runs reuse it.
+# On the GPU machine (LIBREYOLO_SYSTEM_TORCH=1, or no pip access) the system python3
+# that already has torch 2.11 is used instead.
+
+LIBREYOLO_TORCH_VERSION=2.11.0
+LIBREYOLO_CACHE=${LIBREYOLO_CACHE:-$HOME/.cache/libreyolo-cpp}
+
+_ly_log() { printf '[env] %s\n' "$*" >&2; }
+
+_ly_apt_deps() {
+  # Debian packages the build needs; installed only when missing.
+  local pkgs="cmake g++ make ninja-build libjpeg-dev libpng-dev libyaml-cpp-dev nlohmann-json3-dev libgtest-dev python3-venv"
+  local missing=""
+  command -v dpkg-query >/dev/null 2>&1 || return 0
+  for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+  done
+  [ -z "$missing" ] && return 0
+  _ly_log "installing Debian packages:$missing"
+  local sudo=""
+  [ "$(id -u)" != 0 ] && sudo="sudo"
+  $sudo apt-get update -qq >&2 || true
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq $missing >&2 || {
+    _ly_log "apt-get install failed for:$missing"; return 1; }
+}
+
+_ly_torch_ok() {  # $1 = python
+  "$1" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$LIBREYOLO_TORCH_VERSION' else 1)" 2>/dev/null
+}
+
+_ly_setup() {
+  if [ "${LIBREYOLO_SYSTEM_TORCH:-0}" = 1 ]; then
+    LIBREYOLO_PY=${LIBREYOLO_PY:-python3}
+    _ly_torch_ok "$LIBREYOLO_PY" || { _ly_log "system $LIBREYOLO_PY has no torch $LIBREYOLO_TORCH_VERSION"; return 1; }
+  else
+    _ly_apt_deps || return 1
+    local venv="$LIBREYOLO_CACHE/venv"
+    LIBREYOLO_PY="$venv/bin/python"
+    if ! [ -f "$venv/.ready-$LIBREYOLO_TORCH_VERSION" ] || ! _ly_torch_ok "$LIBREYOLO_PY"; then
+      _ly_log "creating $venv with torch==$LIBREYOLO_TORCH_VERSION (a large download, done once)"
+      mkdir -p "$LIBREYOLO_CACHE"
+      python3 -m venv "$venv" >&2 || return 1
+      "$venv/bin/pip" install -q --progress-bar off --upgrade pip >&2 || true
+      "$venv/bin/pip" install -q --progress-bar off "torch==$LIBREYOLO_TORCH_VERSION" numpy pycocotools >&2 || {
+        _ly_log "pip install failed"; return 1; }
+      _ly_torch_ok "$LIBREYOLO_PY" || { _ly_log "torch in $venv is not $LIBREYOLO_TORCH_VERSION"; return 1; }
+      touch "$venv/.ready-$LIBREYOLO_TORCH_VERSION"
+    fi
+  fi
+  LIBREYOLO_TORCH_CMAKE=$("$LIBREYOLO_PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
+  LIBREYOLO_NV_ROOT=$("$LIBREYOLO_PY" -c 'import nvidia;print(list(nvidia.__path__)[0])' 2>/dev/null || true)
+  export LIBREYOLO_PY LIBREYOLO_TORCH_CMAKE LIBREYOLO_NV_ROOT
+}
+
+_ly_setup || { _ly_log "environment setup failed"; return 1 2>/dev/null || exit 1; }

@@ -1,0 +1,2 @@
+#include <cstdio>
+int main() { std::puts("libreyolo " LIBREYOLO_VERSION); return 0; }

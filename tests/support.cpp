@@ -1,0 +1,88 @@
+#include "support.hpp"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <mutex>
+#include <vector>
+
+namespace fs = std::filesystem;
+
+namespace libreyolo::test {
+
+std::optional<std::string> fixtures_dir() {
+  const char* env = std::getenv("LIBREYOLO_FIXTURES");
+  std::vector<std::string> candidates;
+  if (env && *env) candidates.emplace_back(env);
+  for (const auto& c : candidates) {
+    if (fs::exists(fs::path(c) / "yolo9t_nc80_s320.pt")) return c;
+  }
+  return std::nullopt;
+}
+
+namespace {
+std::vector<std::string>& temp_dirs() {
+  static std::vector<std::string> dirs;
+  return dirs;
+}
+void cleanup_temp_dirs() {
+  if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
+  for (const auto& d : temp_dirs()) {
+    std::error_code ec;
+    fs::remove_all(d, ec);
+  }
+}
+}  // namespace
+
+std::string temp_dir(const std::string& tag) {
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(cleanup_temp_dirs); });
+  std::string tmpl = (fs::temp_directory_path() / ("libreyolo_" + tag + "_XXXXXX")).string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  temp_dirs().emplace_back(buf.data());
+  return buf.data();
+}
+
+int run_command(const std::string& cmd, std::string* output) {
+  std::string full = cmd + " 2>&1";
+  FILE* p = popen(full.c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf{};
+  std::string out;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  int st = pclose(p);
+  if (output) *output = out;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+std::optional<std::string> python_with_torch() {
+  static std::optional<std::string> cached;
+  static bool probed = false;
+  if (probed) return cached;
+  probed = true;
+  std::vector<std::string> cands;
+  if (const char* e = std::getenv("LIBREYOLO_PY")) cands.emplace_back(e);
+  cands.emplace_back(LIBREYOLO_TEST_PYTHON);
+  for (const auto& py : cands) {
+    if (run_command(py + " -c 'import torch'") == 0) return cached = py;
+  }
+  return std::nullopt;
+}
+
+bool cuda_available() { return torch::cuda::is_available(); }
+
+double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
+  auto ad = a.detach().to(torch::kCPU, torch::kDouble);
+  auto bd = b.detach().to(torch::kCPU, torch::kDouble);
+  double denom = std::max(bd.abs().max().item<double>(), 1e-12);
+  return (ad - bd).abs().max().item<double>() / denom;
+}
+
+}  // namespace libreyolo::test

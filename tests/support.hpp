@@ -1,0 +1,31 @@
+// Shared helpers for the test programs.
+#pragma once
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+
+namespace libreyolo::test {
+
+// Directory with the reference parity fixtures (env LIBREYOLO_FIXTURES), if present.
+std::optional<std::string> fixtures_dir();
+// A fresh temporary directory, removed at process exit.
+std::string temp_dir(const std::string& tag);
+// Python with torch (for interop tests), if it works.
+std::optional<std::string> python_with_torch();
+bool cuda_available();
+// Max |a-b| / max(|b|, tiny).
+double rel_err(const torch::Tensor& a, const torch::Tensor& b);
+// Runs a shell command, returns exit status; captures combined output.
+int run_command(const std::string& cmd, std::string* output = nullptr);
+
+}  // namespace libreyolo::test
+
+#define LY_REQUIRE_FIXTURES(var)                                                           \
+  auto var##_opt = ::libreyolo::test::fixtures_dir();                                      \
+  if (!var##_opt) GTEST_SKIP() << "reference fixtures not found (set LIBREYOLO_FIXTURES)"; \
+  const std::string var = *var##_opt
+
+#define LY_REQUIRE_CUDA() \
+  if (!::libreyolo::test::cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"
