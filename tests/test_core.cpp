@@ -15,3 +15,93 @@ TEST(Core, ErrorsCarryExitCodes) {
   EXPECT_EQ(libreyolo::ModelError("x").exit_code(), 4);
   EXPECT_EQ(libreyolo::RuntimeError("x").exit_code(), 1);
 }
+
+#include "core/device.hpp"
+#include "core/options.hpp"
+#include "engine/config_schema.hpp"
+
+TEST(Device, ParsesTheReferenceTable) {
+  using libreyolo::parse_device_list;
+  EXPECT_EQ(parse_device_list("0,1"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse_device_list("[0,1]"), (std::vector<int>{0, 1}));
+  EXPECT_EQ(parse_device_list("0,1,2"), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(parse_device_list("cuda:0,1"), (std::vector<int>{1}));
+  EXPECT_TRUE(parse_device_list("cuda:0,cuda:1").empty());
+  EXPECT_EQ(parse_device_list("0,0"), (std::vector<int>{0, 0}));
+  EXPECT_EQ(parse_device_list("cuda:3"), (std::vector<int>{3}));
+  EXPECT_EQ(parse_device_list("2"), (std::vector<int>{2}));
+  EXPECT_TRUE(parse_device_list("auto").empty());
+  EXPECT_TRUE(parse_device_list("CPU").empty());
+  EXPECT_TRUE(parse_device_list("cuda").empty());
+  EXPECT_TRUE(libreyolo::wants_distributed("0,1"));
+  EXPECT_FALSE(libreyolo::wants_distributed("0"));
+}
+
+TEST(Device, ResolvesSingleDevices) {
+  EXPECT_TRUE(libreyolo::resolve_device("cpu").is_cpu());
+  EXPECT_THROW(libreyolo::resolve_device("0,1"), libreyolo::UsageError);
+  EXPECT_THROW(libreyolo::resolve_device("gpu"), libreyolo::UsageError);
+  if (!torch::cuda::is_available()) {
+    EXPECT_TRUE(libreyolo::resolve_device("auto").is_cpu());
+    try {
+      libreyolo::resolve_device("cuda:0");
+      FAIL() << "expected an error";
+    } catch (const libreyolo::UsageError& e) {
+      EXPECT_EQ(e.code(), "device_not_available");
+    }
+  }
+}
+
+TEST(Options, AppliesKeyValuesWithTypes) {
+  libreyolo::TrainConfig c;
+  libreyolo::train_schema().apply(c, {{"epochs", "7"}, {"lr0", "0.02"}, {"amp", "False"}, {"mosaic", "0.5"},
+                                      {"--project", "x/y"}, {"no-aug-epochs", "2"}},
+                                  "train");
+  EXPECT_EQ(c.epochs, 7);
+  EXPECT_DOUBLE_EQ(c.lr0, 0.02);
+  EXPECT_FALSE(c.amp);
+  EXPECT_DOUBLE_EQ(c.mosaic_prob, 0.5);
+  EXPECT_EQ(c.project, "x/y");
+  EXPECT_EQ(c.no_aug_epochs, 2);
+}
+
+TEST(Options, UnknownKeySuggestsCloseMatch) {
+  libreyolo::TrainConfig c;
+  try {
+    libreyolo::train_schema().apply(c, {{"epcohs", "3"}}, "train");
+    FAIL() << "expected UsageError";
+  } catch (const libreyolo::UsageError& e) {
+    EXPECT_EQ(e.exit_code(), 2);
+    EXPECT_EQ(e.code(), "config_unknown_key");
+    EXPECT_NE(std::string(e.what()).find("Did you mean 'epochs'"), std::string::npos) << e.what();
+  }
+  try {
+    libreyolo::train_schema().apply(c, {{"zzzqqq", "3"}}, "train");
+    FAIL();
+  } catch (const libreyolo::UsageError& e) {
+    EXPECT_EQ(std::string(e.what()).find("Did you mean"), std::string::npos);
+  }
+}
+
+TEST(Options, BadValuesAndRanges) {
+  libreyolo::TrainConfig c;
+  EXPECT_THROW(libreyolo::train_schema().apply(c, {{"epochs", "ten"}}, "train"), libreyolo::UsageError);
+  EXPECT_THROW(libreyolo::train_schema().apply(c, {{"amp", "maybe"}}, "train"), libreyolo::UsageError);
+  EXPECT_THROW(libreyolo::train_schema().apply(c, {{"lr0", "1e999"}}, "train"), libreyolo::UsageError);
+  libreyolo::TrainConfig bad;
+  bad.imgsz = 100;
+  EXPECT_THROW(libreyolo::validate(bad), libreyolo::UsageError);
+  bad = {};
+  bad.amp_dtype = "float8";
+  EXPECT_THROW(libreyolo::validate(bad), libreyolo::UsageError);
+  EXPECT_NO_THROW(libreyolo::validate(libreyolo::TrainConfig{}));
+}
+
+TEST(Options, YamlDumpQuotesWhatNeedsIt) {
+  libreyolo::TrainConfig c;
+  c.name = "my run: 1";
+  std::string y = libreyolo::to_yaml(libreyolo::train_schema(), c);
+  EXPECT_NE(y.find("epochs: 300\n"), std::string::npos);
+  EXPECT_NE(y.find("name: 'my run: 1'\n"), std::string::npos);
+  EXPECT_NE(y.find("resume: ''\n"), std::string::npos);
+}

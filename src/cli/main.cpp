@@ -1,2 +1,10 @@
-#include <cstdio>
-int main() { std::puts("libreyolo " LIBREYOLO_VERSION); return 0; }
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "cli/cli.hpp"
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  return libreyolo::cli::run(args, std::cout, std::cerr);
+}

@@ -1,0 +1,175 @@
+// Training-step benchmark: one real-looking batch replayed (no data loader), as the reference's
+// figures in gpu_machine.md were taken: forward + loss + backward + SGD step, 640 px.
+//   bench_train_step --device cuda --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
+//                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
+//                    [--ema] [--no-kernels]
+// Prints one JSON object: per configuration min/median step ms, img/s, kernels per step, peak memory.
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#ifdef LIBREYOLO_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#endif
+
+#include "engine/step.hpp"
+#include "models/detector.hpp"
+
+using namespace libreyolo;
+using json = nlohmann::json;
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string p;
+  while (std::getline(ss, p, ','))
+    if (!p.empty()) out.push_back(p);
+  return out;
+}
+
+void sync(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+}
+
+// A batch that looks like training data: mosaic-like random images and 2-20 boxes per image.
+std::pair<torch::Tensor, torch::Tensor> make_batch(int64_t b, int64_t s, int nc) {
+  torch::manual_seed(0);
+  auto images = torch::randint(0, 256, {b, s, s, 3}, torch::kUInt8);
+  auto targets = torch::zeros({b, 100, 5});
+  targets.select(2, 0).fill_(-1);
+  for (int64_t i = 0; i < b; ++i) {
+    int64_t n = 2 + (i * 7) % 19;
+    for (int64_t k = 0; k < n; ++k) {
+      float cx = 0.1f + 0.8f * torch::rand({1}).item<float>(), cy = 0.1f + 0.8f * torch::rand({1}).item<float>();
+      float w = 0.02f + 0.3f * torch::rand({1}).item<float>(), h = 0.02f + 0.3f * torch::rand({1}).item<float>();
+      targets[i][k] = torch::tensor({static_cast<float>(k % nc), std::max(0.f, cx - w / 2), std::max(0.f, cy - h / 2),
+                                     std::min(1.f, cx + w / 2), std::min(1.f, cy + h / 2)});
+    }
+  }
+  return {images, targets};
+}
+
+#ifdef LIBREYOLO_CUDA
+int64_t count_kernels(const std::function<void()>& step) {
+  using namespace torch::autograd::profiler;
+  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<torch::profiler::impl::ActivityType> acts{torch::profiler::impl::ActivityType::CPU,
+                                                     torch::profiler::impl::ActivityType::CUDA};
+  prepareProfiler(cfg, acts);
+  enableProfiler(cfg, acts);
+  step();
+  torch::cuda::synchronize();
+  auto result = disableProfiler();
+  int64_t n = 0;
+  for (const auto& e : result->events())
+    if (e.deviceType() == c10::DeviceType::CUDA && e.activityType() == 5) ++n;  // CONCURRENT_KERNEL
+  return n;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string device = "cpu", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto";
+  int steps = 24, warmup = 6, imgsz = 640;
+  bool ema_on = false, kernels = true;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::runtime_error("missing value for " + a);
+      return argv[++i];
+    };
+    if (a == "--device") device = val();
+    else if (a == "--sizes") sizes = val();
+    else if (a == "--batches") batches = val();
+    else if (a == "--dtypes") dtypes = val();
+    else if (a == "--steps") steps = std::stoi(val());
+    else if (a == "--warmup") warmup = std::stoi(val());
+    else if (a == "--imgsz") imgsz = std::stoi(val());
+    else if (a == "--memory-format") memfmt = val();
+    else if (a == "--ema") ema_on = true;
+    else if (a == "--no-kernels") kernels = false;
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  torch::Device dev = device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (dev.is_cuda() && !torch::cuda::is_available()) {
+    std::cerr << "no CUDA device\n";
+    return 1;
+  }
+  const models::Family* fam = models::find_family("yolo9");
+  json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", imgsz}, {"steps", steps},
+              {"warmup", warmup}, {"ema", ema_on}, {"results", json::array()}};
+  for (const auto& size : split(sizes)) {
+    for (const auto& bs : split(batches)) {
+      for (const auto& dt : split(dtypes)) {
+        const int64_t B = std::stoll(bs);
+        auto model = fam->build(size, 80);
+        model->to(dev);
+        model->train();
+        engine::StepConfig sc;
+        sc.device = dev;
+        sc.amp = engine::plan_amp(dt != "fp32", dt == "bf16" ? "bfloat16" : "float16", dev);
+        sc.channels_last = memfmt == "channels_last" || (memfmt == "auto" && dev.is_cuda());
+        if (sc.channels_last) engine::to_channels_last(*model);
+        std::shared_ptr<models::Detector> ema_model;
+        std::unique_ptr<engine::ModelEMA> ema;
+        if (ema_on) {
+          ema_model = fam->build_like(models::state_dict(*model), 80);
+          ema_model->to(dev);
+          if (sc.channels_last) engine::to_channels_last(*ema_model);
+          ema = std::make_unique<engine::ModelEMA>(ema_model, *model);
+        }
+        engine::LrSchedule sched;
+        sched.warmup_iters = 0;
+        sched.total_iters = 1000000;
+        engine::StepRunner runner(model, fam->make_loss(*model), engine::make_optimizer(*model, {}),
+                                  std::make_unique<engine::GradScaler>(dev, sc.amp.scaler), ema.get(), sched, sc);
+        auto [images, targets] = make_batch(B, imgsz, 80);
+        images = images.to(dev);
+        targets = targets.to(dev);
+        auto step = [&] {
+          runner.forward_backward(images, targets);
+          runner.optimizer_step();
+        };
+        for (int i = 0; i < warmup; ++i) step();
+        sync(dev);
+#ifdef LIBREYOLO_CUDA
+        if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
+#endif
+        std::vector<double> ms;
+        for (int i = 0; i < steps; ++i) {
+          auto t0 = std::chrono::steady_clock::now();
+          step();
+          sync(dev);
+          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        std::sort(ms.begin(), ms.end());
+        json r = {{"model", "yolo9" + size}, {"batch", B}, {"dtype", dt}, {"channels_last", sc.channels_last},
+                  {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
+                  {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
+#ifdef LIBREYOLO_CUDA
+        if (dev.is_cuda()) {
+          auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+          r["peak_allocated_gb"] = static_cast<double>(st.allocated_bytes[0].peak) / 1e9;
+          r["peak_reserved_gb"] = static_cast<double>(st.reserved_bytes[0].peak) / 1e9;
+          if (kernels) r["kernels_per_step"] = count_kernels(step);
+        }
+#endif
+        out["results"].push_back(r);
+        std::cerr << r.dump() << "\n";
+      }
+    }
+  }
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}

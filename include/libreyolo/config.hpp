@@ -1,0 +1,99 @@
+// Configuration structs of the public API. Every field is also a key=value option of the CLI
+// and of the Kwargs overloads (same names as LibreYOLO's Python API). Defaults are the
+// reference's YOLOv9 recipe unless noted.
+#pragma once
+#include <string>
+
+namespace libreyolo {
+
+struct TrainConfig {
+  // What to train on.
+  std::string data;              // data YAML, or "builtin" for the generated shapes dataset
+  int epochs = 300;
+  int batch = 16;                // global batch; -1 = autobatch
+  int imgsz = 640;
+  std::string device = "auto";   // auto, cpu, cuda, cuda:N, N, "0,1"
+  int workers = 8;               // loader threads (0 = load in the training thread)
+  std::string cache = "false";   // false, ram
+  int seed = 0;
+  std::string resume;            // "", true (the loaded checkpoint), or a checkpoint path
+  bool pretrained = true;        // use the loaded weights (false: fresh init of the same shape)
+
+  // Precision and speed.
+  bool amp = true;
+  std::string amp_dtype = "float16";  // float16 (dynamic loss scaling) or bfloat16 (no scaler)
+  std::string memory_format = "auto"; // auto, channels_last, contiguous
+
+  // Optimisation.
+  std::string optimizer = "sgd";      // sgd, adam, adamw
+  double lr0 = 0.01;
+  double momentum = 0.937;
+  double weight_decay = 5e-4;
+  bool nesterov = true;
+  std::string scheduler = "linear";   // linear, cos (warmcos)
+  double warmup_epochs = 3;
+  double warmup_lr_start = 1e-4;
+  double min_lr_ratio = 0.01;
+  int nbs = 0;                        // nominal batch for gradient accumulation (0 = off)
+  double clip_max_norm = 0.0;         // 0 = no gradient clipping
+  std::string freeze;                 // "", N, or comma-separated module names
+
+  // Augmentation.
+  int no_aug_epochs = 15;
+  double mosaic_prob = 1.0;
+  double mixup_prob = 0.0;
+  double hsv_prob = 1.0;
+  double flip_prob = 0.5;
+  double degrees = 0.0;   // stored for compatibility; the YOLOv9 recipe ignores it
+  double translate = 0.1; // idem
+  double shear = 0.0;     // idem
+
+  // EMA, validation, checkpoints.
+  bool ema = true;
+  double ema_decay = 0.9999;
+  double ema_tau = 2000;
+  bool val = true;
+  int eval_interval = 10;
+  int patience = 50;
+  int save_period = 10;
+  bool save_plots = false;
+  std::string project = "runs/train";
+  std::string name = "yolo9_exp";
+  bool exist_ok = false;
+  bool sync_bn = true;
+  bool verbose = true;  // progress lines
+};
+
+struct PredictConfig {
+  std::string source = "SAMPLE_IMAGE";  // image file, directory, or SAMPLE_IMAGE (built in)
+  double conf = 0.25;
+  double iou = 0.45;
+  int imgsz = 640;
+  int max_det = 300;
+  std::string classes;                  // "", or comma-separated class ids to keep
+  std::string device = "auto";
+  bool half = false;                    // bfloat16 on CUDA
+  int batch = 1;
+  bool save = false;                    // write annotated images
+  std::string project = "runs/detect";
+  std::string name = "predict";
+  bool exist_ok = false;
+};
+
+struct ValConfig {
+  std::string data;
+  std::string split = "val";
+  int batch = 16;
+  int imgsz = 640;
+  double conf = 0.001;
+  double iou = 0.6;
+  int max_det = 300;
+  bool half = false;
+  int workers = 4;
+  std::string device = "auto";
+  std::string project = "runs/val";
+  std::string name = "exp";
+  bool exist_ok = false;
+};
+
+}  // namespace libreyolo

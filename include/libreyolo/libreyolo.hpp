@@ -1,0 +1,113 @@
+// LibreYOLO C++ API, shaped like the Python one:
+//
+//   libreyolo::LibreYOLO model("LibreYOLO9t.pt");          // or "yolo9t" for a fresh model
+//   auto results = model.predict("image.jpg", {{"conf", "0.3"}});
+//   auto summary = model.train({{"data", "my.yaml"}, {"epochs", "100"}});
+//
+// Options are the same key=value pairs the CLI takes (see config.hpp for names and defaults).
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <libreyolo/config.hpp>
+#include <libreyolo/errors.hpp>
+
+namespace libreyolo {
+
+using Kwargs = std::vector<std::pair<std::string, std::string>>;
+
+struct Detection {
+  float x1 = 0, y1 = 0, x2 = 0, y2 = 0;  // original-image pixels
+  float score = 0;
+  int class_id = 0;
+  std::string class_name;
+};
+
+struct PredictResult {
+  std::string source;  // file path, or "SAMPLE_IMAGE"
+  int height = 0, width = 0;
+  std::vector<Detection> detections;
+  std::string saved_path;  // annotated image, when save=true
+  double preprocess_ms = 0, inference_ms = 0, postprocess_ms = 0;
+};
+
+struct ValResult {
+  std::vector<std::pair<std::string, double>> metrics;  // metrics/mAP50-95, ..., speed/...
+  double get(const std::string& key, double fallback = 0.0) const;
+};
+
+struct EpochSummary {
+  int epoch = 0;  // 1-based
+  double seconds = 0;
+  double loss = 0, box_loss = 0, dfl_loss = 0, cls_loss = 0;
+  std::vector<double> lrs;  // per parameter group
+  bool validated = false, is_best = false;
+  double map50 = 0, map50_95 = 0;
+};
+
+struct TrainResult {
+  double final_loss = 0;
+  std::vector<EpochSummary> epochs;
+  double best_mAP50 = 0, best_mAP50_95 = 0;
+  int best_epoch = 0;  // 1-based, 0 = never validated
+  std::string save_dir, best_checkpoint, last_checkpoint;
+  double total_seconds = 0;
+};
+
+// Callbacks on the usual training events.
+struct TrainCallbacks {
+  std::function<void(const TrainConfig&, const std::string& save_dir)> on_train_start;
+  std::function<void(const EpochSummary&)> on_epoch_end;
+  std::function<void(const TrainResult&)> on_train_end;
+  std::function<void(const std::exception&)> on_train_exception;
+};
+
+struct ModelInfo {
+  std::string family, size, task;
+  int num_classes = 0;
+  std::vector<std::string> names;
+  int imgsz = 640;
+  long long parameters = 0;
+  std::string device;
+  std::string weights;  // path it was loaded from, or "" for a fresh model
+};
+
+class LibreYOLO {
+ public:
+  // `model` is a checkpoint path (LibreYOLO .pt), or a model name such as "yolo9t", "yolo9-s",
+  // "LibreYOLO9c" for a fresh, untrained model of that size (80 COCO class slots).
+  explicit LibreYOLO(const std::string& model, const std::string& device = "auto");
+  // A fresh model of a family and size with `num_classes` classes.
+  static LibreYOLO create(const std::string& family, const std::string& size, int num_classes = 80,
+                          const std::string& device = "auto");
+  ~LibreYOLO();
+  LibreYOLO(LibreYOLO&&) noexcept;
+  LibreYOLO& operator=(LibreYOLO&&) noexcept;
+
+  std::vector<PredictResult> predict(const std::string& source, const Kwargs& options = {});
+  std::vector<PredictResult> predict(const PredictConfig& config);
+
+  TrainResult train(const Kwargs& options, const TrainCallbacks& callbacks = {});
+  TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks = {});
+
+  ValResult val(const Kwargs& options);
+  ValResult val(const ValConfig& config);
+
+  // Writes lean inference weights (LibreYOLO v1.0 schema), loadable by Python torch.load.
+  void save(const std::string& path) const;
+  ModelInfo info() const;
+
+  struct Impl;
+  Impl& impl() { return *impl_; }
+
+ private:
+  explicit LibreYOLO(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+const char* version();
+
+}  // namespace libreyolo

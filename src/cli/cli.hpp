@@ -1,0 +1,30 @@
+// The `libreyolo` command line, in LibreYOLO's grammar:
+//   libreyolo [detect] <command> key=value ... [--key value] [--flag | --no-flag | flag]
+// Exit codes: 0 ok, 1 runtime, 2 usage, 3 data, 4 model.
+#pragma once
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "core/options.hpp"
+
+namespace libreyolo::cli {
+
+struct ParsedArgs {
+  std::string command;
+  Kwargs kwargs;     // key=value pairs in order (keys normalised: dashes -> underscores)
+  bool json = false;
+  bool quiet = false;
+  bool verbose = false;
+  bool help = false;
+  std::vector<std::string> positional;
+};
+
+// Splits argv (without the program name). `bool_keys` are the command's boolean options, so
+// that a bare `flag`, `--flag` and `--no-flag` become flag=true/false. Throws UsageError.
+ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& bool_keys);
+
+// Runs a command line; output to `out` (results) and `err` (messages). Returns the exit code.
+int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace libreyolo::cli

@@ -1,0 +1,79 @@
+#include "core/device.hpp"
+
+#include <torch/cuda.h>
+
+#include <cctype>
+
+#include <libreyolo/errors.hpp>
+
+namespace libreyolo {
+
+namespace {
+std::string trim_lower(std::string s) {
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
+  size_t i = 0;
+  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  s = s.substr(i);
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+bool all_digits(const std::string& s) {
+  if (s.empty() || s.size() > 6) return false;
+  for (char c : s)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  return true;
+}
+}  // namespace
+
+std::vector<int> parse_device_list(const std::string& device) {
+  std::string s = trim_lower(device);
+  if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = s.substr(1, s.size() - 2);
+  if (s.empty() || s == "auto" || s == "cpu" || s == "mps") return {};
+  std::vector<int> out;
+  if (s.find(',') != std::string::npos) {
+    size_t start = 0;
+    while (start <= s.size()) {
+      size_t end = s.find(',', start);
+      std::string part = trim_lower(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+      if (all_digits(part)) out.push_back(std::stoi(part));
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+    return out;
+  }
+  if (s.rfind("cuda:", 0) == 0 && all_digits(s.substr(5))) return {std::stoi(s.substr(5))};
+  if (all_digits(s)) return {std::stoi(s)};
+  return {};
+}
+
+bool wants_distributed(const std::string& device) { return parse_device_list(device).size() > 1; }
+
+torch::Device resolve_device(const std::string& device) {
+  const std::string s = trim_lower(device);
+  if (s.empty() || s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  if (s == "cpu") return torch::Device(torch::kCPU);
+  if (s == "mps")
+    throw UsageError("device=mps is not supported by the C++ library", "Use device=cpu or a CUDA device.",
+                     "device_not_available");
+  auto list = parse_device_list(s);
+  if (list.size() > 1)
+    throw UsageError("device=" + device + " names several GPUs; only training can use more than one",
+                     "Use a single device here.", "config_conflict");
+  int index = 0;
+  if (list.size() == 1) {
+    index = list[0];
+  } else if (s != "cuda") {
+    throw UsageError("Invalid device string: '" + device + "'",
+                     "Use auto, cpu, cuda, cuda:N or a GPU index.", "config_type_error");
+  }
+  if (!torch::cuda::is_available())
+    throw UsageError("device=" + device + " asks for CUDA, but no CUDA device is available",
+                     "Use device=cpu.", "device_not_available");
+  if (index >= static_cast<int>(torch::cuda::device_count()))
+    throw UsageError("CUDA device " + std::to_string(index) + " does not exist (" +
+                         std::to_string(torch::cuda::device_count()) + " available)",
+                     "", "device_not_available");
+  return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+}  // namespace libreyolo

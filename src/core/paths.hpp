@@ -1,0 +1,10 @@
+#pragma once
+#include <string>
+
+namespace libreyolo {
+// project/name, or with exist_ok=false and the directory present, the first free of
+// project/name2, name3, ... (LibreYOLO's run directory rule). Creates the directory.
+std::string make_run_dir(const std::string& project, const std::string& name, bool exist_ok);
+// Writes `content` to `path` through a temporary file and a rename (never half-written).
+void write_file_atomic(const std::string& path, const std::string& content);
+}  // namespace libreyolo

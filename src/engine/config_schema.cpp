@@ -1,0 +1,198 @@
+#include "engine/config_schema.hpp"
+
+#include <set>
+
+#include <libreyolo/errors.hpp>
+
+namespace libreyolo {
+
+const OptionSchema<TrainConfig>& train_schema() {
+  static const OptionSchema<TrainConfig> s = [] {
+    OptionSchema<TrainConfig> o;
+    using C = TrainConfig;
+    o.add("data", &C::data, "dataset YAML, or 'builtin' for the generated shapes dataset")
+        .add("epochs", &C::epochs, "number of epochs")
+        .add("batch", &C::batch, "global batch size (-1 = autobatch)")
+        .add("imgsz", &C::imgsz, "square training image size (multiple of 32)")
+        .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
+        .add("workers", &C::workers, "data loader threads")
+        .add("cache", &C::cache, "cache decoded images: false or ram")
+        .add("seed", &C::seed, "random seed")
+        .add("resume", &C::resume, "resume from a checkpoint path (or true: the loaded one)")
+        .add("pretrained", &C::pretrained, "start from the loaded weights")
+        .add("amp", &C::amp, "mixed precision on CUDA")
+        .add("amp_dtype", &C::amp_dtype, "float16 (with loss scaling) or bfloat16")
+        .add("memory_format", &C::memory_format, "auto, channels_last or contiguous")
+        .add("optimizer", &C::optimizer, "sgd, adam or adamw")
+        .add("lr0", &C::lr0, "initial learning rate")
+        .add("momentum", &C::momentum, "SGD momentum")
+        .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
+        .add("nesterov", &C::nesterov, "Nesterov momentum")
+        .add("scheduler", &C::scheduler, "linear or cos")
+        .add("warmup_epochs", &C::warmup_epochs, "linear warm-up length in epochs")
+        .add("warmup_lr_start", &C::warmup_lr_start, "learning rate at the start of warm-up")
+        .add("min_lr_ratio", &C::min_lr_ratio, "final learning rate as a fraction of lr0")
+        .add("nbs", &C::nbs, "nominal batch size for gradient accumulation (0 = off)")
+        .add("clip_max_norm", &C::clip_max_norm, "gradient clipping max norm (0 = off)")
+        .add("freeze", &C::freeze, "freeze the first N module groups, or named modules")
+        .add("no_aug_epochs", &C::no_aug_epochs, "final epochs without mosaic/mixup")
+        .add("mosaic_prob", &C::mosaic_prob, "mosaic probability")
+        .add("mixup_prob", &C::mixup_prob, "mixup probability")
+        .add("hsv_prob", &C::hsv_prob, "HSV augmentation probability")
+        .add("flip_prob", &C::flip_prob, "horizontal flip probability")
+        .add("degrees", &C::degrees, "accepted for compatibility; unused by YOLOv9")
+        .add("translate", &C::translate, "accepted for compatibility; unused by YOLOv9")
+        .add("shear", &C::shear, "accepted for compatibility; unused by YOLOv9")
+        .add("ema", &C::ema, "keep an exponential moving average of the weights")
+        .add("ema_decay", &C::ema_decay, "EMA decay")
+        .add("ema_tau", &C::ema_tau, "EMA warm-up constant (updates)")
+        .add("val", &C::val, "validate during training")
+        .add("eval_interval", &C::eval_interval, "validate every N epochs")
+        .add("patience", &C::patience, "early stop after N validations without improvement (0 = off)")
+        .add("save_period", &C::save_period, "save a checkpoint every N epochs")
+        .add("save_plots", &C::save_plots, "validate the final epoch too")
+        .add("project", &C::project, "parent folder of run directories")
+        .add("name", &C::name, "run directory name")
+        .add("exist_ok", &C::exist_ok, "reuse an existing run directory")
+        .add("sync_bn", &C::sync_bn, "synchronised BatchNorm under multi-GPU training")
+        .add("verbose", &C::verbose, "print progress");
+    o.alias("mosaic", "mosaic_prob").alias("mixup", "mixup_prob");
+    return o;
+  }();
+  return s;
+}
+
+const OptionSchema<PredictConfig>& predict_schema() {
+  static const OptionSchema<PredictConfig> s = [] {
+    OptionSchema<PredictConfig> o;
+    using C = PredictConfig;
+    o.add("source", &C::source, "image file, directory, or SAMPLE_IMAGE")
+        .add("conf", &C::conf, "confidence threshold")
+        .add("iou", &C::iou, "NMS IoU threshold")
+        .add("imgsz", &C::imgsz, "inference size (multiple of 32)")
+        .add("max_det", &C::max_det, "maximum detections per image")
+        .add("classes", &C::classes, "keep only these class ids (comma-separated)")
+        .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
+        .add("half", &C::half, "bfloat16 inference on CUDA")
+        .add("batch", &C::batch, "images per forward")
+        .add("save", &C::save, "save annotated images")
+        .add("project", &C::project, "parent folder of output directories")
+        .add("name", &C::name, "output directory name")
+        .add("exist_ok", &C::exist_ok, "reuse an existing output directory");
+    return o;
+  }();
+  return s;
+}
+
+const OptionSchema<ValConfig>& val_schema() {
+  static const OptionSchema<ValConfig> s = [] {
+    OptionSchema<ValConfig> o;
+    using C = ValConfig;
+    o.add("data", &C::data, "dataset YAML, or 'builtin'")
+        .add("split", &C::split, "val, train or test")
+        .add("batch", &C::batch, "batch size")
+        .add("imgsz", &C::imgsz, "image size")
+        .add("conf", &C::conf, "confidence threshold")
+        .add("iou", &C::iou, "NMS IoU threshold")
+        .add("max_det", &C::max_det, "maximum detections per image")
+        .add("half", &C::half, "half precision on CUDA")
+        .add("workers", &C::workers, "data loader threads")
+        .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
+        .add("project", &C::project, "parent folder of run directories")
+        .add("name", &C::name, "run directory name")
+        .add("exist_ok", &C::exist_ok, "reuse an existing run directory");
+    o.alias("batch_size", "batch").alias("conf_thres", "conf").alias("iou_thres", "iou");
+    return o;
+  }();
+  return s;
+}
+
+namespace {
+void range_error(const std::string& key, const std::string& why) {
+  throw UsageError("Invalid value for '" + key + "': " + why, "", "config_range_error");
+}
+void check_imgsz(int imgsz) {
+  if (imgsz < 32 || imgsz % 32 != 0)
+    range_error("imgsz", std::to_string(imgsz) + " is not a positive multiple of 32");
+}
+void check_one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
+  std::string all;
+  for (const char* o : ok) {
+    if (v == o) return;
+    all += all.empty() ? o : std::string(", ") + o;
+  }
+  range_error(key, "'" + v + "' is not one of: " + all);
+}
+void check_unit(const std::string& key, double v) {
+  if (v < 0.0 || v > 1.0) range_error(key, "must be within [0, 1]");
+}
+}  // namespace
+
+void validate(const TrainConfig& c) {
+  if (c.epochs < 1) range_error("epochs", "must be at least 1");
+  if (c.batch == 0 || c.batch < -1) range_error("batch", "must be positive, or -1 for autobatch");
+  check_imgsz(c.imgsz);
+  if (c.workers < 0) range_error("workers", "must be >= 0");
+  check_one_of("amp_dtype", c.amp_dtype, {"float16", "bfloat16", "fp16", "bf16"});
+  check_one_of("memory_format", c.memory_format, {"auto", "channels_last", "contiguous"});
+  check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
+  check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos"});
+  check_one_of("cache", c.cache, {"false", "ram", "true", "0", "1", "no", "yes"});
+  if (c.lr0 <= 0) range_error("lr0", "must be positive");
+  if (c.momentum < 0 || c.momentum >= 1) range_error("momentum", "must be within [0, 1)");
+  if (c.weight_decay < 0) range_error("weight_decay", "must be >= 0");
+  if (c.warmup_epochs < 0) range_error("warmup_epochs", "must be >= 0");
+  if (c.min_lr_ratio < 0 || c.min_lr_ratio > 1) range_error("min_lr_ratio", "must be within [0, 1]");
+  if (c.nbs < 0) range_error("nbs", "must be >= 0");
+  if (c.clip_max_norm < 0)
+    range_error("clip_max_norm", "clip_max_norm must be a finite non-negative number");
+  if (c.no_aug_epochs < 0) range_error("no_aug_epochs", "must be >= 0");
+  check_unit("mosaic_prob", c.mosaic_prob);
+  check_unit("mixup_prob", c.mixup_prob);
+  check_unit("hsv_prob", c.hsv_prob);
+  check_unit("flip_prob", c.flip_prob);
+  if (c.ema_decay < 0 || c.ema_decay >= 1) range_error("ema_decay", "must be within [0, 1)");
+  if (c.save_period < 0) range_error("save_period", "must be >= 0");
+  if (c.patience < 0) range_error("patience", "must be >= 0");
+}
+
+void validate(const PredictConfig& c) {
+  check_imgsz(c.imgsz);
+  check_unit("conf", c.conf);
+  check_unit("iou", c.iou);
+  if (c.max_det < 1) range_error("max_det", "must be at least 1");
+  if (c.batch < 1) range_error("batch", "must be at least 1");
+}
+
+void validate(const ValConfig& c) {
+  check_imgsz(c.imgsz);
+  check_unit("conf", c.conf);
+  check_unit("iou", c.iou);
+  if (c.batch < 1) range_error("batch", "must be at least 1");
+  if (c.max_det < 1) range_error("max_det", "must be at least 1");
+  check_one_of("split", c.split, {"train", "val", "test"});
+}
+
+static std::string yaml_scalar(const std::string& v) {
+  if (v.empty()) return "''";
+  bool plain = true;
+  for (char ch : v)
+    if (!(std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' || ch == '/'))
+      plain = false;
+  if (plain) return v;
+  std::string out = "'";
+  for (char ch : v) out += ch == '\'' ? std::string("''") : std::string(1, ch);
+  return out + "'";
+}
+
+template <class C>
+std::string to_yaml(const OptionSchema<C>& schema, const C& c) {
+  std::string out;
+  for (const auto& [k, v] : schema.dump(c)) out += k + ": " + yaml_scalar(v) + "\n";
+  return out;
+}
+template std::string to_yaml(const OptionSchema<TrainConfig>&, const TrainConfig&);
+template std::string to_yaml(const OptionSchema<PredictConfig>&, const PredictConfig&);
+template std::string to_yaml(const OptionSchema<ValConfig>&, const ValConfig&);
+
+}  // namespace libreyolo

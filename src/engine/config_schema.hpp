@@ -1,0 +1,22 @@
+// Option schemas of the public config structs (names, types, help).
+#pragma once
+#include <libreyolo/config.hpp>
+
+#include "core/options.hpp"
+
+namespace libreyolo {
+
+const OptionSchema<TrainConfig>& train_schema();
+const OptionSchema<PredictConfig>& predict_schema();
+const OptionSchema<ValConfig>& val_schema();
+
+// Checks ranges and enumerations; throws UsageError (config_range_error) with the key named.
+void validate(const TrainConfig& c);
+void validate(const PredictConfig& c);
+void validate(const ValConfig& c);
+
+// YAML text of a config (key: value per line, schema order), as written to train_config.yaml.
+template <class C>
+std::string to_yaml(const OptionSchema<C>& schema, const C& c);
+
+}  // namespace libreyolo

@@ -1,0 +1,34 @@
+// Exponential moving average of a model's floating-point state (parameters and BN running
+// statistics), decay d(n) = decay * (1 - exp(-n / tau)) after n updates (yolo9.md §3.5).
+// One fused lerp over all tensors per update.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <vector>
+
+namespace libreyolo::engine {
+
+class ModelEMA {
+ public:
+  // `ema_model` is a separate copy of the model (same structure); it is put in eval mode.
+  ModelEMA(std::shared_ptr<torch::nn::Module> ema_model, const torch::nn::Module& model,
+           double decay = 0.9999, double tau = 2000.0, long long updates = 0);
+  // `model` must be the module given to the constructor: its tensor list is cached there, so an
+  // update costs one fused kernel and no name lookups.
+  void update(const torch::nn::Module& model);
+  double decay_at(long long updates) const;
+  long long updates() const { return updates_; }
+  void set_updates(long long n) { updates_ = n; }
+  const std::shared_ptr<torch::nn::Module>& module() const { return ema_; }
+
+ private:
+  static std::vector<torch::Tensor> float_state(const torch::nn::Module& m);
+  std::shared_ptr<torch::nn::Module> ema_;
+  double decay_, tau_;
+  long long updates_;
+  const torch::nn::Module* source_;
+  std::vector<torch::Tensor> ema_state_, source_state_;
+};
+
+}  // namespace libreyolo::engine

@@ -1,0 +1,162 @@
+#include "engine/predictor.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <set>
+
+#include "api/model_impl.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "engine/amp.hpp"
+#include "io/image.hpp"
+#include "io/sample_image.hpp"
+#include "ops/draw.hpp"
+#include "ops/image_ops.hpp"
+#include "ops/postprocess.hpp"
+
+namespace fs = std::filesystem;
+
+namespace libreyolo::engine {
+
+namespace {
+
+bool is_sample(const std::string& s) {
+  std::string l = s;
+  for (auto& c : l) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return l == "SAMPLE_IMAGE" || l == "SAMPLE";
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void sync(const torch::Device& d) {
+#ifdef LIBREYOLO_CUDA
+  if (d.is_cuda()) torch::cuda::synchronize(d.index());
+#else
+  (void)d;
+#endif
+}
+
+std::set<int> parse_classes(const std::string& text) {
+  std::set<int> out;
+  size_t start = 0;
+  while (start < text.size()) {
+    size_t end = text.find(',', start);
+    std::string part = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (!part.empty()) {
+      try {
+        out.insert(std::stoi(part));
+      } catch (const std::exception&) {
+        throw UsageError("Invalid value for 'classes': '" + text + "'", "Use class ids like classes=0,2.");
+      }
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> resolve_sources(const std::string& source) {
+  if (is_sample(source)) return {"SAMPLE_IMAGE"};
+  std::error_code ec;
+  if (fs::is_regular_file(source, ec)) return {source};
+  if (fs::is_directory(source, ec)) {
+    std::vector<std::string> files;
+    for (const auto& e : fs::directory_iterator(source, ec))
+      if (e.is_regular_file() && io::has_image_extension(e.path().string())) files.push_back(e.path().string());
+    std::sort(files.begin(), files.end());
+    if (files.empty()) throw DataError("No images found in " + source, "", "source_not_found");
+    return files;
+  }
+  throw DataError("Source not found: " + source, "Pass an image file, a directory, or source=SAMPLE_IMAGE.",
+                  "source_not_found");
+}
+
+std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfig& cfg) {
+  const auto sources = resolve_sources(cfg.source);
+  const std::set<int> keep = parse_classes(cfg.classes);
+  const int S = cfg.imgsz;
+  const torch::Device dev = impl.device;
+  auto& model = *impl.model;
+  model.eval();
+  const bool half = cfg.half && dev.is_cuda();
+  std::string out_dir;
+  if (cfg.save) out_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+
+  std::vector<PredictResult> results;
+  for (size_t first = 0; first < sources.size(); first += static_cast<size_t>(cfg.batch)) {
+    const size_t n = std::min(sources.size() - first, static_cast<size_t>(cfg.batch));
+    auto t0 = std::chrono::steady_clock::now();
+    std::vector<torch::Tensor> originals, canvases;
+    std::vector<double> ratios;
+    for (size_t i = 0; i < n; ++i) {
+      const auto& src = sources[first + i];
+      torch::Tensor img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+      double r = 1.0;
+      canvases.push_back(ops::letterbox_topleft(img, S, &r));
+      ratios.push_back(r);
+      originals.push_back(img);
+    }
+    // [B, S, S, 3] uint8 -> device -> float NCHW in [0,1].
+    torch::Tensor batch = torch::stack(canvases).to(dev, /*non_blocking=*/false);
+    torch::Tensor x = batch.permute({0, 3, 1, 2}).to(torch::kFloat).div_(255.0);
+    double pre_ms = ms_since(t0);
+
+    auto t1 = std::chrono::steady_clock::now();
+    torch::Tensor pred;
+    {
+      torch::InferenceMode guard;
+      AutocastGuard ac(dev, half, torch::kBFloat16);
+      pred = model.predict_tensor(x).to(torch::kFloat);
+    }
+    sync(dev);
+    double inf_ms = ms_since(t1);
+
+    for (size_t i = 0; i < n; ++i) {
+      auto t2 = std::chrono::steady_clock::now();
+      const auto& img = originals[i];
+      const int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
+      ops::Detections det = ops::postprocess_yolo(pred[static_cast<int64_t>(i)], static_cast<float>(cfg.conf),
+                                                  static_cast<float>(cfg.iou), cfg.max_det, ratios[i], h, w);
+      PredictResult r;
+      r.source = sources[first + i];
+      r.height = h;
+      r.width = w;
+      auto boxes = det.boxes.to(torch::kCPU).contiguous();
+      auto scores = det.scores.to(torch::kCPU).contiguous();
+      auto classes = det.classes.to(torch::kCPU).contiguous();
+      auto b = boxes.accessor<float, 2>();
+      for (int64_t k = 0; k < boxes.size(0); ++k) {
+        int c = static_cast<int>(classes[k].item<int64_t>());
+        if (!keep.empty() && !keep.count(c)) continue;
+        Detection d;
+        d.x1 = b[k][0];
+        d.y1 = b[k][1];
+        d.x2 = b[k][2];
+        d.y2 = b[k][3];
+        d.score = scores[k].item<float>();
+        d.class_id = c;
+        d.class_name = c >= 0 && c < static_cast<int>(impl.names.size()) ? impl.names[c] : std::to_string(c);
+        r.detections.push_back(std::move(d));
+      }
+      r.preprocess_ms = pre_ms / static_cast<double>(n);
+      r.inference_ms = inf_ms / static_cast<double>(n);
+      r.postprocess_ms = ms_since(t2);
+      if (cfg.save) {
+        torch::Tensor canvas = img.clone();
+        ops::draw_detections(canvas, r.detections);
+        std::string stem = r.source == "SAMPLE_IMAGE" ? "sample" : fs::path(r.source).stem().string();
+        r.saved_path = (fs::path(out_dir) / (stem + ".jpg")).string();
+        io::save_image(r.saved_path, canvas);
+      }
+      results.push_back(std::move(r));
+    }
+  }
+  return results;
+}
+
+}  // namespace libreyolo::engine

@@ -1,0 +1,20 @@
+#include "engine/schedule.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace libreyolo::engine {
+
+double LrSchedule::at(long long it) const {
+  const double start = std::min(warmup_lr_start, lr0);
+  const double min_lr = lr0 * min_lr_ratio;
+  const double w = static_cast<double>(warmup_iters);
+  if (warmup_iters > 0 && it <= warmup_iters) return (lr0 - start) * static_cast<double>(it) / w + start;
+  const double span = static_cast<double>(std::max<long long>(1, total_iters - warmup_iters));
+  const double progress = static_cast<double>(it - warmup_iters) / span;
+  if (kind == "cos" || kind == "warmcos")
+    return min_lr + 0.5 * (lr0 - min_lr) * (1.0 + std::cos(M_PI * progress));
+  return lr0 - (lr0 - min_lr) * progress;
+}
+
+}  // namespace libreyolo::engine

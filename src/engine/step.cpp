@@ -1,0 +1,72 @@
+#include "engine/step.hpp"
+
+namespace libreyolo::engine {
+
+void to_channels_last(torch::nn::Module& m) {
+  torch::NoGradGuard ng;
+  for (auto& p : m.parameters())
+    if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+}
+
+StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<DetectionLoss> loss,
+                       std::unique_ptr<Optimizer> optimizer, std::unique_ptr<GradScaler> scaler, ModelEMA* ema,
+                       const LrSchedule& schedule, StepConfig cfg)
+    : model_(std::move(model)),
+      loss_(std::move(loss)),
+      optimizer_(std::move(optimizer)),
+      scaler_(std::move(scaler)),
+      ema_(ema),
+      schedule_(schedule),
+      cfg_(cfg) {
+  optimizer_->set_lr(schedule_.at(0));
+}
+
+void StepRunner::set_global_step(int64_t s) {
+  global_step_ = s;
+  optimizer_->set_lr(schedule_.at(s));
+}
+
+torch::Tensor StepRunner::prepare_images(const torch::Tensor& images) const {
+  // The NCHW view of NHWC memory is channels_last-strided already: with channels_last the
+  // conversion to float is the only copy.
+  torch::Tensor x = images.to(cfg_.device, /*non_blocking=*/true).permute({0, 3, 1, 2});
+  x = x.to(torch::TensorOptions().dtype(torch::kFloat), false, false,
+           cfg_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
+  return x.div_(255.0);
+}
+
+LossOutput StepRunner::forward_backward(const torch::Tensor& images, const torch::Tensor& targets,
+                                        double loss_divisor) {
+  const int64_t S_h = images.size(1), S_w = images.size(2);
+  torch::Tensor x = prepare_images(images);
+  torch::Tensor t = targets.to(cfg_.device, /*non_blocking=*/true);
+  LossOutput out;
+  {
+    AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype);
+    auto raw = model_->forward_raw(x);
+    out = loss_->compute(raw, t, S_h, S_w);
+  }
+  torch::Tensor loss = loss_divisor != 1.0 ? out.total / loss_divisor : out.total;
+  scaler_->scale(loss).backward();
+  out.total = out.total.detach();
+  return out;
+}
+
+void StepRunner::optimizer_step() {
+  std::vector<torch::Tensor> grads = optimizer_->grads();
+  std::optional<torch::Tensor> found_inf = scaler_->unscale(grads);
+  if (cfg_.clip_max_norm > 0 && !grads.empty()) {
+    torch::NoGradGuard ng;
+    auto total = torch::stack(at::_foreach_norm(grads, 2)).norm();
+    auto coef = (cfg_.clip_max_norm / (total + 1e-6)).clamp_max(1.0);
+    at::_foreach_mul_(grads, coef);
+  }
+  optimizer_->step(found_inf);
+  scaler_->update();
+  optimizer_->zero_grad();
+  if (ema_) ema_->update(*model_);
+  ++global_step_;
+  optimizer_->set_lr(schedule_.at(global_step_));
+}
+
+}  // namespace libreyolo::engine

@@ -1,0 +1,164 @@
+#include <cmath>
+
+#include <libreyolo/errors.hpp>
+
+#include "engine/amp.hpp"
+#include "engine/ema.hpp"
+#include "engine/optimizer.hpp"
+#include "engine/schedule.hpp"
+#include "support.hpp"
+
+using namespace libreyolo;
+
+TEST(Schedule, LinearMatchesReferenceExample) {
+  // yolo9.md §3.4: ipe = 100, 300 epochs, warmup 3 epochs.
+  engine::LrSchedule s;
+  s.lr0 = 0.01;
+  s.warmup_iters = 300;
+  s.total_iters = 30000;
+  EXPECT_NEAR(s.at(0), 1e-4, 1e-12);
+  EXPECT_NEAR(s.at(150), 5.05e-3, 1e-12);
+  EXPECT_NEAR(s.at(300), 1e-2, 1e-12);
+  EXPECT_NEAR(s.at(15000), 5.1e-3, 1e-5);
+  EXPECT_NEAR(s.at(30000), 1e-4, 1e-12);
+}
+
+TEST(Schedule, CosineEndsAtMinAndWarmupClampsStart) {
+  engine::LrSchedule s;
+  s.kind = "cos";
+  s.lr0 = 1e-5;  // below warmup_lr_start: start is clamped to lr0
+  s.warmup_iters = 10;
+  s.total_iters = 110;
+  EXPECT_NEAR(s.at(0), 1e-5, 1e-15);
+  EXPECT_NEAR(s.at(110), 1e-7, 1e-15);
+  EXPECT_NEAR(s.at(60), 1e-7 + 0.5 * (1e-5 - 1e-7), 1e-15);
+}
+
+namespace {
+struct TinyNet : torch::nn::Module {
+  TinyNet() {
+    conv = register_module("conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 4, 3).bias(false)));
+    bn = register_module("bn", torch::nn::BatchNorm2d(4));
+    head = register_module("head", torch::nn::Conv2d(torch::nn::Conv2dOptions(4, 2, 1)));
+  }
+  torch::Tensor forward(torch::Tensor x) { return head(torch::silu(bn(conv(x)))); }
+  torch::nn::Conv2d conv{nullptr}, head{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+};
+}  // namespace
+
+TEST(Optimizer, ParamGroupsFollowTheReferenceRule) {
+  TinyNet net;
+  auto groups = engine::make_param_groups(net, 5e-4);
+  ASSERT_EQ(groups.size(), 3u);
+  ASSERT_EQ(groups[0].params.size(), 1u);  // bn.weight
+  EXPECT_TRUE(groups[0].params[0].is_same(net.bn->weight));
+  EXPECT_EQ(groups[0].weight_decay, 0.0);
+  ASSERT_EQ(groups[1].params.size(), 2u);  // conv.weight, head.weight
+  EXPECT_TRUE(groups[1].params[0].is_same(net.conv->weight));
+  EXPECT_EQ(groups[1].weight_decay, 5e-4);
+  ASSERT_EQ(groups[2].params.size(), 2u);  // bn.bias, head.bias
+  EXPECT_TRUE(groups[2].params[0].is_same(net.bn->bias));
+}
+
+// SGD with Nesterov momentum and decay, against the textbook update written out in double.
+TEST(Optimizer, SgdMatchesNesterovFormula) {
+  torch::manual_seed(1);
+  TinyNet net;
+  engine::OptimizerOptions o;
+  o.lr = 0.05;
+  o.momentum = 0.9;
+  o.weight_decay = 0.01;
+  auto opt = engine::make_optimizer(net, o);
+  auto w0 = net.conv->weight.detach().to(torch::kDouble).clone();
+  torch::Tensor buf;
+  torch::Tensor w = w0.clone();
+  for (int step = 0; step < 3; ++step) {
+    auto x = torch::randn({2, 3, 6, 6});
+    opt->zero_grad();
+    net.forward(x).square().mean().backward();
+    auto g = net.conv->weight.grad().to(torch::kDouble) + 0.01 * w;
+    buf = step == 0 ? g.clone() : 0.9 * buf + g;
+    auto upd = g + 0.9 * buf;
+    w = w - 0.05 * upd;
+    opt->step();
+    EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "step " << step;
+  }
+}
+
+TEST(Optimizer, FoundInfSkipsTheStep) {
+  TinyNet net;
+  auto opt = engine::make_optimizer(net, {});
+  net.forward(torch::randn({1, 3, 5, 5})).sum().backward();
+  auto before = net.conv->weight.detach().clone();
+  opt->step(torch::ones({}));
+  EXPECT_TRUE(torch::equal(before, net.conv->weight));
+  opt->step(torch::zeros({}));
+  EXPECT_FALSE(torch::equal(before, net.conv->weight));
+}
+
+TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
+  torch::manual_seed(2);
+  for (const char* name : {"sgd", "adamw", "adam"}) {
+    TinyNet a, b;
+    {
+      torch::NoGradGuard ng;
+      for (size_t i = 0; i < a.parameters().size(); ++i) b.parameters()[i].copy_(a.parameters()[i]);
+    }
+    engine::OptimizerOptions o;
+    o.name = name;
+    auto oa = engine::make_optimizer(a, o);
+    auto ob = engine::make_optimizer(b, o);
+    auto x = torch::randn({2, 3, 6, 6});
+    auto run = [&](TinyNet& n, engine::Optimizer& opt) {
+      opt.zero_grad();
+      n.forward(x).square().mean().backward();
+      opt.step();
+    };
+    run(a, *oa);
+    run(b, *ob);
+    auto sd = oa->state_dict();
+    ASSERT_TRUE(sd->get("state") && sd->get("param_groups"));
+    EXPECT_EQ(sd->get("param_groups")->items.size(), 3u);
+    auto ob2 = engine::make_optimizer(b, o);
+    ob2->load_state_dict(*sd);
+    run(a, *oa);
+    run(b, *ob2);
+    EXPECT_TRUE(torch::allclose(a.conv->weight, b.conv->weight, 1e-6, 1e-7)) << name;
+  }
+}
+
+TEST(Optimizer, UnknownNameIsUsageError) {
+  TinyNet net;
+  engine::OptimizerOptions o;
+  o.name = "lion";
+  EXPECT_THROW(engine::make_optimizer(net, o), UsageError);
+}
+
+TEST(Ema, DecayRampAndUpdate) {
+  auto net = std::make_shared<TinyNet>();
+  auto copy = std::make_shared<TinyNet>();
+  engine::ModelEMA ema(copy, *net, 0.9999, 2000.0);
+  EXPECT_NEAR(ema.decay_at(100), 0.9999 * (1 - std::exp(-0.05)), 1e-12);
+  EXPECT_NEAR(ema.decay_at(2000), 0.9999 * (1 - std::exp(-1.0)), 1e-12);
+  auto e0 = copy->conv->weight.detach().clone();
+  auto m0 = net->conv->weight.detach().clone();
+  ema.update(*net);
+  double d = ema.decay_at(1);
+  EXPECT_TRUE(torch::allclose(copy->conv->weight, d * e0 + (1 - d) * m0, 1e-6, 1e-7));
+  // BN running statistics are averaged too; num_batches_tracked (integer) is not touched.
+  net->bn->running_mean.fill_(1.0);
+  net->bn->num_batches_tracked.fill_(7);
+  ema.update(*net);
+  d = ema.decay_at(2);
+  EXPECT_NEAR(copy->bn->running_mean[0].item<double>(), (1 - d) * 1.0, 1e-6);
+  EXPECT_EQ(copy->bn->num_batches_tracked.item<int64_t>(), 0);
+  TinyNet other;
+  EXPECT_THROW(ema.update(other), RuntimeError);
+}
+
+TEST(Amp, PlanOnCpuIsFp32) {
+  auto p = engine::plan_amp(true, "bfloat16", torch::Device(torch::kCPU));
+  EXPECT_FALSE(p.enabled);
+  EXPECT_FALSE(p.scaler);
+}
