@@ -118,7 +118,7 @@ TEST_P(Yolo9Sizes, StateDictEqualsReferenceListing) {
   EXPECT_EQ(model.named_parameters().size() + model.named_buffers().size(), ref.size());
 }
 
-INSTANTIATE_TEST_SUITE_P(AllSizes, Yolo9Sizes, ::testing::Values("t", "s", "m", "c"));
+INSTANTIATE_TEST_SUITE_P(Yolo9, Yolo9Sizes, ::testing::Values("t", "s", "m", "c"));
 
 TEST(Yolo9Model, ParameterCountsMatchReference) {
   struct Row {
@@ -311,6 +311,18 @@ TEST(Yolo9Model, OutputShapesTrainAndEval) {
   EXPECT_GE(scores.min().item<double>(), 0.0);
   EXPECT_LE(scores.max().item<double>(), 1.0);
   EXPECT_TRUE(torch::equal(model.predict_tensor(x), pred));
+}
+
+TEST(Yolo9Model, BackwardReachesEveryParameter) {
+  torch::manual_seed(0);
+  Yolo9Model model("t", 2);
+  model.train();
+  auto raw = model.forward_raw(torch::rand({2, 3, 64, 96}));
+  (raw[0].pow(2).mean() + raw[1].pow(2).mean() + raw[2].pow(2).mean()).backward();
+  for (const auto& p : model.named_parameters()) {
+    ASSERT_TRUE(p.value().grad().defined()) << p.key();
+    EXPECT_GT(p.value().grad().abs().max().item<double>(), 0.0) << p.key();
+  }
 }
 
 TEST(Yolo9Model, NonSquareInput) {

@@ -26,8 +26,10 @@ RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
   conv2 = register_module("conv2", Conv(c1, c2, 1, 1, 1, false));
 }
 
+// The sums are formed in place: neither BatchNorm nor SiLU keeps its output for backward.
 torch::Tensor RepConvNImpl::forward(const torch::Tensor& x) {
-  return torch::silu(conv1->forward(x) + conv2->forward(x));
+  auto y = conv1->forward(x).add_(conv2->forward(x));
+  return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
 }
 
 RepNBottleneckImpl::RepNBottleneckImpl(int64_t c) {
@@ -36,7 +38,7 @@ RepNBottleneckImpl::RepNBottleneckImpl(int64_t c) {
 }
 
 torch::Tensor RepNBottleneckImpl::forward(const torch::Tensor& x) {
-  return x + cv2->forward(cv1->forward(x));
+  return cv2->forward(cv1->forward(x)).add_(x);
 }
 
 RepNCSPImpl::RepNCSPImpl(int64_t c1, int64_t c2, int64_t n) {
