@@ -1,4 +1,5 @@
 // YOLOv9 model: names, shapes, counts, init, outputs, decoding, family rules, weight loading.
+#include <ATen/autocast_mode.h>
 #include <libreyolo/errors.hpp>
 
 #include <cmath>
@@ -418,6 +419,42 @@ TEST(Yolo9Model, DecodeEqualsDirectComputation) {
   auto got_d = model.decode(dbl);
   EXPECT_EQ(got_d.scalar_type(), torch::kDouble);
   EXPECT_LT((got_d - expect).abs().max().item<double>(), 1e-10);
+}
+
+TEST(Yolo9Model, DecodeAcrossShapesUsesTheRightGrid) {
+  torch::manual_seed(4);
+  Yolo9Model model("t", 1);
+  auto maps = [](int64_t h, int64_t w) {
+    return std::vector<torch::Tensor>{torch::randn({1, 65, h, w}), torch::randn({1, 65, h / 2, w / 2}),
+                                      torch::randn({1, 65, h / 4, w / 4})};
+  };
+  const auto a = maps(8, 4), b = maps(4, 8), c = maps(4, 4);
+  for (const auto* raw : {&a, &b, &a, &c, &b}) {
+    EXPECT_LT((model.decode(*raw).to(torch::kDouble) - decode_by_hand(*raw, 1)).abs().max().item<double>(),
+              1e-4);
+  }
+}
+
+TEST(Yolo9Model, DecodeIgnoresAutocast) {
+  torch::manual_seed(5);
+  Yolo9Model model("t", 2);
+  std::vector<torch::Tensor> raw = {torch::randn({1, 66, 4, 4}) * 3, torch::randn({1, 66, 2, 2}) * 3,
+                                    torch::randn({1, 66, 1, 1}) * 3};
+  const auto plain = model.decode(raw);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  const auto under_amp = model.decode(raw);
+  // bf16 maps, as an autocast forward produces them, still decode to float32 boxes.
+  std::vector<torch::Tensor> half;
+  for (const auto& r : raw) half.push_back(r.to(torch::kBFloat16));
+  const auto from_bf16 = model.decode(half);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_TRUE(torch::equal(under_amp, plain));
+  EXPECT_EQ(from_bf16.scalar_type(), torch::kFloat);
+  std::vector<torch::Tensor> rounded;
+  for (const auto& r : half) rounded.push_back(r.to(torch::kFloat));
+  EXPECT_TRUE(torch::equal(from_bf16, model.decode(rounded)));
 }
 
 // ---------------------------------------------------------------------------- family
