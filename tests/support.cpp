@@ -39,6 +39,9 @@ void cleanup_temp_dirs() {
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
+  // Construct the list before registering the handler: statics are destroyed in reverse order
+  // of registration, so the list must outlive the atexit handler that reads it.
+  temp_dirs();
   static std::once_flag once;
   std::call_once(once, [] { std::atexit(cleanup_temp_dirs); });
   std::string tmpl = (fs::temp_directory_path() / ("libreyolo_" + tag + "_XXXXXX")).string();
