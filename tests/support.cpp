@@ -43,6 +43,9 @@ void cleanup_temp_dirs() {
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
+  // Construct the list before registering the handler: statics are destroyed in reverse order
+  // of registration, so the list must outlive the atexit handler that reads it.
+  temp_dirs();
   static std::once_flag once;
   // Construct the list before registering the cleanup, so it is destroyed after the cleanup ran.
   std::call_once(once, [] {

@@ -1,0 +1,361 @@
+#include "data/augment.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <libreyolo/errors.hpp>
+#include <vector>
+
+#include "core/log.hpp"
+#include "ops/image_ops.hpp"
+
+namespace libreyolo::data {
+namespace {
+
+constexpr uint8_t kPad = 114;
+
+// ---- HSV ---------------------------------------------------------------------------------
+// The forward conversion is OpenCV's 8-bit fixed-point one: S and H are scaled through
+// reciprocal tables with 12 fraction bits and rounded by adding half before the shift.
+constexpr int kHsvShift = 12;
+
+struct HsvTables {
+  int sdiv[256];  // round(255 * 2^12 / v)
+  int hdiv[256];  // round(180 * 2^12 / (6 * diff))
+};
+
+const HsvTables& hsv_tables() {
+  static const HsvTables t = [] {
+    HsvTables x{};
+    for (int i = 1; i < 256; ++i) {
+      x.sdiv[i] = static_cast<int>(std::lround((255 << kHsvShift) / static_cast<double>(i)));
+      x.hdiv[i] = static_cast<int>(std::lround((180 << kHsvShift) / (6.0 * i)));
+    }
+    return x;
+  }();
+  return t;
+}
+
+inline void pixel_to_hsv(int r, int g, int b, const HsvTables& t, int& h, int& s, int& v) {
+  v = std::max(r, std::max(g, b));
+  const int diff = v - std::min(r, std::min(g, b));
+  s = (diff * t.sdiv[v] + (1 << (kHsvShift - 1))) >> kHsvShift;
+  int hh;
+  if (v == r)
+    hh = g - b;
+  else if (v == g)
+    hh = b - r + 2 * diff;
+  else
+    hh = r - g + 4 * diff;
+  // Arithmetic shift = floor division, also for the negative hues of the red sector.
+  hh = (hh * t.hdiv[diff] + (1 << (kHsvShift - 1))) >> kHsvShift;
+  h = hh < 0 ? hh + 180 : hh;
+}
+
+// Rounds to nearest, ties to even (what OpenCV's saturate_cast does), for 0 <= x < 2^22.
+inline uint8_t round_u8(float x) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float r = (x + kMagic) - kMagic;  // not folded: the build has no -ffast-math
+  return static_cast<uint8_t>(std::min(255.0f, std::max(0.0f, r)));
+}
+
+// The inverse, in single precision like OpenCV's 8-bit path: sector of the hue wheel and the
+// three intermediate levels v, v(1-s), v(1-s f), v(1-s(1-f)).
+inline void hsv_to_pixel(int h, int s, int v, uint8_t* rgb) {
+  const float sf = s * (1.0f / 255.0f);
+  const float vf = v * (1.0f / 255.0f);
+  float r, g, b;
+  if (sf == 0.0f) {
+    r = g = b = vf;
+  } else {
+    float hf = h * (6.0f / 180.0f);
+    int sector = static_cast<int>(std::floor(hf));
+    hf -= sector;
+    if (sector < 0 || sector >= 6) {
+      sector = 0;
+      hf = 0;
+    }
+    const float p = vf * (1.0f - sf);
+    const float q = vf * (1.0f - sf * hf);
+    const float t = vf * (1.0f - sf * (1.0f - hf));
+    switch (sector) {
+      case 0: r = vf, g = t, b = p; break;
+      case 1: r = q, g = vf, b = p; break;
+      case 2: r = p, g = vf, b = t; break;
+      case 3: r = p, g = q, b = vf; break;
+      case 4: r = t, g = p, b = vf; break;
+      default: r = vf, g = p, b = q; break;
+    }
+  }
+  rgb[0] = round_u8(r * 255.0f);
+  rgb[1] = round_u8(g * 255.0f);
+  rgb[2] = round_u8(b * 255.0f);
+}
+
+// ---- output -------------------------------------------------------------------------------
+inline float clip01(double x) { return static_cast<float>(std::min(1.0, std::max(0.0, x))); }
+
+void write_targets(const std::vector<Box>& boxes, double ratio, int S, int max_labels, float* out) {
+  const size_t k = std::min(boxes.size(), static_cast<size_t>(max_labels));
+  for (size_t i = 0; i < k; ++i) {
+    const Box& b = boxes[i];
+    float* row = out + 5 * i;
+    row[0] = static_cast<float>(b.cls);
+    row[1] = clip01(b.x1 * ratio / S);
+    row[2] = clip01(b.y1 * ratio / S);
+    row[3] = clip01(b.x2 * ratio / S);
+    row[4] = clip01(b.y2 * ratio / S);
+  }
+  for (size_t i = k; i < static_cast<size_t>(max_labels); ++i) {
+    float* row = out + 5 * i;
+    row[0] = -1.0f;
+    row[1] = row[2] = row[3] = row[4] = 0.0f;
+  }
+}
+
+void check_image(const torch::Tensor& img) {
+  if (img.dim() != 3 || img.size(2) != 3 || img.scalar_type() != torch::kUInt8 || !img.is_contiguous())
+    throw RuntimeError("augment: expected a contiguous [H, W, 3] uint8 image");
+}
+
+// Top-left letterbox of `img` onto the S x S output with optional HSV shift and horizontal
+// flip. The reference augments first and resizes after; when the resize is the identity (the
+// usual case: the image's longer side is already S) everything happens in one pass.
+void letterbox_into(const torch::Tensor& img, int S, double ratio, const TransformParams* aug,
+                    uint8_t* out) {
+  check_image(img);
+  const int h = static_cast<int>(img.size(0));
+  const int w = static_cast<int>(img.size(1));
+  const int nw = std::clamp(static_cast<int>(w * ratio), 1, S);
+  const int nh = std::clamp(static_cast<int>(h * ratio), 1, S);
+  const bool hsv = aug && aug->hsv;
+  const bool flip = aug && aug->flip;
+  const size_t out_stride = static_cast<size_t>(S) * 3;
+
+  auto augment_row = [&](const uint8_t* src, uint8_t* dst, int width) {
+    if (hsv)
+      shift_hsv(src, dst, width, aug->gains, flip);
+    else if (flip)
+      for (int x = 0; x < width; ++x) std::memcpy(dst + 3 * x, src + 3 * (width - 1 - x), 3);
+    else
+      std::memcpy(dst, src, static_cast<size_t>(width) * 3);
+  };
+
+  if (nw == w && nh == h) {
+    const uint8_t* src = img.data_ptr<uint8_t>();
+    for (int y = 0; y < h; ++y) augment_row(src + static_cast<size_t>(y) * w * 3, out + y * out_stride, w);
+  } else {
+    torch::Tensor src = img;
+    if (hsv || flip) {
+      src = torch::empty_like(img);
+      const uint8_t* s = img.data_ptr<uint8_t>();
+      uint8_t* d = src.data_ptr<uint8_t>();
+      for (int y = 0; y < h; ++y)
+        augment_row(s + static_cast<size_t>(y) * w * 3, d + static_cast<size_t>(y) * w * 3, w);
+    }
+    const torch::Tensor resized = ops::resize_bilinear(src, nh, nw).contiguous();
+    const uint8_t* r = resized.data_ptr<uint8_t>();
+    for (int y = 0; y < nh; ++y)
+      std::memcpy(out + y * out_stride, r + static_cast<size_t>(y) * nw * 3, static_cast<size_t>(nw) * 3);
+  }
+  if (nw < S)
+    for (int y = 0; y < nh; ++y) std::memset(out + y * out_stride + nw * 3, kPad, (S - nw) * 3);
+  if (nh < S) std::memset(out + nh * out_stride, kPad, (S - nh) * out_stride);
+}
+
+double letterbox_ratio(const torch::Tensor& img, int S) {
+  return std::min(static_cast<double>(S) / img.size(0), static_cast<double>(S) / img.size(1));
+}
+
+}  // namespace
+
+// ---- HSV ---------------------------------------------------------------------------------
+void rgb_to_hsv(const uint8_t* rgb, uint8_t* hsv, int64_t n) {
+  const HsvTables& t = hsv_tables();
+  for (int64_t i = 0; i < n; ++i) {
+    int h, s, v;
+    pixel_to_hsv(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2], t, h, s, v);
+    hsv[3 * i] = static_cast<uint8_t>(h);
+    hsv[3 * i + 1] = static_cast<uint8_t>(s);
+    hsv[3 * i + 2] = static_cast<uint8_t>(v);
+  }
+}
+
+void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) hsv_to_pixel(hsv[3 * i], hsv[3 * i + 1], hsv[3 * i + 2], rgb + 3 * i);
+}
+
+void shift_hsv(const uint8_t* src, uint8_t* dst, int64_t n, HsvGains g, bool reverse) {
+  const HsvTables& t = hsv_tables();
+  uint8_t hl[180], sl[256], vl[256];
+  for (int i = 0; i < 180; ++i) hl[i] = static_cast<uint8_t>(((i + g.h) % 180 + 180) % 180);
+  for (int i = 0; i < 256; ++i) {
+    sl[i] = static_cast<uint8_t>(std::clamp(i + g.s, 0, 255));
+    vl[i] = static_cast<uint8_t>(std::clamp(i + g.v, 0, 255));
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t* p = src + 3 * (reverse ? n - 1 - i : i);
+    int h, s, v;
+    pixel_to_hsv(p[0], p[1], p[2], t, h, s, v);
+    hsv_to_pixel(hl[h], sl[s], vl[v], dst + 3 * i);
+  }
+}
+
+HsvGains draw_hsv_gains(Rng& rng, const AugmentOptions& opt) {
+  double u[3];
+  u[0] = rng.uniform(-1.0, 1.0) * opt.hgain;
+  u[1] = rng.uniform(-1.0, 1.0) * opt.sgain;
+  u[2] = rng.uniform(-1.0, 1.0) * opt.vgain;
+  for (double& x : u) x *= static_cast<double>(rng.randint(0, 1));
+  // static_cast truncates toward zero, like numpy's astype(int16).
+  return {static_cast<int>(u[0]), static_cast<int>(u[1]), static_cast<int>(u[2])};
+}
+
+// ---- mosaic ------------------------------------------------------------------------------
+MosaicParams draw_mosaic(Rng& rng, int S, int64_t n) {
+  MosaicParams m;
+  m.yc = static_cast<int>(rng.uniform(0.5 * S, 1.5 * S));
+  m.xc = static_cast<int>(rng.uniform(0.5 * S, 1.5 * S));
+  for (auto& o : m.others) o = rng.randint(0, n - 1);
+  return m;
+}
+
+Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  const int S2 = 2 * S;
+  if (xc < 0 || xc > S2 || yc < 0 || yc > S2) throw UsageError("mosaic centre outside the canvas");
+  torch::Tensor canvas = torch::full({S2, S2, 3}, kPad, torch::kUInt8);
+  uint8_t* cv = canvas.data_ptr<uint8_t>();
+  std::vector<Box> boxes;
+  for (int k = 0; k < 4; ++k) {
+    torch::Tensor img = tiles[k]->image;
+    check_image(img);
+    int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
+    const double scale = std::min({1.0, static_cast<double>(S) / h, static_cast<double>(S) / w});
+    if (scale < 1.0) {
+      img = ops::resize_bilinear(img, std::max(1, static_cast<int>(h * scale)),
+                                 std::max(1, static_cast<int>(w * scale))).contiguous();
+      h = static_cast<int>(img.size(0));
+      w = static_cast<int>(img.size(1));
+    }
+    // Canvas rectangle (a) and the part of the tile (b) that lands there.
+    int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
+    switch (k) {
+      case 0:
+        x1a = std::max(xc - w, 0), y1a = std::max(yc - h, 0), x2a = xc, y2a = yc;
+        x1b = w - (x2a - x1a), y1b = h - (y2a - y1a), x2b = w, y2b = h;
+        break;
+      case 1:
+        x1a = xc, y1a = std::max(yc - h, 0), x2a = std::min(xc + w, S2), y2a = yc;
+        x1b = 0, y1b = h - (y2a - y1a), x2b = std::min(w, x2a - x1a), y2b = h;
+        break;
+      case 2:
+        x1a = std::max(xc - w, 0), y1a = yc, x2a = xc, y2a = std::min(S2, yc + h);
+        x1b = w - (x2a - x1a), y1b = 0, x2b = w, y2b = std::min(y2a - y1a, h);
+        break;
+      default:
+        x1a = xc, y1a = yc, x2a = std::min(xc + w, S2), y2a = std::min(S2, yc + h);
+        x1b = 0, y1b = 0, x2b = std::min(w, x2a - x1a), y2b = std::min(y2a - y1a, h);
+        break;
+    }
+    const uint8_t* src = img.data_ptr<uint8_t>();
+    const int rows = y2a - y1a, cols = x2a - x1a;
+    if (rows > 0 && cols > 0 && rows == y2b - y1b && cols == x2b - x1b)
+      for (int y = 0; y < rows; ++y)
+        std::memcpy(cv + (static_cast<size_t>(y1a + y) * S2 + x1a) * 3,
+                    src + (static_cast<size_t>(y1b + y) * w + x1b) * 3, static_cast<size_t>(cols) * 3);
+    const double padw = x1a - x1b, padh = y1a - y1b;
+    for (const Box& b : tiles[k]->boxes)
+      boxes.push_back({b.x1 * scale + padw, b.y1 * scale + padh, b.x2 * scale + padw,
+                       b.y2 * scale + padh, b.cls});
+  }
+  Sample out;
+  out.image = ops::resize_bilinear(canvas, S, S).contiguous();
+  for (const Box& b0 : boxes) {
+    Box b = b0;
+    b.x1 = std::clamp(b.x1, 0.0, static_cast<double>(S2)) * 0.5;
+    b.x2 = std::clamp(b.x2, 0.0, static_cast<double>(S2)) * 0.5;
+    b.y1 = std::clamp(b.y1, 0.0, static_cast<double>(S2)) * 0.5;
+    b.y2 = std::clamp(b.y2, 0.0, static_cast<double>(S2)) * 0.5;
+    if (b.x2 - b.x1 > 2.0 && b.y2 - b.y1 > 2.0) out.boxes.push_back(b);
+  }
+  return out;
+}
+
+// ---- per-sample transform ----------------------------------------------------------------
+TransformParams draw_transform(Rng& rng, const AugmentOptions& opt) {
+  TransformParams p;
+  p.hsv = rng.uniform() < opt.hsv_prob;
+  p.gains = draw_hsv_gains(rng, opt);
+  p.flip = rng.uniform() < opt.flip_prob;
+  return p;
+}
+
+void apply_transform(const Sample& in, const TransformParams& p, int S, int max_labels,
+                     uint8_t* image_out, float* targets_out) {
+  const double ratio = letterbox_ratio(in.image, S);
+  if (in.boxes.empty()) {
+    letterbox_into(in.image, S, ratio, nullptr, image_out);
+    write_targets({}, ratio, S, max_labels, targets_out);
+    return;
+  }
+  const double w = static_cast<double>(in.image.size(1));
+  std::vector<Box> kept;
+  kept.reserve(in.boxes.size());
+  for (const Box& b0 : in.boxes) {
+    Box b = b0;
+    if (p.flip) {
+      b.x1 = w - b0.x2;
+      b.x2 = w - b0.x1;
+    }
+    // The filter is measured after letterbox scaling and before clipping.
+    if ((b.x2 - b.x1) * ratio > 1.0 && (b.y2 - b.y1) * ratio > 1.0) kept.push_back(b);
+  }
+  if (kept.empty()) {
+    // Nothing survived: the reference falls back to the un-augmented image and all its boxes.
+    letterbox_into(in.image, S, ratio, nullptr, image_out);
+    write_targets(in.boxes, ratio, S, max_labels, targets_out);
+    return;
+  }
+  letterbox_into(in.image, S, ratio, &p, image_out);
+  write_targets(kept, ratio, S, max_labels, targets_out);
+}
+
+// ---- whole samples -----------------------------------------------------------------------
+void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
+                       Rng& rng, uint8_t* image_out, float* targets_out) {
+  const int S = opt.imgsz;
+  if (mosaic && rng.uniform() < opt.mosaic_prob) {
+    const MosaicParams mp = draw_mosaic(rng, S, ds.size());
+    const Sample t0 = ds.load_resized(index);
+    const Sample t1 = ds.load_resized(mp.others[0]);
+    const Sample t2 = ds.load_resized(mp.others[1]);
+    const Sample t3 = ds.load_resized(mp.others[2]);
+    const Sample m = mosaic4({&t0, &t1, &t2, &t3}, S, mp.xc, mp.yc);
+    apply_transform(m, draw_transform(rng, opt), S, opt.max_labels, image_out, targets_out);
+    if (opt.mixup_prob > 0 && rng.uniform() < opt.mixup_prob) {
+      const Sample other = ds.load_resized(rng.randint(0, ds.size() - 1));
+      const size_t npix = static_cast<size_t>(S) * S * 3;
+      std::vector<uint8_t> img2(npix);
+      std::vector<float> unused_targets(static_cast<size_t>(opt.max_labels) * 5);
+      apply_transform(other, draw_transform(rng, opt), S, opt.max_labels, img2.data(),
+                      unused_targets.data());
+      const float lam = static_cast<float>(rng.beta(32.0, 32.0));
+      for (size_t i = 0; i < npix; ++i)
+        image_out[i] = round_u8(lam * image_out[i] + (1.0f - lam) * img2[i]);
+    }
+    return;
+  }
+  const Sample s = ds.load_resized(index);
+  apply_transform(s, draw_transform(rng, opt), S, opt.max_labels, image_out, targets_out);
+}
+
+void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8_t* image_out,
+                     float* targets_out) {
+  const int S = ds.imgsz();
+  const Sample s = ds.load_resized(index);
+  const double ratio = letterbox_ratio(s.image, S);
+  letterbox_into(s.image, S, ratio, nullptr, image_out);
+  write_targets(s.boxes, ratio, S, max_labels, targets_out);
+}
+
+}  // namespace libreyolo::data

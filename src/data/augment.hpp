@@ -1,0 +1,76 @@
+// Training augmentation and validation preprocessing of LibreYOLO's YOLOv9 recipe
+// (reference/yolo9.md §4.4-4.9): mosaic, HSV, horizontal flip, top-left letterbox, box filters,
+// normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on the
+// same picture in BGR order.
+//
+// Every function writes one sample straight into caller-provided memory: an S x S x 3 uint8
+// image and a [max_labels, 5] float target block (rows class, x1, y1, x2, y2 in [0, 1];
+// padding rows class -1).
+#pragma once
+#include <array>
+#include <cstdint>
+
+#include "data/dataset.hpp"
+#include "data/rng.hpp"
+
+namespace libreyolo::data {
+
+struct AugmentOptions {
+  int imgsz = 640;
+  int max_labels = 100;
+  double mosaic_prob = 1.0;
+  double mixup_prob = 0.0;
+  double hsv_prob = 1.0;
+  double flip_prob = 0.5;
+  double hgain = 5.0, sgain = 30.0, vgain = 30.0;
+};
+
+// ---- HSV in OpenCV's uint8 space (H in [0, 180), S and V in [0, 255]) -----------------------
+struct HsvGains {
+  int h = 0, s = 0, v = 0;
+};
+
+// Per-pixel conversions over n pixels of interleaved RGB / HSV (usable in place).
+void rgb_to_hsv(const uint8_t* rgb, uint8_t* hsv, int64_t n);
+void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb, int64_t n);
+// Shifts H (mod 180) and clamps S and V, through HSV and back: the reference's augment_hsv.
+// `src` may equal `dst`; with `reverse` the source pixels are read right to left (a fused
+// horizontal flip; then src must not equal dst).
+void shift_hsv(const uint8_t* src, uint8_t* dst, int64_t n, HsvGains gains, bool reverse = false);
+// The reference's draw: U(-1,1) x gain, each zeroed with p = 0.5, truncated toward zero.
+HsvGains draw_hsv_gains(Rng& rng, const AugmentOptions& opt);
+
+// ---- Mosaic ---------------------------------------------------------------------------------
+struct MosaicParams {
+  int xc = 0, yc = 0;                 // centre on the 2S canvas, in [0.5S, 1.5S)
+  std::array<int64_t, 3> others{};    // dataset indices of tiles 1..3
+};
+MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size);
+// Places four tiles (top-left, top-right, bottom-left, bottom-right) around (xc, yc) on a 2S
+// canvas of 114, shifts and clips their boxes, resizes the canvas to S x S and keeps boxes with
+// w > 2 and h > 2. Deterministic: all random choices are in the arguments.
+Sample mosaic4(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
+
+// ---- Per-sample transform (§4.5) -----------------------------------------------------------
+struct TransformParams {
+  bool hsv = false;
+  HsvGains gains;
+  bool flip = false;
+};
+TransformParams draw_transform(Rng& rng, const AugmentOptions& opt);
+// HSV, flip, top-left letterbox to S, keep boxes with w > 1 and h > 1 (falling back to the
+// un-augmented image and all its boxes when none is left), normalise, clip, pad.
+void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int max_labels,
+                     uint8_t* image_out, float* targets_out);
+
+// ---- Whole samples ---------------------------------------------------------------------------
+// One training sample: mosaic (when enabled, with probability mosaic_prob) then the transform;
+// with mixup_prob > 0 a mosaic sample is blended with a non-mosaic one, lambda ~ Beta(32, 32),
+// and, as in the reference, keeps only the mosaic's targets.
+void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
+                       Rng& rng, uint8_t* image_out, float* targets_out);
+// Validation preprocessing (§4.9): the resized image letterboxed top-left, targets normalised.
+void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8_t* image_out,
+                     float* targets_out);
+
+}  // namespace libreyolo::data

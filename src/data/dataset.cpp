@@ -1,0 +1,312 @@
+#include "data/dataset.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <libreyolo/errors.hpp>
+#include <sstream>
+
+#include "core/log.hpp"
+#include "data/parallel.hpp"
+#include "io/image.hpp"
+#include "ops/image_ops.hpp"
+
+namespace fs = std::filesystem;
+
+namespace libreyolo::data {
+namespace {
+
+constexpr size_t kMaxListedProblems = 10;
+
+void replace_all(std::string& s, const std::string& from, const std::string& to) {
+  for (size_t pos = 0; (pos = s.find(from, pos)) != std::string::npos; pos += to.size())
+    s.replace(pos, from.size(), to);
+}
+
+bool parse_double(const std::string& token, double* out) {
+  const char* b = token.data();
+  const char* e = b + token.size();
+  if (b != e && *b == '+') ++b;  // from_chars rejects an explicit plus sign
+  const auto res = std::from_chars(b, e, *out);
+  return res.ec == std::errc() && res.ptr == e && std::isfinite(*out);
+}
+
+// Logs the first few problems one by one and the rest as a count, so a broken dataset of
+// 100k files does not drown the log.
+void report_problems(const std::vector<std::string>& problems, const char* what) {
+  for (size_t i = 0; i < problems.size() && i < kMaxListedProblems; ++i)
+    log_warn(strfmt("%s: %s", what, problems[i].c_str()));
+  if (problems.size() > kMaxListedProblems)
+    log_warn(strfmt("%s: %zu more not listed", what, problems.size() - kMaxListedProblems));
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t value = 0;
+  std::string unit;
+  while (in >> key >> value >> unit)
+    if (key == "MemAvailable:") return value * 1024;
+  return -1;
+}
+
+}  // namespace
+
+std::string label_path_for(const std::string& image_path) {
+  const fs::path p(image_path);
+  std::string dir = p.parent_path().string();
+  replace_all(dir, "/images/", "/labels/");
+  const std::string tail = "/images";
+  if (dir.size() >= tail.size() && dir.compare(dir.size() - tail.size(), tail.size(), tail) == 0)
+    dir.replace(dir.size() - tail.size(), tail.size(), "/labels");
+  else if (dir == "images")
+    dir = "labels";
+  return (fs::path(dir) / p.stem()).string() + ".txt";
+}
+
+std::vector<Box> parse_label_file(const std::string& label_path, int w0, int h0, int num_classes,
+                                  std::vector<std::string>* problems) {
+  std::vector<Box> boxes;
+  std::ifstream in(label_path);
+  if (!in) return boxes;  // no label file: an image without objects
+  std::string line;
+  std::vector<std::string> tokens;
+  std::vector<double> v;
+  for (int lineno = 1; std::getline(in, line); ++lineno) {
+    tokens.clear();
+    std::istringstream ss(line);
+    for (std::string t; ss >> t;) tokens.push_back(t);
+    if (tokens.empty()) continue;
+    auto problem = [&](const std::string& why) {
+      if (problems) problems->push_back(strfmt("%s:%d: %s", label_path.c_str(), lineno, why.c_str()));
+    };
+    if (tokens.size() < 5) {
+      problem(strfmt("%zu values, need at least 5 (class cx cy w h); row skipped", tokens.size()));
+      continue;
+    }
+    v.resize(tokens.size());
+    bool numeric = true;
+    for (size_t k = 0; k < tokens.size() && numeric; ++k) numeric = parse_double(tokens[k], &v[k]);
+    if (!numeric) {
+      problem("not a row of finite numbers; row skipped");
+      continue;
+    }
+    const double cls = v[0];
+    if (cls < 0 || cls != std::floor(cls)) {
+      problem(strfmt("class %g is not a non-negative integer; row skipped", cls));
+      continue;
+    }
+    if (num_classes > 0 && cls >= num_classes) {
+      problem(strfmt("class %g is out of range for nc=%d; row skipped", cls, num_classes));
+      continue;
+    }
+    Box b;
+    b.cls = cls;
+    if (tokens.size() == 5) {
+      b.x1 = (v[1] - v[3] / 2) * w0;
+      b.y1 = (v[2] - v[4] / 2) * h0;
+      b.x2 = (v[1] + v[3] / 2) * w0;
+      b.y2 = (v[2] + v[4] / 2) * h0;
+    } else {
+      if ((tokens.size() - 1) % 2 != 0) {
+        problem("polygon with an odd number of coordinates; row skipped");
+        continue;
+      }
+      double xmin = v[1], xmax = v[1], ymin = v[2], ymax = v[2];
+      for (size_t k = 3; k + 1 < v.size(); k += 2) {
+        xmin = std::min(xmin, v[k]);
+        xmax = std::max(xmax, v[k]);
+        ymin = std::min(ymin, v[k + 1]);
+        ymax = std::max(ymax, v[k + 1]);
+      }
+      b.x1 = xmin * w0;
+      b.y1 = ymin * h0;
+      b.x2 = xmax * w0;
+      b.y2 = ymax * h0;
+    }
+    boxes.push_back(b);
+  }
+  return boxes;
+}
+
+torch::Tensor boxes_to_tensor(const std::vector<Box>& boxes) {
+  auto t = torch::empty({static_cast<int64_t>(boxes.size()), 5}, torch::kFloat32);
+  float* p = t.data_ptr<float>();
+  for (const Box& b : boxes) {
+    *p++ = static_cast<float>(b.x1);
+    *p++ = static_cast<float>(b.y1);
+    *p++ = static_cast<float>(b.x2);
+    *p++ = static_cast<float>(b.y2);
+    *p++ = static_cast<float>(b.cls);
+  }
+  return t;
+}
+
+YoloDataset::YoloDataset(const std::vector<std::string>& image_files, DatasetOptions options)
+    : options_(options) {
+  if (options_.imgsz <= 0) throw UsageError(strfmt("imgsz must be positive (got %d)", options_.imgsz));
+  const int64_t n = static_cast<int64_t>(image_files.size());
+  struct Scan {
+    bool ok = false;
+    std::string problem;
+    int h0 = 0, w0 = 0;
+    std::vector<Box> boxes;
+    std::vector<std::string> label_problems;
+  };
+  std::vector<Scan> scans(static_cast<size_t>(n));
+  parallel_for(n, options_.threads, [&](int64_t i) {
+    Scan& s = scans[static_cast<size_t>(i)];
+    const std::string& path = image_files[static_cast<size_t>(i)];
+    try {
+      const io::ImageSize sz = io::probe_image_size(path);
+      if (sz.height <= 0 || sz.width <= 0) throw DataError("empty image");
+      s.h0 = sz.height;
+      s.w0 = sz.width;
+    } catch (const Error& e) {
+      s.problem = path + " (" + e.what() + ")";
+      return;
+    }
+    s.boxes = parse_label_file(label_path_for(path), s.w0, s.h0, options_.num_classes,
+                               &s.label_problems);
+    s.ok = true;
+  });
+
+  std::vector<std::string> image_problems, label_problems;
+  for (int64_t i = 0; i < n; ++i) {
+    Scan& s = scans[static_cast<size_t>(i)];
+    label_problems.insert(label_problems.end(), s.label_problems.begin(), s.label_problems.end());
+    if (!s.ok) {
+      image_problems.push_back(std::move(s.problem));
+      continue;
+    }
+    Record r;
+    r.path = image_files[static_cast<size_t>(i)];
+    r.h0 = s.h0;
+    r.w0 = s.w0;
+    r.box_begin = boxes_.size();
+    r.box_count = s.boxes.size();
+    boxes_.insert(boxes_.end(), s.boxes.begin(), s.boxes.end());
+    records_.push_back(std::move(r));
+  }
+  report_problems(label_problems, "label row skipped");
+  report_problems(image_problems, "corrupt image skipped");
+  skipped_ = static_cast<int64_t>(image_problems.size());
+
+  bad_.reset(new std::atomic<bool>[records_.size()]);
+  for (size_t i = 0; i < records_.size(); ++i) bad_[i] = false;
+  if (options_.cache == CacheMode::Ram && !records_.empty()) fill_cache();
+
+  if (skipped_ > 0)
+    log_warn(strfmt("%lld of %lld images skipped as corrupt or unreadable",
+                    static_cast<long long>(skipped_), static_cast<long long>(n)));
+  if (records_.empty())
+    throw DataError(strfmt("no usable images among %lld files", static_cast<long long>(n)),
+                    "check that the image files are valid JPEG/PNG");
+}
+
+YoloDataset::~YoloDataset() = default;
+
+void YoloDataset::fill_cache() {
+  const int S = options_.imgsz;
+  int64_t bytes = 0;
+  for (const Record& r : records_) {
+    const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
+    bytes += std::max<int64_t>(1, static_cast<int64_t>(r.h0 * ratio)) *
+             std::max<int64_t>(1, static_cast<int64_t>(r.w0 * ratio)) * 3;
+  }
+  const int64_t available = available_memory_bytes();
+  if (available > 0 && bytes > available * 9 / 10) {
+    log_warn(strfmt("cache=ram needs %.2f GB but only %.2f GB is available; not caching",
+                    bytes / 1e9, available / 1e9));
+    return;
+  }
+  log_info(strfmt("Caching %zu images at imgsz %d in RAM (%.2f GB)", records_.size(), S,
+                  bytes / 1e9));
+  std::vector<torch::Tensor> cache(records_.size());
+  std::vector<std::string> problems(records_.size());
+  parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
+    try {
+      cache[static_cast<size_t>(i)] =
+          ops::resize_longest(io::decode_image(records_[static_cast<size_t>(i)].path), S).contiguous();
+    } catch (const DataError& e) {
+      problems[static_cast<size_t>(i)] = records_[static_cast<size_t>(i)].path + " (" + e.what() + ")";
+    }
+  });
+  // Undecodable images are dropped now, exactly like those whose header failed.
+  std::vector<std::string> dropped;
+  std::vector<Record> kept;
+  std::vector<Box> kept_boxes;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (!problems[i].empty()) {
+      dropped.push_back(problems[i]);
+      continue;
+    }
+    Record r = records_[i];
+    r.box_begin = kept_boxes.size();
+    kept_boxes.insert(kept_boxes.end(), boxes_.begin() + records_[i].box_begin,
+                      boxes_.begin() + records_[i].box_begin + records_[i].box_count);
+    kept.push_back(std::move(r));
+    cache_.push_back(std::move(cache[i]));
+  }
+  report_problems(dropped, "corrupt image skipped");
+  skipped_ += static_cast<int64_t>(dropped.size());
+  records_ = std::move(kept);
+  boxes_ = std::move(kept_boxes);
+}
+
+std::pair<int, int> YoloDataset::original_hw(int64_t i) const {
+  const Record& r = records_.at(static_cast<size_t>(i));
+  return {r.h0, r.w0};
+}
+
+std::vector<Box> YoloDataset::original_boxes(int64_t i) const {
+  const Record& r = records_.at(static_cast<size_t>(i));
+  return {boxes_.begin() + r.box_begin, boxes_.begin() + r.box_begin + r.box_count};
+}
+
+torch::Tensor YoloDataset::original_labels(int64_t i) const {
+  return boxes_to_tensor(original_boxes(i));
+}
+
+Sample YoloDataset::load_record(int64_t i) const {
+  const Record& r = records_[static_cast<size_t>(i)];
+  const int S = options_.imgsz;
+  Sample s;
+  s.image = cache_.empty() ? ops::resize_longest(io::decode_image(r.path), S).contiguous()
+                           : cache_[static_cast<size_t>(i)];
+  // Labels scale with the header size, as the reference does (PIL size, not decoded pixels).
+  const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
+  s.boxes.assign(boxes_.begin() + r.box_begin, boxes_.begin() + r.box_begin + r.box_count);
+  for (Box& b : s.boxes) {
+    b.x1 *= ratio;
+    b.y1 *= ratio;
+    b.x2 *= ratio;
+    b.y2 *= ratio;
+  }
+  return s;
+}
+
+Sample YoloDataset::load_resized(int64_t i) const {
+  const int64_t n = size();
+  if (i < 0 || i >= n)
+    throw UsageError(strfmt("dataset index %lld out of range [0, %lld)", static_cast<long long>(i),
+                            static_cast<long long>(n)));
+  for (int64_t k = 0; k < n; ++k) {
+    const int64_t j = (i + k) % n;
+    if (bad_[j].load(std::memory_order_relaxed)) continue;
+    try {
+      return load_record(j);
+    } catch (const DataError& e) {
+      if (!bad_[j].exchange(true)) {
+        ++unreadable_;
+        log_warn(strfmt("corrupt image skipped: %s (%s); using the next image instead",
+                        records_[static_cast<size_t>(j)].path.c_str(), e.what()));
+      }
+    }
+  }
+  throw DataError("none of the dataset's images can be decoded");
+}
+
+}  // namespace libreyolo::data

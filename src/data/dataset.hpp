@@ -1,0 +1,100 @@
+// A detection dataset in the YOLO layout: image files plus labels/*.txt (LibreYOLO's YOLODataset).
+#pragma once
+#include <torch/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace libreyolo::data {
+
+// One object: corners in pixels and the class id (kept as double, like the reference's numpy
+// arrays, until the final float32 target rows).
+struct Box {
+  double x1 = 0, y1 = 0, x2 = 0, y2 = 0;
+  double cls = 0;
+};
+
+// An image (HWC uint8 RGB, read-only: it may be shared with the RAM cache) and its boxes in
+// that image's pixels.
+struct Sample {
+  torch::Tensor image;
+  std::vector<Box> boxes;
+};
+
+enum class CacheMode { None, Ram };
+
+struct DatasetOptions {
+  int imgsz = 640;
+  CacheMode cache = CacheMode::None;
+  // Class ids >= num_classes are dropped with a warning (0: no check). The reference does not
+  // check, and an out-of-range id would make the loss index out of bounds.
+  int num_classes = 0;
+  int threads = 0;  // for scanning headers/labels and filling the cache; 0 = hardware threads
+};
+
+// The label file of an image: the last directory components "images" become "labels" (every
+// "/images/" in the directory, and a trailing "/images"), the extension becomes ".txt".
+std::string label_path_for(const std::string& image_path);
+
+// Parses one YOLO label file into pixel boxes of an image of size (w0, h0). Rows are
+// "class cx cy w h" (normalised) or polygons "class x1 y1 ... xn yn" (bbox = min/max). Blank rows
+// and rows with fewer than five fields are skipped; a row that is not numbers, has an odd
+// polygon, a negative or fractional class, or a class >= num_classes (when > 0) is skipped and
+// described in *problems as "file:line: reason". A missing file means no objects.
+std::vector<Box> parse_label_file(const std::string& label_path, int w0, int h0, int num_classes,
+                                  std::vector<std::string>* problems);
+
+class YoloDataset {
+ public:
+  // Probes every image header and reads every label file (in parallel). Images whose header
+  // cannot be read are skipped with a warning and counted. No usable image: DataError.
+  YoloDataset(const std::vector<std::string>& image_files, DatasetOptions options);
+  ~YoloDataset();
+  YoloDataset(const YoloDataset&) = delete;
+  YoloDataset& operator=(const YoloDataset&) = delete;
+
+  int64_t size() const { return static_cast<int64_t>(records_.size()); }
+  int imgsz() const { return options_.imgsz; }
+  const std::string& image_path(int64_t i) const { return records_.at(i).path; }
+  // Original (height, width) from the image header.
+  std::pair<int, int> original_hw(int64_t i) const;
+  // Boxes in the original image's pixels.
+  std::vector<Box> original_boxes(int64_t i) const;
+  // Same as an [N, 5] float tensor (x1, y1, x2, y2, cls), for the evaluator.
+  torch::Tensor original_labels(int64_t i) const;
+  // The image resized so that its longer side is imgsz (sizes truncated, bilinear), with the boxes
+  // scaled by r = min(S/h0, S/w0). An image that fails to decode is reported once and replaced
+  // by the next readable one, so a corrupt file never stops training.
+  Sample load_resized(int64_t i) const;
+
+  // Images skipped at construction plus images found undecodable later.
+  int64_t num_corrupt() const { return skipped_ + unreadable_.load(); }
+  int64_t num_unreadable() const { return unreadable_.load(); }
+  int64_t num_boxes() const { return static_cast<int64_t>(boxes_.size()); }
+  bool cached() const { return !cache_.empty(); }
+
+ private:
+  struct Record {
+    std::string path;
+    int h0 = 0, w0 = 0;
+    size_t box_begin = 0, box_count = 0;
+  };
+  Sample load_record(int64_t i) const;
+  void fill_cache();
+
+  DatasetOptions options_;
+  std::vector<Record> records_;
+  std::vector<Box> boxes_;
+  std::vector<torch::Tensor> cache_;
+  std::unique_ptr<std::atomic<bool>[]> bad_;
+  int64_t skipped_ = 0;
+  mutable std::atomic<int64_t> unreadable_{0};
+};
+
+// Boxes as an [N, 5] float tensor (x1, y1, x2, y2, cls).
+torch::Tensor boxes_to_tensor(const std::vector<Box>& boxes);
+
+}  // namespace libreyolo::data

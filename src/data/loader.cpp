@@ -1,0 +1,263 @@
+#include "data/loader.hpp"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+#include <libreyolo/errors.hpp>
+
+#include "core/log.hpp"
+
+namespace libreyolo::data {
+
+DataLoader::DataLoader(std::shared_ptr<const YoloDataset> dataset, LoaderOptions options)
+    : dataset_(std::move(dataset)), opt_(std::move(options)) {
+  if (!dataset_) throw UsageError("DataLoader needs a dataset");
+  if (opt_.batch < 1) throw UsageError(strfmt("batch must be >= 1 (got %d)", opt_.batch));
+  if (opt_.workers < 0) throw UsageError(strfmt("workers must be >= 0 (got %d)", opt_.workers));
+  if (opt_.world < 1 || opt_.rank < 0 || opt_.rank >= opt_.world)
+    throw UsageError(strfmt("invalid rank %d for world size %d", opt_.rank, opt_.world));
+  if (opt_.augment.max_labels < 1) throw UsageError("max_labels must be >= 1");
+  S_ = dataset_->imgsz();
+  opt_.augment.imgsz = S_;
+
+  if (opt_.pin_memory) {
+    pin_ = torch::cuda::is_available();
+    if (!pin_) log_debug("pin_memory ignored: no CUDA device");
+  }
+  const int64_t n = dataset_->size();
+  per_rank_ = opt_.world == 1 ? n
+              : opt_.pad_shards ? (n + opt_.world - 1) / opt_.world
+                                : n / opt_.world;
+  if (per_rank_ == 0)
+    throw DataError(strfmt("%lld images cannot be split over %d ranks", static_cast<long long>(n),
+                           opt_.world));
+  drop_last_ = opt_.drop_last.value_or(opt_.mode == LoaderMode::Train && per_rank_ >= opt_.batch);
+  num_batches_ = drop_last_ ? per_rank_ / opt_.batch : (per_rank_ + opt_.batch - 1) / opt_.batch;
+  total_samples_ = drop_last_ ? num_batches_ * opt_.batch : per_rank_;
+
+  if (opt_.workers > 0) {
+    // Enough slots that every worker can hold a sample even with tiny batches.
+    const int64_t window =
+        std::max<int64_t>(std::max(1, opt_.prefetch), (opt_.workers + opt_.batch - 1) / opt_.batch + 1);
+    slots_.resize(static_cast<size_t>(window));
+    threads_.reserve(static_cast<size_t>(opt_.workers));
+    for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
+  }
+}
+
+DataLoader::~DataLoader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    ++generation_;
+  }
+  work_cv_.notify_all();
+  ready_cv_.notify_all();
+  for (auto& t : threads_) t.join();
+}
+
+std::vector<int64_t> DataLoader::epoch_indices(int64_t epoch) const {
+  const int64_t n = dataset_->size();
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  if (opt_.mode == LoaderMode::Train && opt_.shuffle) {
+    // torch.randperm with a generator seeded seed + epoch: the permutation DistributedSampler
+    // draws for the same seed and epoch.
+    auto gen = at::detail::createCPUGenerator(opt_.seed + static_cast<uint64_t>(epoch));
+    const torch::Tensor perm = torch::randperm(n, gen, torch::kLong);
+    std::copy_n(perm.data_ptr<int64_t>(), n, all.begin());
+  } else {
+    for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  }
+  if (opt_.world == 1) return all;
+  const int64_t total = per_rank_ * opt_.world;
+  std::vector<int64_t> mine;
+  mine.reserve(static_cast<size_t>(per_rank_));
+  for (int64_t k = opt_.rank; k < total; k += opt_.world) mine.push_back(all[static_cast<size_t>(k % n)]);
+  return mine;
+}
+
+bool DataLoader::mosaic() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return mosaic_;
+}
+
+void DataLoader::arm_locked(int64_t epoch) {
+  epoch_ = epoch;
+  epoch_mosaic_ = mosaic_;
+  order_ = epoch_indices(epoch);
+  order_.resize(static_cast<size_t>(total_samples_));
+  next_sample_ = 0;
+  next_batch_ = 0;
+  fatal_ = nullptr;
+  for (Slot& s : slots_) s = Slot{};
+  ++generation_;
+  armed_ = true;
+  unreadable_at_start_ = dataset_->num_unreadable();
+}
+
+void DataLoader::end_epoch_locked() {
+  next_batch_ = num_batches_;
+  next_sample_ = total_samples_;
+  ++generation_;  // samples still in flight are dropped
+}
+
+void DataLoader::set_epoch(int64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    arm_locked(epoch);
+  }
+  work_cv_.notify_all();
+}
+
+void DataLoader::set_mosaic(bool on) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    mosaic_ = on;
+    if (!armed_ || next_batch_ > 0 || epoch_mosaic_ == on) return;
+    arm_locked(epoch_);  // nothing handed out yet: redo the prefetched samples in the new mode
+  }
+  work_cv_.notify_all();
+}
+
+void DataLoader::make_sample(int64_t position, int64_t index, int64_t epoch, bool mosaic,
+                             uint8_t* image, float* targets) const {
+  if (opt_.mode == LoaderMode::Val) {
+    make_val_sample(*dataset_, index, opt_.augment.max_labels, image, targets);
+    return;
+  }
+  Rng rng = Rng::for_sample(opt_.seed, epoch, position, opt_.rank);
+  make_train_sample(*dataset_, index, mosaic, opt_.augment, rng, image, targets);
+}
+
+void DataLoader::init_slot_locked(Slot& slot, int64_t b) {
+  const int64_t count = std::min<int64_t>(opt_.batch, total_samples_ - b * opt_.batch);
+  auto opts = torch::TensorOptions().pinned_memory(pin_);
+  slot = Slot{};
+  slot.batch = b;
+  slot.pending = count;
+  slot.data.images = torch::empty({count, S_, S_, 3}, opts.dtype(torch::kUInt8));
+  slot.data.targets = torch::empty({count, opt_.augment.max_labels, 5}, opts.dtype(torch::kFloat32));
+  slot.data.orig_hw.resize(static_cast<size_t>(count));
+  slot.data.indices.resize(static_cast<size_t>(count));
+}
+
+void DataLoader::worker_loop() {
+  const int64_t B = opt_.batch;
+  const int64_t window = static_cast<int64_t>(slots_.size());
+  const int64_t image_bytes = static_cast<int64_t>(S_) * S_ * 3;
+  const int64_t target_floats = static_cast<int64_t>(opt_.augment.max_labels) * 5;
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [&] {
+      return stop_ || (armed_ && !fatal_ && next_sample_ < total_samples_ &&
+                       next_sample_ / B < next_batch_ + window);
+    });
+    if (stop_) return;
+    const int64_t pos = next_sample_++;
+    const int64_t b = pos / B, j = pos % B;
+    const uint64_t gen = generation_;
+    Slot& slot = slots_[static_cast<size_t>(b % window)];
+    torch::Tensor images, targets;  // held here so an epoch switch cannot free them under us
+    try {
+      if (slot.batch != b) init_slot_locked(slot, b);
+      images = slot.data.images;
+      targets = slot.data.targets;
+    } catch (...) {
+      fatal_ = std::current_exception();
+      ready_cv_.notify_all();
+      continue;
+    }
+    const int64_t index = order_[static_cast<size_t>(pos)];
+    slot.data.indices[static_cast<size_t>(j)] = index;
+    slot.data.orig_hw[static_cast<size_t>(j)] = dataset_->original_hw(index);
+    const int64_t epoch = epoch_;
+    const bool mosaic = epoch_mosaic_;
+    lock.unlock();
+
+    std::exception_ptr error;
+    try {
+      make_sample(pos, index, epoch, mosaic, images.data_ptr<uint8_t>() + j * image_bytes,
+                  targets.data_ptr<float>() + j * target_floats);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    images = torch::Tensor();
+    targets = torch::Tensor();
+
+    lock.lock();
+    if (gen != generation_) continue;  // the epoch was re-armed meanwhile: drop the sample
+    Slot& done = slots_[static_cast<size_t>(b % window)];
+    if (error && !done.error) done.error = error;
+    if (--done.pending == 0) ready_cv_.notify_all();
+  }
+}
+
+std::optional<Batch> DataLoader::next_inline(bool* last) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!armed_) arm_locked(epoch_);
+  if (next_batch_ >= num_batches_) return std::nullopt;
+  const int64_t b = next_batch_++;
+  *last = next_batch_ == num_batches_;
+  Slot slot;
+  init_slot_locked(slot, b);
+  const int64_t epoch = epoch_;
+  const bool mosaic = epoch_mosaic_;
+  const int64_t image_bytes = static_cast<int64_t>(S_) * S_ * 3;
+  const int64_t target_floats = static_cast<int64_t>(opt_.augment.max_labels) * 5;
+  lock.unlock();
+  uint8_t* images = slot.data.images.data_ptr<uint8_t>();
+  float* targets = slot.data.targets.data_ptr<float>();
+  try {
+    for (int64_t j = 0; j < slot.pending; ++j) {
+      const int64_t pos = b * opt_.batch + j;
+      const int64_t index = order_[static_cast<size_t>(pos)];
+      slot.data.indices[static_cast<size_t>(j)] = index;
+      slot.data.orig_hw[static_cast<size_t>(j)] = dataset_->original_hw(index);
+      make_sample(pos, index, epoch, mosaic, images + j * image_bytes, targets + j * target_floats);
+    }
+  } catch (...) {
+    lock.lock();
+    end_epoch_locked();
+    throw;
+  }
+  return std::move(slot.data);
+}
+
+std::optional<Batch> DataLoader::next() {
+  std::optional<Batch> out;
+  bool last = false;
+  if (threads_.empty()) {
+    out = next_inline(&last);
+  } else {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!armed_) {
+      arm_locked(epoch_);
+      work_cv_.notify_all();
+    }
+    if (next_batch_ >= num_batches_) return std::nullopt;
+    const int64_t b = next_batch_;
+    Slot& slot = slots_[static_cast<size_t>(b % static_cast<int64_t>(slots_.size()))];
+    ready_cv_.wait(lock, [&] { return stop_ || fatal_ || (slot.batch == b && slot.pending == 0); });
+    std::exception_ptr error = fatal_ ? fatal_ : slot.error;
+    if (stop_) error = std::make_exception_ptr(RuntimeError("data loader stopped"));
+    if (error) {
+      end_epoch_locked();
+      std::rethrow_exception(error);
+    }
+    out = std::move(slot.data);
+    slot = Slot{};
+    last = ++next_batch_ == num_batches_;
+    lock.unlock();
+    work_cv_.notify_all();
+  }
+  if (last) {
+    const int64_t found = dataset_->num_unreadable() - unreadable_at_start_;
+    if (found > 0)
+      log_warn(strfmt("%lld corrupt images found this epoch were replaced by their neighbours",
+                      static_cast<long long>(found)));
+  }
+  return out;
+}
+
+}  // namespace libreyolo::data

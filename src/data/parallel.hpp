@@ -1,0 +1,44 @@
+// A blocking parallel loop over [0, n) on plain threads (for one-off dataset scans, not the
+// loader's hot path). The first exception thrown by `fn` is rethrown after all threads stopped.
+#pragma once
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace libreyolo::data {
+
+inline int default_threads(int requested) {
+  if (requested > 0) return requested;
+  const unsigned hw = std::thread::hardware_concurrency();
+  return static_cast<int>(std::clamp(hw, 1u, 16u));
+}
+
+template <typename Fn>
+void parallel_for(int64_t n, int threads, Fn&& fn) {
+  threads = static_cast<int>(std::min<int64_t>(default_threads(threads), std::max<int64_t>(n, 1)));
+  std::atomic<int64_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto body = [&] {
+    for (int64_t i; (i = next.fetch_add(1)) < n;) {
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!error) error = std::current_exception();
+        next = n;
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(body);
+  body();
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace libreyolo::data

@@ -1,0 +1,186 @@
+#include "ops/image_ops.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <libreyolo/errors.hpp>
+
+#include "core/log.hpp"
+
+namespace libreyolo::ops {
+namespace {
+
+// Interpolation weights in fixed point: 11 bits each way keeps the two-pass product
+// (255 * 2^11 * 2^11 plus rounding) inside int32 and the error well under half a level.
+constexpr int kBits = 11;
+constexpr int32_t kOne = 1 << kBits;
+
+// Source taps for one axis: output i reads src[i0] * (kOne - w1) + src[i1] * w1.
+struct Taps {
+  std::vector<int32_t> i0, i1, w1;
+};
+
+// OpenCV INTER_LINEAR geometry: half-pixel centres, src = (dst + 0.5) * in / out - 0.5,
+// positions outside [0, in - 1] clamp to the border pixel.
+Taps make_taps(int64_t in, int64_t out, int64_t unit) {
+  Taps t;
+  t.i0.resize(out);
+  t.i1.resize(out);
+  t.w1.resize(out);
+  const double scale = static_cast<double>(in) / static_cast<double>(out);
+  for (int64_t d = 0; d < out; ++d) {
+    const double f = (static_cast<double>(d) + 0.5) * scale - 0.5;
+    int64_t s = static_cast<int64_t>(std::floor(f));
+    double frac = f - static_cast<double>(s);
+    if (s < 0) {
+      s = 0;
+      frac = 0.0;
+    }
+    if (s >= in - 1) {
+      s = in - 1;
+      frac = 0.0;
+    }
+    t.i0[d] = static_cast<int32_t>(s * unit);
+    t.i1[d] = static_cast<int32_t>(std::min(s + 1, in - 1) * unit);
+    t.w1[d] = static_cast<int32_t>(std::lround(frac * kOne));
+  }
+  return t;
+}
+
+// kC > 0 fixes the channel count at compile time (the common 1 and 3); 0 reads `channels`.
+template <int kC>
+void resize_rows(const uint8_t* src, int64_t in_h, int64_t in_w, uint8_t* dst, int64_t out_h,
+                 int64_t out_w, int64_t dst_row_stride, int channels) {
+  const int C = kC > 0 ? kC : channels;
+  const Taps xs = make_taps(in_w, out_w, C);
+  const Taps ys = make_taps(in_h, out_h, 1);
+  const int64_t src_row_stride = in_w * C;
+  const int64_t row_len = out_w * C;
+
+  // Horizontally interpolated source rows, cached so that each source row is processed once
+  // even when consecutive output rows share it (upscaling).
+  std::vector<int32_t> storage(2 * row_len);
+  int32_t* bufs[2] = {storage.data(), storage.data() + row_len};
+  int64_t cached[2] = {-1, -1};
+  auto horizontal = [&](int64_t sy, int32_t* out) {
+    const uint8_t* row = src + sy * src_row_stride;
+    for (int64_t x = 0; x < out_w; ++x) {
+      const uint8_t* p0 = row + xs.i0[x];
+      const uint8_t* p1 = row + xs.i1[x];
+      const int32_t w1 = xs.w1[x], w0 = kOne - w1;
+      int32_t* o = out + x * C;
+      for (int c = 0; c < C; ++c) o[c] = p0[c] * w0 + p1[c] * w1;
+    }
+  };
+  auto row_for = [&](int64_t sy, int64_t keep) -> const int32_t* {
+    for (int s = 0; s < 2; ++s)
+      if (cached[s] == sy) return bufs[s];
+    const int s = cached[0] == keep ? 1 : 0;
+    horizontal(sy, bufs[s]);
+    cached[s] = sy;
+    return bufs[s];
+  };
+
+  constexpr int32_t kRound = 1 << (2 * kBits - 1);
+  for (int64_t y = 0; y < out_h; ++y) {
+    const int64_t a = ys.i0[y], b = ys.i1[y];
+    const int32_t* r0 = row_for(a, b);
+    const int32_t* r1 = row_for(b, a);
+    const int32_t w1 = ys.w1[y], w0 = kOne - w1;
+    uint8_t* o = dst + y * dst_row_stride;
+    for (int64_t i = 0; i < row_len; ++i)
+      o[i] = static_cast<uint8_t>((r0[i] * w0 + r1[i] * w1 + kRound) >> (2 * kBits));
+  }
+}
+
+void check_hwc_u8(const torch::Tensor& t, const char* what) {
+  if (!t.defined() || t.dim() != 3 || t.scalar_type() != torch::kUInt8 || !t.device().is_cpu() ||
+      t.size(2) < 1)
+    throw UsageError(strfmt("%s: expected a CPU uint8 tensor [H, W, C]", what));
+  if (t.size(0) < 1 || t.size(1) < 1)
+    throw UsageError(strfmt("%s: empty image (%lldx%lld)", what, (long long)t.size(1),
+                            (long long)t.size(0)));
+}
+
+// Resizes `src` (contiguous) into dst rows of `dst_row_stride` bytes; equal sizes copy.
+void resize_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t out_w,
+                 int64_t dst_row_stride) {
+  const int64_t in_h = src.size(0), in_w = src.size(1);
+  const int C = static_cast<int>(src.size(2));
+  const uint8_t* s = src.data_ptr<uint8_t>();
+  if (in_h == out_h && in_w == out_w) {
+    for (int64_t y = 0; y < out_h; ++y)
+      std::memcpy(dst + y * dst_row_stride, s + y * in_w * C, size_t(in_w) * C);
+    return;
+  }
+  switch (C) {
+    case 1:
+      resize_rows<1>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C);
+      break;
+    case 3:
+      resize_rows<3>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C);
+      break;
+    default:
+      resize_rows<0>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C);
+  }
+}
+
+// LibreYOLO's sizes: r = min(S/h, S/w), new side = max(int(side * r), 1) (Python float
+// arithmetic, which is IEEE double here too).
+void fitted_size(int64_t h, int64_t w, int target, double* r, int64_t* nh, int64_t* nw) {
+  *r = std::min(static_cast<double>(target) / static_cast<double>(h),
+                static_cast<double>(target) / static_cast<double>(w));
+  *nh = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(h) * *r), 1);
+  *nw = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(w) * *r), 1);
+}
+
+}  // namespace
+
+torch::Tensor resize_bilinear(const torch::Tensor& hwc, int out_h, int out_w) {
+  check_hwc_u8(hwc, "resize_bilinear");
+  if (out_h < 1 || out_w < 1)
+    throw UsageError(strfmt("resize_bilinear: output size must be positive, got %dx%d", out_w,
+                            out_h));
+  const torch::Tensor src = hwc.contiguous();
+  const int64_t C = src.size(2);
+  torch::Tensor out = torch::empty({out_h, out_w, C}, src.options());
+  resize_into(src, out.data_ptr<uint8_t>(), out_h, out_w, int64_t(out_w) * C);
+  return out;
+}
+
+torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio) {
+  check_hwc_u8(hwc, "resize_longest");
+  if (target < 1) throw UsageError(strfmt("resize_longest: target must be positive, got %d", target));
+  double r;
+  int64_t nh, nw;
+  fitted_size(hwc.size(0), hwc.size(1), target, &r, &nh, &nw);
+  if (ratio) *ratio = r;
+  if (nh == hwc.size(0) && nw == hwc.size(1)) return hwc;
+  return resize_bilinear(hwc, static_cast<int>(nh), static_cast<int>(nw));
+}
+
+torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio, uint8_t pad) {
+  check_hwc_u8(hwc, "letterbox_topleft");
+  if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
+  double r;
+  int64_t nh, nw;
+  fitted_size(hwc.size(0), hwc.size(1), size, &r, &nh, &nw);
+  nh = std::min<int64_t>(nh, size);
+  nw = std::min<int64_t>(nw, size);
+  if (ratio) *ratio = r;
+  const torch::Tensor src = hwc.contiguous();
+  const int64_t C = src.size(2);
+  torch::Tensor canvas = torch::empty({size, size, C}, src.options());
+  uint8_t* base = canvas.data_ptr<uint8_t>();
+  const int64_t stride = int64_t(size) * C;
+  // Pad only what the image does not cover, then resize straight into the canvas.
+  for (int64_t y = 0; y < nh; ++y)
+    std::memset(base + y * stride + nw * C, pad, size_t(stride - nw * C));
+  std::memset(base + nh * stride, pad, size_t((size - nh) * stride));
+  resize_into(src, base, nh, nw, stride);
+  return canvas;
+}
+
+}  // namespace libreyolo::ops

@@ -1,0 +1,365 @@
+// Mosaic geometry, HSV, flip, letterbox, box filters and targets (yolo9.md §4.4-4.7, 4.9).
+#include <cmath>
+#include <vector>
+
+#include "data/augment.hpp"
+#include "support.hpp"
+
+using namespace libreyolo;
+using namespace libreyolo::data;
+
+namespace {
+
+Sample solid(int h, int w, uint8_t r, uint8_t g, uint8_t b, std::vector<Box> boxes = {}) {
+  Sample s;
+  s.image = torch::empty({h, w, 3}, torch::kUInt8);
+  s.image.select(2, 0).fill_(r);
+  s.image.select(2, 1).fill_(g);
+  s.image.select(2, 2).fill_(b);
+  s.boxes = std::move(boxes);
+  return s;
+}
+
+std::vector<uint8_t> pixel(const torch::Tensor& img, int y, int x) {
+  auto a = img.accessor<uint8_t, 3>();
+  return {a[y][x][0], a[y][x][1], a[y][x][2]};
+}
+
+void expect_box(const Box& b, double x1, double y1, double x2, double y2, double cls) {
+  EXPECT_NEAR(b.x1, x1, 1e-9);
+  EXPECT_NEAR(b.y1, y1, 1e-9);
+  EXPECT_NEAR(b.x2, x2, 1e-9);
+  EXPECT_NEAR(b.y2, y2, 1e-9);
+  EXPECT_EQ(b.cls, cls);
+}
+
+// ---- float64 HSV in OpenCV's 8-bit convention, written from the textbook definitions ----------
+void ref_rgb_to_hsv(int r, int g, int b, double& h, double& s, double& v) {
+  const double mx = std::max({r, g, b}), mn = std::min({r, g, b}), d = mx - mn;
+  v = mx;
+  s = mx > 0 ? 255.0 * d / mx : 0.0;
+  double deg = 0;
+  if (d > 0) {
+    if (mx == r)
+      deg = 60.0 * (g - b) / d;
+    else if (mx == g)
+      deg = 120.0 + 60.0 * (b - r) / d;
+    else
+      deg = 240.0 + 60.0 * (r - g) / d;
+  }
+  if (deg < 0) deg += 360.0;
+  h = deg / 2.0;
+}
+
+void ref_hsv_to_rgb(double h, double s, double v, double out[3]) {
+  const double sf = s / 255.0, deg = h * 2.0;
+  const double c = v * sf, hp = deg / 60.0;
+  const double x = c * (1 - std::abs(std::fmod(hp, 2.0) - 1));
+  double r = 0, g = 0, b = 0;
+  switch (static_cast<int>(hp) % 6) {
+    case 0: r = c, g = x; break;
+    case 1: r = x, g = c; break;
+    case 2: g = c, b = x; break;
+    case 3: g = x, b = c; break;
+    case 4: r = x, b = c; break;
+    default: r = c, b = x; break;
+  }
+  const double m = v - c;
+  out[0] = r + m, out[1] = g + m, out[2] = b + m;
+}
+
+std::vector<uint8_t> colour_grid(int step) {
+  std::vector<uint8_t> px;
+  for (int r = 0; r < 256; r += step)
+    for (int g = 0; g < 256; g += step)
+      for (int b = 0; b < 256; b += step) px.insert(px.end(), {uint8_t(r), uint8_t(g), uint8_t(b)});
+  return px;
+}
+
+int chroma(const uint8_t* p) { return std::max({p[0], p[1], p[2]}) - std::min({p[0], p[1], p[2]}); }
+
+}  // namespace
+
+// ---- mosaic ------------------------------------------------------------------------------------
+TEST(DataAugment, MosaicGeometryMatchesAHandComputedCase) {
+  // S = 64 (canvas 128), centre xc = 70, yc = 50.
+  const Sample t0 = solid(60, 64, 10, 20, 30, {{10, 5, 50, 40, 0}});
+  const Sample t1 = solid(32, 64, 200, 0, 0, {{0, 0, 64, 32, 1}});
+  const Sample t2 = solid(64, 64, 0, 200, 0, {{30, 10, 60, 60, 2}});
+  const Sample t3 = solid(20, 30, 0, 0, 200, {{2, 2, 4, 4, 3}, {0, 0, 30, 20, 3}});
+  const Sample m = mosaic4({&t0, &t1, &t2, &t3}, 64, 70, 50);
+  EXPECT_EQ(m.image.sizes(), (torch::IntArrayRef{64, 64, 3}));
+  // Tile 0 at canvas [6, 0, 70, 50], its top 10 rows cropped: padw 6, padh -10, y1 clipped to 0.
+  // Tile 1 at [70, 18, 128, 50]: padw 70, padh 18, x2 134 clipped to 128.
+  // Tile 2 at [6, 50, 70, 114]: padw 6, padh 50.
+  // Tile 3 at [70, 50, 100, 70]: its 2x2 box halves to 1x1 and is dropped (needs w, h > 2).
+  // Then everything is halved.
+  ASSERT_EQ(m.boxes.size(), 4u);
+  expect_box(m.boxes[0], 8, 0, 28, 15, 0);
+  expect_box(m.boxes[1], 35, 9, 64, 25, 1);
+  expect_box(m.boxes[2], 18, 30, 33, 55, 2);
+  expect_box(m.boxes[3], 35, 25, 50, 35, 3);
+  // Pixels: output (y, x) averages canvas rows 2y, 2y+1 and columns 2x, 2x+1.
+  EXPECT_EQ(pixel(m.image, 5, 10), (std::vector<uint8_t>{10, 20, 30}));
+  EXPECT_EQ(pixel(m.image, 12, 50), (std::vector<uint8_t>{200, 0, 0}));
+  EXPECT_EQ(pixel(m.image, 45, 10), (std::vector<uint8_t>{0, 200, 0}));
+  EXPECT_EQ(pixel(m.image, 30, 40), (std::vector<uint8_t>{0, 0, 200}));
+  EXPECT_EQ(pixel(m.image, 40, 50), (std::vector<uint8_t>{114, 114, 114}));
+  EXPECT_EQ(pixel(m.image, 0, 1), (std::vector<uint8_t>{114, 114, 114}));
+  EXPECT_EQ(pixel(m.image, 60, 60), (std::vector<uint8_t>{114, 114, 114}));
+}
+
+TEST(DataAugment, MosaicDrawStaysInRange) {
+  Rng rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    const MosaicParams p = draw_mosaic(rng, 640, 5);
+    ASSERT_GE(p.xc, 320);
+    ASSERT_LT(p.xc, 960);
+    ASSERT_GE(p.yc, 320);
+    ASSERT_LT(p.yc, 960);
+    for (int64_t o : p.others) ASSERT_TRUE(o >= 0 && o < 5);
+  }
+}
+
+// ---- HSV ---------------------------------------------------------------------------------------
+TEST(DataAugment, RgbToHsvMatchesTheFloatDefinition) {
+  const auto px = colour_grid(5);
+  const int64_t n = static_cast<int64_t>(px.size() / 3);
+  std::vector<uint8_t> hsv(px.size());
+  rgb_to_hsv(px.data(), hsv.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    double h, s, v;
+    ref_rgb_to_hsv(px[3 * i], px[3 * i + 1], px[3 * i + 2], h, s, v);
+    ASSERT_LT(hsv[3 * i], 180);
+    const double dh = std::abs(hsv[3 * i] - h);
+    // Rounded to nearest; the fixed-point reciprocals may move a near-tie by a fraction.
+    ASSERT_LE(std::min(dh, 180 - dh), 0.7) << i;  // hue is mod 180
+    ASSERT_LE(std::abs(hsv[3 * i + 1] - s), 0.7) << i;
+    ASSERT_EQ(hsv[3 * i + 2], v);
+  }
+}
+
+TEST(DataAugment, HsvToRgbMatchesTheFloatDefinition) {
+  std::vector<uint8_t> hsv;
+  for (int h = 0; h < 180; h += 3)
+    for (int s = 0; s < 256; s += 5)
+      for (int v = 0; v < 256; v += 5) hsv.insert(hsv.end(), {uint8_t(h), uint8_t(s), uint8_t(v)});
+  const int64_t n = static_cast<int64_t>(hsv.size() / 3);
+  std::vector<uint8_t> rgb(hsv.size());
+  hsv_to_rgb(hsv.data(), rgb.data(), n);
+  for (int64_t i = 0; i < n; ++i) {
+    double ref[3];
+    ref_hsv_to_rgb(hsv[3 * i], hsv[3 * i + 1], hsv[3 * i + 2], ref);
+    for (int c = 0; c < 3; ++c) ASSERT_LE(std::abs(rgb[3 * i + c] - ref[c]), 0.5 + 1e-3) << i;
+  }
+}
+
+TEST(DataAugment, HsvZeroGainIsIdentityUpToHueQuantisation) {
+  const auto px = colour_grid(3);
+  const int64_t n = static_cast<int64_t>(px.size() / 3);
+  std::vector<uint8_t> out(px.size());
+  shift_hsv(px.data(), out.data(), n, {0, 0, 0});
+  int64_t within_one = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int c = chroma(&px[3 * i]);
+    for (int k = 0; k < 3; ++k) {
+      const int err = std::abs(out[3 * i + k] - px[3 * i + k]);
+      // Greys are exact. Otherwise H has 2-degree steps, so the middle channel can be off by up
+      // to chroma/60 (plus rounding): OpenCV's round trip is not the identity either.
+      if (c == 0) ASSERT_EQ(err, 0) << i;
+      ASSERT_LE(err, 1.0 + c / 60.0) << i;
+      if (c <= 60) ASSERT_LE(err, 1) << i;
+    }
+    within_one += std::abs(out[3 * i] - px[3 * i]) <= 1 && std::abs(out[3 * i + 1] - px[3 * i + 1]) <= 1 &&
+                  std::abs(out[3 * i + 2] - px[3 * i + 2]) <= 1;
+  }
+  EXPECT_GT(static_cast<double>(within_one) / n, 0.8);
+}
+
+TEST(DataAugment, HsvShiftMatchesAFloat64Pipeline) {
+  const auto px = colour_grid(5);
+  const int64_t n = static_cast<int64_t>(px.size() / 3);
+  for (const HsvGains g : {HsvGains{4, -25, 17}, HsvGains{-5, 30, -30}, HsvGains{0, 0, 29}}) {
+    std::vector<uint8_t> out(px.size());
+    shift_hsv(px.data(), out.data(), n, g);
+    double sum_err = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double h, s, v;
+      ref_rgb_to_hsv(px[3 * i], px[3 * i + 1], px[3 * i + 2], h, s, v);
+      // uint8 HSV: H and S rounded; H wraps mod 180, S and V clip.
+      double hq = std::fmod(std::round(h), 180.0);
+      hq = std::fmod(hq + g.h + 180.0, 180.0);
+      const double sq = std::clamp(std::round(s) + g.s, 0.0, 255.0);
+      const double vq = std::clamp(v + g.v, 0.0, 255.0);
+      double ref[3];
+      ref_hsv_to_rgb(hq, sq, vq, ref);
+      // Rounding ties of H or S may land one step apart; allow the effect of one step.
+      const double tol = 1.0 + (vq * sq / 255.0) / 30.0 + vq / 255.0;
+      for (int k = 0; k < 3; ++k) {
+        const double err = std::abs(out[3 * i + k] - ref[k]);
+        ASSERT_LE(err, tol) << "pixel " << i << " gains " << g.h << "," << g.s << "," << g.v;
+        sum_err += err;
+      }
+    }
+    EXPECT_LT(sum_err / (3.0 * n), 0.3);
+  }
+  // Hue wraps: pure red (H = 0) shifted by -5 becomes magenta-ish red (H = 175): blue rises.
+  const uint8_t red[3] = {255, 0, 0};
+  uint8_t o[3];
+  shift_hsv(red, o, 1, {-5, 0, 0});
+  EXPECT_EQ(o[0], 255);
+  EXPECT_EQ(o[1], 0);
+  EXPECT_NEAR(o[2], 255.0 * 10 / 60, 1.0);
+}
+
+TEST(DataAugment, HsvGainDrawFollowsTheRecipe) {
+  Rng rng(3);
+  AugmentOptions opt;
+  int zero_h = 0, n = 4000;
+  for (int i = 0; i < n; ++i) {
+    const HsvGains g = draw_hsv_gains(rng, opt);
+    ASSERT_LE(std::abs(g.h), 4);  // |U(-1,1) * 5| < 5, truncated toward zero
+    ASSERT_LE(std::abs(g.s), 29);
+    ASSERT_LE(std::abs(g.v), 29);
+    zero_h += g.h == 0;
+  }
+  // P(h == 0) = 0.5 (zeroed) + 0.5 * P(|U * 5| < 1) = 0.5 + 0.1.
+  EXPECT_NEAR(static_cast<double>(zero_h) / n, 0.6, 0.04);
+}
+
+// ---- per-sample transform ------------------------------------------------------------------------
+TEST(DataAugment, FlipMirrorsPixelsAndBoxes) {
+  Sample s = solid(64, 64, 255, 0, 0, {{0, 0, 10, 20, 2}});
+  s.image.narrow(1, 32, 32).select(2, 0).fill_(0);
+  s.image.narrow(1, 32, 32).select(2, 2).fill_(255);  // right half blue
+  TransformParams p;
+  p.flip = true;
+  std::vector<uint8_t> img(64 * 64 * 3);
+  std::vector<float> tgt(100 * 5);
+  apply_transform(s, p, 64, 100, img.data(), tgt.data());
+  EXPECT_EQ(img[0], 0);  // left edge is now blue
+  EXPECT_EQ(img[2], 255);
+  EXPECT_EQ(img[(63) * 3], 255);  // right edge red
+  EXPECT_FLOAT_EQ(tgt[0], 2.0f);
+  EXPECT_FLOAT_EQ(tgt[1], 54.0f / 64);
+  EXPECT_FLOAT_EQ(tgt[2], 0.0f);
+  EXPECT_FLOAT_EQ(tgt[3], 1.0f);
+  EXPECT_FLOAT_EQ(tgt[4], 20.0f / 64);
+  EXPECT_FLOAT_EQ(tgt[5], -1.0f);
+}
+
+TEST(DataAugment, LetterboxIsTopLeftWithPad114) {
+  // Longer side already S: pasted as is.
+  Sample s = solid(32, 64, 1, 2, 3, {{8, 8, 24, 16, 0}});
+  std::vector<uint8_t> img(64 * 64 * 3);
+  std::vector<float> tgt(100 * 5);
+  apply_transform(s, TransformParams{}, 64, 100, img.data(), tgt.data());
+  EXPECT_EQ(img[(31 * 64 + 63) * 3 + 2], 3);
+  EXPECT_EQ(img[(32 * 64) * 3], 114);
+  EXPECT_EQ(img[(63 * 64 + 63) * 3 + 1], 114);
+  EXPECT_FLOAT_EQ(tgt[1], 8.0f / 64);
+  EXPECT_FLOAT_EQ(tgt[4], 16.0f / 64);
+  // Smaller image: resized by r = min(64/20, 64/40) = 1.6 to 64 x 32, boxes x 1.6.
+  Sample small = solid(20, 40, 9, 9, 9, {{5, 5, 15, 10, 1}});
+  apply_transform(small, TransformParams{}, 64, 100, img.data(), tgt.data());
+  EXPECT_EQ(img[(31 * 64 + 63) * 3], 9);
+  EXPECT_EQ(img[(32 * 64) * 3], 114);
+  EXPECT_FLOAT_EQ(tgt[1], static_cast<float>(5 * 1.6 / 64));
+  EXPECT_FLOAT_EQ(tgt[3], static_cast<float>(15 * 1.6 / 64));
+}
+
+TEST(DataAugment, SmallBoxesAreFilteredAndAllGoneFallsBack) {
+  TransformParams p;
+  p.hsv = true;
+  p.gains = {5, 30, 30};
+  p.flip = true;
+  std::vector<uint8_t> img(32 * 32 * 3);
+  std::vector<float> tgt(100 * 5);
+  // w = 1 is not > 1: dropped; the other box survives, the image is augmented (flipped).
+  Sample s = solid(32, 32, 100, 50, 20, {{0, 0, 1, 10, 0}, {4, 4, 12, 20, 1}, {-5, 2, 40, 3.5, 2}});
+  s.image[0][0][0] = 0;
+  apply_transform(s, p, 32, 100, img.data(), tgt.data());
+  EXPECT_FLOAT_EQ(tgt[0], 1.0f);
+  EXPECT_FLOAT_EQ(tgt[1], 20.0f / 32);
+  EXPECT_FLOAT_EQ(tgt[3], 28.0f / 32);
+  EXPECT_FLOAT_EQ(tgt[5], 2.0f);  // out-of-image box: measured before clipping, then clipped
+  EXPECT_FLOAT_EQ(tgt[6], 0.0f);
+  EXPECT_FLOAT_EQ(tgt[8], 1.0f);
+  EXPECT_FLOAT_EQ(tgt[10], -1.0f);
+  EXPECT_NE(img[0], 100);  // HSV changed the colours
+  // Every box too small: the un-augmented image and all its boxes.
+  Sample tiny = solid(32, 32, 100, 50, 20, {{0, 0, 1, 10, 0}, {3, 3, 4, 4, 1}});
+  tiny.image[0][0][0] = 0;
+  apply_transform(tiny, p, 32, 100, img.data(), tgt.data());
+  EXPECT_EQ(img[0], 0);  // not flipped, not recoloured
+  EXPECT_EQ(img[3], 100);
+  EXPECT_FLOAT_EQ(tgt[0], 0.0f);
+  EXPECT_FLOAT_EQ(tgt[3], 1.0f / 32);
+  EXPECT_FLOAT_EQ(tgt[5], 1.0f);
+  EXPECT_FLOAT_EQ(tgt[10], -1.0f);
+}
+
+TEST(DataAugment, NoBoxesMeansLetterboxOnlyAndTargetsArePadding) {
+  TransformParams p;
+  p.hsv = true;
+  p.gains = {5, 30, 30};
+  p.flip = true;
+  Sample s = solid(16, 32, 10, 200, 30);
+  s.image[0][0][0] = 0;
+  std::vector<uint8_t> img(32 * 32 * 3);
+  std::vector<float> tgt(7 * 5, 42.0f);
+  apply_transform(s, p, 32, 7, img.data(), tgt.data());
+  EXPECT_EQ(img[0], 0);
+  EXPECT_EQ(img[1], 200);
+  for (int r = 0; r < 7; ++r) {
+    EXPECT_FLOAT_EQ(tgt[5 * r], -1.0f);
+    for (int k = 1; k < 5; ++k) EXPECT_FLOAT_EQ(tgt[5 * r + k], 0.0f);
+  }
+}
+
+TEST(DataAugment, TargetsKeepTheFirstMaxLabelsRows) {
+  std::vector<Box> boxes;
+  for (int i = 0; i < 120; ++i) boxes.push_back({1.0 + i * 0.1, 2, 20, 30, double(i % 7)});
+  Sample s = solid(64, 64, 1, 1, 1, boxes);
+  std::vector<uint8_t> img(64 * 64 * 3);
+  std::vector<float> tgt(100 * 5);
+  apply_transform(s, TransformParams{}, 64, 100, img.data(), tgt.data());
+  for (int r = 0; r < 100; ++r) {
+    EXPECT_FLOAT_EQ(tgt[5 * r], float(r % 7));
+    EXPECT_FLOAT_EQ(tgt[5 * r + 1], static_cast<float>((1.0 + r * 0.1) / 64));
+  }
+}
+
+TEST(DataAugment, TransformDrawUsesTheProbabilities) {
+  Rng rng(11);
+  AugmentOptions opt;
+  int flips = 0, hsv = 0;
+  const int n = 4000;
+  for (int i = 0; i < n; ++i) {
+    const TransformParams p = draw_transform(rng, opt);
+    flips += p.flip;
+    hsv += p.hsv;
+  }
+  EXPECT_EQ(hsv, n);  // hsv_prob = 1
+  EXPECT_NEAR(static_cast<double>(flips) / n, 0.5, 0.04);
+  opt.hsv_prob = 0;
+  opt.flip_prob = 0;
+  for (int i = 0; i < 100; ++i) {
+    const TransformParams p = draw_transform(rng, opt);
+    EXPECT_FALSE(p.hsv || p.flip);
+  }
+}
+
+TEST(DataAugment, SampleGeneratorsAreIndependentAndRepeatable) {
+  Rng a = Rng::for_sample(0, 1, 2, 0), b = Rng::for_sample(0, 1, 2, 0);
+  Rng c = Rng::for_sample(0, 1, 3, 0), d = Rng::for_sample(0, 1, 2, 1), e = Rng::for_sample(0, 2, 2, 0);
+  const uint64_t x = a.next_u64();
+  EXPECT_EQ(x, b.next_u64());
+  EXPECT_NE(x, c.next_u64());
+  EXPECT_NE(x, d.next_u64());
+  EXPECT_NE(x, e.next_u64());
+  Rng r(5);
+  double sum = 0;
+  for (int i = 0; i < 2000; ++i) sum += r.beta(32, 32);
+  EXPECT_NEAR(sum / 2000, 0.5, 0.01);
+}
