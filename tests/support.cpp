@@ -1,5 +1,6 @@
 #include "support.hpp"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,18 +30,27 @@ std::vector<std::string>& temp_dirs() {
   static std::vector<std::string> dirs;
   return dirs;
 }
+// Not std::filesystem::remove_all: libtorch.so exports its own copy, whose weak references to
+// recursive_directory_iterator are unresolved, and calling it jumps to address 0.
+void remove_tree(const std::string& dir) {
+  nftw(
+      dir.c_str(),
+      [](const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); },
+      16, FTW_DEPTH | FTW_PHYS);
+}
 void cleanup_temp_dirs() {
   if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
-  for (const auto& d : temp_dirs()) {
-    std::error_code ec;
-    fs::remove_all(d, ec);
-  }
+  for (const auto& d : temp_dirs()) remove_tree(d);
 }
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
   static std::once_flag once;
-  std::call_once(once, [] { std::atexit(cleanup_temp_dirs); });
+  // Build the list before registering the handler, so that it is destroyed after the handler ran.
+  std::call_once(once, [] {
+    temp_dirs();
+    std::atexit(cleanup_temp_dirs);
+  });
   std::string tmpl = (fs::temp_directory_path() / ("libreyolo_" + tag + "_XXXXXX")).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
