@@ -1,5 +1,7 @@
 #include "support.hpp"
 
+#include "core/paths.hpp"
+
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,24 +32,16 @@ std::vector<std::string>& temp_dirs() {
   static std::vector<std::string> dirs;
   return dirs;
 }
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
-  ::remove(path);
-  return 0;
-}
-// Runs at exit, when std::filesystem (which resolves into libtorch's copy) may no longer work:
-// plain POSIX calls only.
 void cleanup_temp_dirs() {
   if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
-  for (const auto& d : temp_dirs()) nftw(d.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  for (const auto& d : temp_dirs()) libreyolo::remove_tree(d);
 }
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
-  // Construct the list before registering the handler: statics are destroyed in reverse order
-  // of registration, so the list must outlive the atexit handler that reads it.
-  temp_dirs();
   static std::once_flag once;
-  // Construct the list before registering the cleanup, so it is destroyed after the cleanup ran.
+  // Build the list before registering the handler: statics are destroyed in reverse order of
+  // registration, so the list must outlive the atexit handler that reads it.
   std::call_once(once, [] {
     temp_dirs();
     std::atexit(cleanup_temp_dirs);

@@ -1,5 +1,6 @@
 #include "core/paths.hpp"
 
+#include <ftw.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -26,6 +27,12 @@ std::string make_run_dir(const std::string& project, const std::string& name, bo
   fs::create_directories(dir, ec);
   if (ec) throw RuntimeError("cannot create directory " + dir.string() + ": " + ec.message());
   return dir.string();
+}
+
+void remove_tree(const std::string& path) {
+  nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
 }
 
 void write_file_atomic(const std::string& path, const std::string& content) {

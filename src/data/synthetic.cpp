@@ -1,5 +1,7 @@
 #include "data/synthetic.hpp"
 
+#include "core/paths.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -239,12 +241,12 @@ std::string ensure_builtin_dataset(const std::string& root_arg) {
   log_info("Generating the built-in dataset in " + dir.string());
   // Generate beside the final place and rename, so an interrupted run leaves nothing half-made.
   const fs::path tmp = root / strfmt(".libreyolo-builtin-v1.tmp%d", static_cast<int>(getpid()));
-  fs::remove_all(tmp);
+  remove_tree(tmp.string());
   generate_synthetic_dataset(tmp.string(), SyntheticOptions{});
   std::error_code ec;
   fs::rename(tmp, dir, ec);
   if (ec) {  // another process got there first
-    fs::remove_all(tmp);
+    remove_tree(tmp.string());
     if (!fs::exists(dir / "data.yaml"))
       throw RuntimeError("cannot create the built-in dataset in " + dir.string() + ": " + ec.message());
   }

@@ -32,17 +32,12 @@ void sync(const torch::Device& d) {
 
 std::string resolve_data_arg(const std::string& data) {
   if (data != "builtin") return data;
+  // Generated once into the cache directory (next to the torch environment) and reused.
   const char* cache = std::getenv("LIBREYOLO_CACHE");
   const char* home = std::getenv("HOME");
   fs::path base = cache && *cache ? fs::path(cache)
                                   : fs::path(home && *home ? home : "/tmp") / ".cache" / "libreyolo-cpp";
-  fs::path dir = base / "datasets" / "builtin-shapes-v1";
-  fs::path yaml = dir / "data.yaml";
-  std::error_code ec;
-  if (fs::exists(yaml, ec)) return yaml.string();
-  log_info("Generating the built-in shapes dataset in " + dir.string() + " (once)");
-  data::SyntheticOptions opt;
-  return data::write_synthetic_dataset(dir.string(), opt);
+  return data::ensure_builtin_dataset((base / "datasets").string());
 }
 
 std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& model,
