@@ -1,6 +1,7 @@
 """Checks a C++-written torch.save file with torch.load(weights_only=True).
 
 usage: check_cpp_file.py varied FILE        FILE holds the content built by test_pickle_write.cpp
+       check_cpp_file.py lean FILE          FILE is a lean LibreYOLO checkpoint (test_checkpoint.cpp)
        check_cpp_file.py same FILE ORIGINAL FILE equals ORIGINAL (types, order, dtypes, values)
 Prints OK, or fails with an AssertionError saying what differs.
 """
@@ -90,10 +91,24 @@ def check_varied(d):
     assert d["empty_list"] == [] and d["empty_dict"] == {}
 
 
+def check_lean(d):
+    keys = ["model", "schema_version", "libreyolo_version", "model_family", "size", "task", "nc", "names", "imgsz"]
+    assert type(d) is dict and list(d) == keys, list(d)
+    assert type(d["model"]) is collections.OrderedDict
+    assert list(d["model"]) == ["backbone.conv.weight", "head.bias"]
+    assert torch.equal(d["model"]["backbone.conv.weight"], torch.arange(6, dtype=torch.float32).reshape(2, 3))
+    assert torch.equal(d["model"]["head.bias"], torch.zeros(3, dtype=torch.float16))
+    assert d["schema_version"] == "1.0" and isinstance(d["libreyolo_version"], str) and d["libreyolo_version"]
+    assert (d["model_family"], d["size"], d["task"], d["nc"], d["imgsz"]) == ("yolo9", "t", "detect", 3, 640)
+    assert type(d["names"]) is dict and d["names"] == {0: "cat", 1: "dog", 2: "b\u00e4r"}
+
+
 mode, path = sys.argv[1], sys.argv[2]
 loaded = torch.load(path, weights_only=True)
 if mode == "varied":
     check_varied(loaded)
+elif mode == "lean":
+    check_lean(loaded)
 else:
     same(loaded, torch.load(sys.argv[3], weights_only=True))
 print("OK")
