@@ -1,5 +1,7 @@
 // YOLOv9 loss: hand-built cases against a plain float64 re-statement of reference/yolo9.md §2
 // written here with loops, gradient checks by finite differences, and fixture parity.
+#include <ATen/autocast_mode.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -737,4 +739,24 @@ TEST(Yolo9Loss, RejectsBadInput) {
   auto bad_class = targets.clone();
   bad_class[0][0][0] = 3.0f;
   EXPECT_THROW(loss.compute(raw, bad_class, 64, 64), libreyolo::DataError);
+}
+
+TEST(Yolo9Loss, Bf16InputsUnderAutocastComputeInFloat32) {
+  const int nc = 3;
+  const auto raw = random_raw(2, 64, 64, nc, 101, torch::kBFloat16);
+  std::vector<Tensor> upcast;
+  for (const auto& r : raw) upcast.push_back(r.to(torch::kFloat));
+  const auto targets =
+      make_targets(2, 3, {{{0, 0.1, 0.1, 0.5, 0.6}}, {{2, 0.3, 0.2, 0.9, 0.7}}}, torch::kFloat);
+  ll::Yolo9Loss loss(nc);
+  const auto want = loss.compute(upcast, targets, 64, 64);
+  at::autocast::set_autocast_enabled(at::kCPU, true);
+  at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+  const auto got = loss.compute(raw, targets, 64, 64);
+  at::autocast::set_autocast_enabled(at::kCPU, false);
+  at::autocast::clear_cache();
+  EXPECT_EQ(got.total.scalar_type(), torch::kFloat);
+  EXPECT_NEAR(val(got.total), val(want.total), 1e-6 * val(want.total));
+  EXPECT_NEAR(val(got.box), val(want.box), 1e-6 * val(want.box));
+  EXPECT_EQ(val(got.num_fg), val(want.num_fg));
 }
