@@ -1,5 +1,6 @@
 #include "support.hpp"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,18 +30,25 @@ std::vector<std::string>& temp_dirs() {
   static std::vector<std::string> dirs;
   return dirs;
 }
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) {
+  ::remove(path);
+  return 0;
+}
+// Runs at exit, when std::filesystem (which resolves into libtorch's copy) may no longer work:
+// plain POSIX calls only.
 void cleanup_temp_dirs() {
   if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
-  for (const auto& d : temp_dirs()) {
-    std::error_code ec;
-    fs::remove_all(d, ec);
-  }
+  for (const auto& d : temp_dirs()) nftw(d.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
   static std::once_flag once;
-  std::call_once(once, [] { std::atexit(cleanup_temp_dirs); });
+  // Construct the list before registering the cleanup, so it is destroyed after the cleanup ran.
+  std::call_once(once, [] {
+    temp_dirs();
+    std::atexit(cleanup_temp_dirs);
+  });
   std::string tmpl = (fs::temp_directory_path() / ("libreyolo_" + tag + "_XXXXXX")).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');

@@ -1,0 +1,16 @@
+// Helpers shared by the pickle reader, writer and checkpoint view (not part of the API).
+#pragma once
+#include <string>
+
+#include "io/pickle.hpp"
+
+namespace libreyolo::io::detail {
+
+// Appends a canonical identity of a hashable value (None, bool, int, float, str, bytes, tuple
+// of those) to `out`, with Python's equalities (True == 1 == 1.0). False when unhashable.
+bool append_key_id(const PyValue& v, std::string& out, int depth = 0);
+bool valid_utf8(const std::string& s);
+// `s` with non-printable bytes replaced, cut at max_len (for error messages).
+std::string printable(const std::string& s, size_t max_len);
+
+}  // namespace libreyolo::io::detail
