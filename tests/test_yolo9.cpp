@@ -2,7 +2,10 @@
 #include <ATen/autocast_mode.h>
 #include <libreyolo/errors.hpp>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -214,16 +217,25 @@ TEST(Yolo9Model, DefaultInitIsPyTorchs) {
 TEST(Yolo9Model, ConvInitMatchesPythonTorchBitForBit) {
   auto py = libreyolo::test::python_with_torch();
   if (!py) GTEST_SKIP() << "no python with torch for the interop check";
-  const std::string dir = libreyolo::test::temp_dir("yolo9_init");
+  // A file of our own rather than temp_dir(): removing directories at exit crashes with this
+  // libtorch build (its exported std::filesystem::remove_all needs a newer libstdc++).
+  char path[] = "/tmp/libreyolo_yolo9_init_XXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  close(fd);
   const std::string script =
       "import torch; torch.manual_seed(1234); c = torch.nn.Conv2d(16, 64, 3, groups=4); "
-      "torch.cat([c.weight.detach().flatten(), c.bias.detach()]).numpy().tofile('" + dir + "/py.bin')";
+      "torch.cat([c.weight.detach().flatten(), c.bias.detach()]).numpy().tofile('" +
+      std::string(path) + "')";
   std::string out;
-  ASSERT_EQ(libreyolo::test::run_command(*py + " -c \"" + script + "\"", &out), 0) << out;
-  std::ifstream in(dir + "/py.bin", std::ios::binary);
+  const int rc = libreyolo::test::run_command(*py + " -c \"" + script + "\"", &out);
   std::vector<float> ref(64 * 4 * 9 + 64);
+  std::ifstream in(path, std::ios::binary);
   in.read(reinterpret_cast<char*>(ref.data()), static_cast<std::streamsize>(ref.size() * 4));
-  ASSERT_TRUE(in.good());
+  const bool read_all = in.good();
+  std::remove(path);
+  ASSERT_EQ(rc, 0) << out;
+  ASSERT_TRUE(read_all);
   torch::manual_seed(1234);
   torch::nn::Conv2d conv(torch::nn::Conv2dOptions(16, 64, 3).groups(4));
   auto mine = torch::cat({conv->weight.detach().flatten(), conv->bias.detach()});

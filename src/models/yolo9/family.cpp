@@ -4,6 +4,7 @@
 
 #include "core/log.hpp"
 #include "libreyolo/errors.hpp"
+#include "loss/yolo9_loss.hpp"
 #include "models/yolo9/yolo9.hpp"
 
 namespace libreyolo::models::yolo9 {
@@ -113,6 +114,11 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<Yolo9Model>(*size, nc, *hc);
 }
 
+std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+  return std::make_unique<loss::Yolo9Loss>(model.num_classes(), model.strides(),
+                                           static_cast<int>(kRegMax));
+}
+
 Family make_family() {
   Family f;
   f.name = "yolo9";
@@ -128,6 +134,7 @@ Family make_family() {
   f.infer_size = infer_size;
   f.infer_num_classes = infer_num_classes;
   f.normalize_keys = normalize_keys;
+  f.make_loss = make_loss;
   return f;
 }
 
