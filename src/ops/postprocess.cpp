@@ -1,0 +1,145 @@
+#include "ops/postprocess.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include <libreyolo/errors.hpp>
+
+#include "core/log.hpp"
+#include "ops/nms.hpp"
+
+namespace libreyolo::ops {
+namespace {
+
+struct Candidate {
+  float box[4];
+  float score;
+  int64_t cls;
+};
+
+Detections empty_detections() {
+  return {torch::empty({0, 4}, torch::kFloat32), torch::empty({0}, torch::kFloat32),
+          torch::empty({0}, torch::kInt64)};
+}
+
+// clamp(v, 0, hi) keeping NaN, as torch.clamp does.
+inline float clip(float v, float hi) { return std::isnan(v) ? v : std::min(std::max(v, 0.0f), hi); }
+
+// float32 CPU predictions: one pass over each class row (contiguous in [4 + nc, A]), no
+// intermediate tensors. PyTorch compares a float32 tensor with a Python float in float32.
+std::vector<Candidate> collect_cpu(const torch::Tensor& p, double conf, int64_t cap) {
+  const torch::Tensor pc = p.contiguous();
+  const float* base = pc.data_ptr<float>();
+  const int64_t a_count = pc.size(1), nc = pc.size(0) - 4;
+  const float threshold = static_cast<float>(conf);
+  struct Hit {
+    float score;
+    int32_t anchor, cls;
+  };
+  std::vector<Hit> hits;
+  for (int64_t c = 0; c < nc; ++c) {
+    const float* row = base + (4 + c) * a_count;
+    for (int64_t a = 0; a < a_count; ++a)
+      if (row[a] > threshold)
+        hits.push_back({row[a], static_cast<int32_t>(a), static_cast<int32_t>(c)});
+  }
+  if (static_cast<int64_t>(hits.size()) > cap)
+    std::nth_element(hits.begin(), hits.begin() + cap, hits.end(),
+                     [](const Hit& x, const Hit& y) { return x.score > y.score; });
+  const size_t n = std::min<size_t>(hits.size(), static_cast<size_t>(cap));
+  std::vector<Candidate> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    const Hit& h = hits[i];
+    for (int k = 0; k < 4; ++k) out[i].box[k] = base[k * a_count + h.anchor];
+    out[i].score = h.score;
+    out[i].cls = h.cls;
+  }
+  return out;
+}
+
+// Any dtype or device: the candidates are found on pred's device and copied to the host once.
+std::vector<Candidate> collect_aten(const torch::Tensor& p, double conf, int64_t cap) {
+  const torch::Tensor scores = p.slice(0, 4);  // [nc, A]
+  const torch::Tensor pairs = (scores > conf).nonzero();
+  if (pairs.size(0) == 0) return {};
+  torch::Tensor cls = pairs.select(1, 0);
+  torch::Tensor anchor = pairs.select(1, 1);
+  torch::Tensor score = scores.index({cls, anchor});
+  if (score.size(0) > cap) {
+    const torch::Tensor top = std::get<1>(score.topk(cap));
+    anchor = anchor.index_select(0, top);
+    cls = cls.index_select(0, top);
+    score = score.index_select(0, top);
+  }
+  // [K, 6] = box, score, class (class ids are exact in float32 below 2^24).
+  const torch::Tensor boxes = p.slice(0, 0, 4).index_select(1, anchor).t();
+  const torch::Tensor packed =
+      torch::cat({boxes.to(torch::kFloat32), score.unsqueeze(1).to(torch::kFloat32),
+                  cls.unsqueeze(1).to(torch::kFloat32)},
+                 1)
+          .to(torch::kCPU)
+          .contiguous();
+  const int64_t k = packed.size(0);
+  const float* q = packed.data_ptr<float>();
+  std::vector<Candidate> out(k);
+  for (int64_t i = 0; i < k; ++i, q += 6)
+    out[i] = {{q[0], q[1], q[2], q[3]}, q[4], static_cast<int64_t>(q[5])};
+  return out;
+}
+
+}  // namespace
+
+Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
+                            double ratio, int orig_h, int orig_w) {
+  if (!pred.defined() || !at::isFloatingType(pred.scalar_type()) ||
+      !(pred.dim() == 2 || (pred.dim() == 3 && pred.size(0) == 1)) || pred.size(-2) <= 4)
+    throw UsageError("postprocess_yolo: pred must be a floating tensor [4 + nc, A] for one image");
+  if (max_det < 1) throw UsageError(strfmt("postprocess_yolo: max_det must be >= 1, got %d", max_det));
+  if (!(ratio > 0) || !std::isfinite(ratio))
+    throw UsageError(strfmt("postprocess_yolo: ratio must be positive, got %g", ratio));
+  if (orig_h < 1 || orig_w < 1)
+    throw UsageError(strfmt("postprocess_yolo: bad original size %dx%d", orig_w, orig_h));
+
+  const torch::Tensor p = pred.dim() == 3 ? pred[0] : pred;
+  const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
+  const std::vector<Candidate> cand = p.is_cpu() && p.scalar_type() == torch::kFloat32
+                                          ? collect_cpu(p, conf, cap)
+                                          : collect_aten(p, conf, cap);
+  if (cand.empty()) return empty_detections();
+
+  // Map to the original image, clip, drop degenerate and non-finite rows. (The reference also
+  // shifts boxes by min(min(boxes), 0) before NMS; after clipping that shift is zero.)
+  const int64_t k = static_cast<int64_t>(cand.size());
+  torch::Tensor out_boxes = torch::empty({k, 4}, torch::kFloat32);
+  torch::Tensor out_scores = torch::empty({k}, torch::kFloat32);
+  torch::Tensor out_classes = torch::empty({k}, torch::kInt64);
+  float* ob = out_boxes.data_ptr<float>();
+  float* os = out_scores.data_ptr<float>();
+  int64_t* oc = out_classes.data_ptr<int64_t>();
+  // PyTorch divides a float32 tensor by a Python float in float32.
+  const float r = static_cast<float>(ratio);
+  const float w = static_cast<float>(orig_w), h = static_cast<float>(orig_h);
+  int64_t n = 0;
+  for (const Candidate& c : cand) {
+    const float x1 = clip(c.box[0] / r, w), y1 = clip(c.box[1] / r, h);
+    const float x2 = clip(c.box[2] / r, w), y2 = clip(c.box[3] / r, h);
+    // NaN coordinates fail these comparisons too.
+    if (!(x2 - x1 > 0.0f && y2 - y1 > 0.0f) || !std::isfinite(c.score)) continue;
+    ob[4 * n] = x1, ob[4 * n + 1] = y1, ob[4 * n + 2] = x2, ob[4 * n + 3] = y2;
+    os[n] = c.score;
+    oc[n] = c.cls;
+    ++n;
+  }
+  if (n == 0) return empty_detections();
+  out_boxes = out_boxes.narrow(0, 0, n);
+  out_scores = out_scores.narrow(0, 0, n);
+  out_classes = out_classes.narrow(0, 0, n);
+
+  torch::Tensor keep = batched_nms(out_boxes, out_scores, out_classes, iou);
+  if (keep.size(0) > max_det) keep = keep.narrow(0, 0, max_det);
+  return {out_boxes.index_select(0, keep), out_scores.index_select(0, keep),
+          out_classes.index_select(0, keep)};
+}
+
+}  // namespace libreyolo::ops

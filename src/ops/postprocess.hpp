@@ -1,0 +1,41 @@
+// YOLO detect post-processing for one image: candidates, mapping to the original image,
+// class-aware NMS (reference: LibreYOLO postprocess/yolo9.py, detect branch).
+#pragma once
+#include <torch/types.h>
+
+#include <cstdint>
+
+namespace libreyolo::ops {
+
+// One image's detections, CPU tensors sorted by descending score.
+struct Detections {
+  torch::Tensor boxes;    // [K, 4] float32, xyxy in original-image pixels
+  torch::Tensor scores;   // [K] float32
+  torch::Tensor classes;  // [K] int64
+};
+
+// Thresholds of LibreYOLO's callers.
+struct PostprocessThresholds {
+  double conf;
+  double iou;
+  int max_det;
+};
+inline constexpr PostprocessThresholds kPredictThresholds{0.25, 0.45, 300};     // model.predict
+inline constexpr PostprocessThresholds kValThresholds{0.001, 0.6, 300};         // model.val()
+inline constexpr PostprocessThresholds kTrainValThresholds{0.001, 0.65, 300};  // val in training
+// Candidates kept before NMS when there are more (LibreYOLO's cap; max_det if that is larger).
+inline constexpr int64_t kMaxNmsCandidates = 30000;
+
+// pred: [4 + nc, A] (or [1, 4 + nc, A]) for one image, rows 0-3 xyxy boxes in letterboxed input
+// pixels, rows 4.. sigmoid class scores; any floating dtype and device. Every (anchor, class)
+// with score > conf (strict, compared in pred's dtype like PyTorch does) is a candidate, so one
+// anchor may give several detections; candidates are enumerated class by class, which decides
+// only the order of equal scores. Then: top max(max_det, 30000) candidates by score; boxes
+// divided by `ratio` (the top-left letterbox ratio, no offset) and clipped to [0, orig_w] x
+// [0, orig_h]; boxes with width or height <= 0, or a non-finite coordinate or score, dropped;
+// class-aware NMS at `iou` in original-image coordinates; the best max_det kept.
+// A GPU pred is reduced to its candidates on the device and copied to the host once.
+Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
+                            double ratio, int orig_h, int orig_w);
+
+}  // namespace libreyolo::ops
