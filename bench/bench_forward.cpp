@@ -1,0 +1,199 @@
+// Forward (inference) latency and throughput of the detector families, printed as JSON.
+//
+//   bench_forward [--family yolo9] [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--channels-last]
+//                 [--sizes t,s] [--batches 1,8,32] [--imgsz 640] [--iters 20] [--warmup 5]
+//
+// Each configuration runs the eval-mode forward plus decode (Detector::predict_tensor) under
+// inference mode; bf16/fp16 run under autocast, as validation does. Each timed iteration is
+// bracketed by a device synchronisation, so min/median are per-call latencies.
+#include <ATen/autocast_mode.h>
+#include <torch/cuda.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "libreyolo/errors.hpp"
+#include "models/detector.hpp"
+
+namespace {
+
+using libreyolo::UsageError;
+
+struct Options {
+  std::string family = "yolo9";
+  std::string device = "cpu";
+  std::string dtype = "fp32";
+  bool channels_last = false;
+  std::vector<std::string> sizes = {"t", "s"};
+  std::vector<int64_t> batches = {1, 8, 32};
+  int64_t imgsz = 640;
+  int iters = 20;
+  int warmup = 5;
+};
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int64_t to_int(const std::string& flag, const std::string& v, int64_t min) {
+  try {
+    size_t used = 0;
+    const long long n = std::stoll(v, &used);
+    if (used == v.size() && n >= min) return n;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(flag + " expects an integer >= " + std::to_string(min) + ", got '" + v + "'");
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw UsageError(a + " needs a value");
+      return argv[++i];
+    };
+    if (a == "--family") o.family = value();
+    else if (a == "--device") o.device = value();
+    else if (a == "--dtype") o.dtype = value();
+    else if (a == "--channels-last") o.channels_last = true;
+    else if (a == "--sizes") o.sizes = split(value());
+    else if (a == "--batches") {
+      o.batches.clear();
+      for (const auto& b : split(value())) o.batches.push_back(to_int(a, b, 1));
+    } else if (a == "--imgsz") o.imgsz = to_int(a, value(), 32);
+    else if (a == "--iters") o.iters = static_cast<int>(to_int(a, value(), 1));
+    else if (a == "--warmup") o.warmup = static_cast<int>(to_int(a, value(), 0));
+    else throw UsageError("unknown flag " + a);
+  }
+  if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) {
+    throw UsageError("--device must be cpu or cuda[:N], got " + o.device);
+  }
+  if (o.dtype != "fp32" && o.dtype != "bf16" && o.dtype != "fp16") {
+    throw UsageError("--dtype must be fp32, bf16 or fp16, got " + o.dtype);
+  }
+  if (o.imgsz % 32 != 0) throw UsageError("--imgsz must be a multiple of 32");
+  if (o.sizes.empty() || o.batches.empty()) throw UsageError("--sizes and --batches need values");
+  return o;
+}
+
+// Conv weights in NHWC too, so that cuDNN/oneDNN need no layout conversions.
+void to_channels_last(torch::nn::Module& m) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) {
+    if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+}
+
+// Enables autocast for one device type and restores the previous state on exit.
+class AutocastScope {
+ public:
+  AutocastScope(c10::DeviceType type, std::optional<c10::ScalarType> dtype) : type_(type) {
+    was_enabled_ = at::autocast::is_autocast_enabled(type);
+    old_dtype_ = at::autocast::get_autocast_dtype(type);
+    if (dtype) {
+      at::autocast::set_autocast_dtype(type, *dtype);
+      at::autocast::set_autocast_enabled(type, true);
+    }
+  }
+  ~AutocastScope() {
+    at::autocast::set_autocast_enabled(type_, was_enabled_);
+    at::autocast::set_autocast_dtype(type_, old_dtype_);
+    at::autocast::clear_cache();
+  }
+
+ private:
+  c10::DeviceType type_;
+  bool was_enabled_;
+  c10::ScalarType old_dtype_;
+};
+
+void sync(const torch::Device& d) {
+  if (d.is_cuda()) torch::cuda::synchronize(d.index() < 0 ? -1 : d.index());
+}
+
+nlohmann::json run_one(const libreyolo::models::Family& family, const std::string& size,
+                       int64_t batch, const Options& o, const torch::Device& device) {
+  auto model = family.build(size, 80);
+  model->eval();
+  model->to(device);
+  if (o.channels_last) to_channels_last(*model);
+
+  torch::InferenceMode inference;
+  auto x = torch::rand({batch, 3, o.imgsz, o.imgsz}, torch::TensorOptions().device(device));
+  if (o.channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  std::optional<c10::ScalarType> amp;
+  if (o.dtype == "bf16") amp = torch::kBFloat16;
+  if (o.dtype == "fp16") amp = torch::kHalf;
+  AutocastScope autocast(device.type(), amp);
+
+  for (int i = 0; i < o.warmup; ++i) model->predict_tensor(x);
+  sync(device);
+  std::vector<double> ms;
+  ms.reserve(o.iters);
+  for (int i = 0; i < o.iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto y = model->predict_tensor(x);
+    sync(device);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<double> sorted = ms;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = n % 2 ? sorted[n / 2] : 0.5 * (sorted[n / 2 - 1] + sorted[n / 2]);
+  double mean = 0;
+  for (double v : ms) mean += v / static_cast<double>(n);
+  return {{"family", family.name}, {"size", size},          {"batch", batch},
+          {"imgsz", o.imgsz},      {"device", device.str()}, {"dtype", o.dtype},
+          {"channels_last", o.channels_last},                {"iters", o.iters},
+          {"warmup", o.warmup},    {"min_ms", sorted.front()}, {"median_ms", median},
+          {"mean_ms", mean},       {"img_per_s", 1000.0 * static_cast<double>(batch) / median}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const Options o = parse(argc, argv);
+    const auto* family = libreyolo::models::find_family(o.family);
+    if (!family) throw UsageError("unknown family " + o.family);
+    for (const auto& s : o.sizes) {
+      if (std::find(family->sizes.begin(), family->sizes.end(), s) == family->sizes.end()) {
+        throw UsageError("unknown size '" + s + "' for family " + o.family);
+      }
+    }
+    const torch::Device device(o.device);
+    if (device.is_cuda() && !torch::cuda::is_available()) {
+      throw UsageError("--device " + o.device + " but CUDA is not available");
+    }
+    nlohmann::json results = nlohmann::json::array();
+    for (const auto& s : o.sizes) {
+      for (int64_t b : o.batches) results.push_back(run_one(*family, s, b, o, device));
+    }
+    nlohmann::json out = {{"bench", "forward"},
+                          {"torch", TORCH_VERSION},
+                          {"threads", at::get_num_threads()},
+                          {"results", results}};
+    std::cout << out.dump(2) << std::endl;
+    return 0;
+  } catch (const libreyolo::Error& e) {
+    std::fprintf(stderr, "bench_forward: %s\n", e.what());
+    return e.exit_code();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_forward: %s\n", e.what());
+    return 1;
+  }
+}

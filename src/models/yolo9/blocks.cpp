@@ -1,0 +1,137 @@
+#include "models/yolo9/blocks.hpp"
+
+namespace libreyolo::models::yolo9 {
+
+ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t groups, bool act)
+    : act_(act) {
+  conv = register_module(
+      "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, k)
+                                    .stride(s)
+                                    .padding((k - 1) / 2)
+                                    .groups(groups)
+                                    .bias(false)));
+  bn = register_module("bn",
+                       torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(c2).eps(1e-3).momentum(0.03)));
+}
+
+torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
+  auto y = bn->forward(conv->forward(x));
+  if (!act_) return y;
+  // In place only when no graph is recorded: SiLU's backward needs its input.
+  return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
+}
+
+RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
+  conv1 = register_module("conv1", Conv(c1, c2, 3, 1, 1, false));
+  conv2 = register_module("conv2", Conv(c1, c2, 1, 1, 1, false));
+}
+
+// The sums are formed in place: neither BatchNorm nor SiLU keeps its output for backward.
+torch::Tensor RepConvNImpl::forward(const torch::Tensor& x) {
+  auto y = conv1->forward(x).add_(conv2->forward(x));
+  return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
+}
+
+RepNBottleneckImpl::RepNBottleneckImpl(int64_t c) {
+  cv1 = register_module("cv1", RepConvN(c, c));
+  cv2 = register_module("cv2", Conv(c, c, 3));
+}
+
+torch::Tensor RepNBottleneckImpl::forward(const torch::Tensor& x) {
+  return cv2->forward(cv1->forward(x)).add_(x);
+}
+
+RepNCSPImpl::RepNCSPImpl(int64_t c1, int64_t c2, int64_t n) {
+  const int64_t c_ = c2 / 2;
+  cv1 = register_module("cv1", Conv(c1, c_, 1));
+  cv2 = register_module("cv2", Conv(c1, c_, 1));
+  cv3 = register_module("cv3", Conv(2 * c_, c2, 1));
+  torch::nn::ModuleList list;
+  for (int64_t i = 0; i < n; ++i) {
+    m.emplace_back(c_);
+    list->push_back(m.back());
+  }
+  register_module("m", list);
+}
+
+torch::Tensor RepNCSPImpl::forward(const torch::Tensor& x) {
+  auto a = cv1->forward(x);
+  for (auto& b : m) a = b->forward(a);
+  return cv3->forward(torch::cat({a, cv2->forward(x)}, 1));
+}
+
+CSPStageImpl::CSPStageImpl(int64_t c1, int64_t c2, int64_t n) {
+  csp = register_module("0", RepNCSP(c1, c2, n));
+  conv = register_module("1", Conv(c2, c2, 3));
+}
+
+torch::Tensor CSPStageImpl::forward(const torch::Tensor& x) {
+  return conv->forward(csp->forward(x));
+}
+
+ELANImpl::ELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4) {
+  cv1 = register_module("cv1", Conv(c1, c2, 1));
+  cv2 = register_module("cv2", Conv(c2 / 2, c3, 3));
+  cv3 = register_module("cv3", Conv(c3, c3, 3));
+  cv4 = register_module("cv4", Conv(c2 + 2 * c3, c4, 1));
+}
+
+// cat[a, b, p, q] with [a, b] = chunk(y) is cat[y, p, q]: y is reused, not re-concatenated.
+torch::Tensor ELANImpl::forward(const torch::Tensor& x) {
+  auto y = cv1->forward(x);
+  const int64_t half = (y.size(1) + 1) / 2;
+  auto p = cv2->forward(y.narrow(1, half, y.size(1) - half));
+  auto q = cv3->forward(p);
+  return cv4->forward(torch::cat({y, p, q}, 1));
+}
+
+RepNCSPELANImpl::RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4, int64_t n) {
+  cv1 = register_module("cv1", Conv(c1, c2, 1));
+  cv2 = register_module("cv2", CSPStage(c2 / 2, c3, n));
+  cv3 = register_module("cv3", CSPStage(c3, c3, n));
+  cv4 = register_module("cv4", Conv(c2 + 2 * c3, c4, 1));
+}
+
+torch::Tensor RepNCSPELANImpl::forward(const torch::Tensor& x) {
+  auto y = cv1->forward(x);
+  const int64_t half = (y.size(1) + 1) / 2;
+  auto p = cv2->forward(y.narrow(1, half, y.size(1) - half));
+  auto q = cv3->forward(p);
+  return cv4->forward(torch::cat({y, p, q}, 1));
+}
+
+AConvImpl::AConvImpl(int64_t c1, int64_t c2) {
+  cv = register_module("cv", Conv(c1, c2, 3, 2));
+}
+
+torch::Tensor AConvImpl::forward(const torch::Tensor& x) {
+  return cv->forward(torch::avg_pool2d(x, {2, 2}, {1, 1}, {0, 0}, false, true));
+}
+
+ADownImpl::ADownImpl(int64_t c1, int64_t c2) {
+  cv1 = register_module("cv1", Conv(c1 / 2, c2 / 2, 3, 2));
+  cv2 = register_module("cv2", Conv(c1 / 2, c2 / 2, 1, 1));
+}
+
+torch::Tensor ADownImpl::forward(const torch::Tensor& x) {
+  auto y = torch::avg_pool2d(x, {2, 2}, {1, 1}, {0, 0}, false, true);
+  const int64_t half = (y.size(1) + 1) / 2;  // torch.chunk puts the larger part first
+  auto a = cv1->forward(y.narrow(1, 0, half));
+  auto b = cv2->forward(torch::max_pool2d(y.narrow(1, half, y.size(1) - half), {3, 3}, {2, 2}, {1, 1}));
+  return torch::cat({a, b}, 1);
+}
+
+SPPELANImpl::SPPELANImpl(int64_t c1, int64_t c2, int64_t c3) {
+  cv1 = register_module("cv1", Conv(c1, c2, 1));
+  cv5 = register_module("cv5", Conv(4 * c2, c3, 1));
+}
+
+torch::Tensor SPPELANImpl::forward(const torch::Tensor& x) {
+  auto y0 = cv1->forward(x);
+  auto y1 = torch::max_pool2d(y0, {5, 5}, {1, 1}, {2, 2});
+  auto y2 = torch::max_pool2d(y1, {5, 5}, {1, 1}, {2, 2});
+  auto y3 = torch::max_pool2d(y2, {5, 5}, {1, 1}, {2, 2});
+  return cv5->forward(torch::cat({y0, y1, y2, y3}, 1));
+}
+
+}  // namespace libreyolo::models::yolo9

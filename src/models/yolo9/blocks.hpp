@@ -1,0 +1,124 @@
+// YOLOv9 building blocks (reference/yolo9.md §1.1). Every submodule is registered under the
+// name LibreYOLO gives it, so that the recursive parameter/buffer names equal its state_dict
+// keys. Sequential/ModuleList containers of the Python model are modules whose children are
+// registered as "0", "1", ...; the typed holders are kept alongside so that forward() calls
+// them directly instead of going through a type-erased Sequential.
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace libreyolo::models::yolo9 {
+
+// Conv2d(bias=false) + BatchNorm2d(eps 1e-3, momentum 0.03) + optional SiLU.
+class ConvImpl : public torch::nn::Module {
+ public:
+  ConvImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1,
+           bool act = true);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+
+ private:
+  bool act_;
+};
+TORCH_MODULE(Conv);
+
+// SiLU(Conv3x3(x) + Conv1x1(x)); both branches without activation, no identity branch.
+class RepConvNImpl : public torch::nn::Module {
+ public:
+  RepConvNImpl(int64_t c1, int64_t c2);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv conv1{nullptr}, conv2{nullptr};
+};
+TORCH_MODULE(RepConvN);
+
+// x + cv2(cv1(x)), always residual (used with equal in/out widths only).
+class RepNBottleneckImpl : public torch::nn::Module {
+ public:
+  explicit RepNBottleneckImpl(int64_t c);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  RepConvN cv1{nullptr};
+  Conv cv2{nullptr};
+};
+TORCH_MODULE(RepNBottleneck);
+
+// cv3(cat[m(cv1(x)), cv2(x)]) with n bottlenecks of width c2/2.
+class RepNCSPImpl : public torch::nn::Module {
+ public:
+  RepNCSPImpl(int64_t c1, int64_t c2, int64_t n);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv cv1{nullptr}, cv2{nullptr}, cv3{nullptr};
+  std::vector<RepNBottleneck> m;  // registered as the ModuleList "m"
+};
+TORCH_MODULE(RepNCSP);
+
+// Sequential(RepNCSP(c1, c2, n), Conv(c2, c2, 3)): children "0" and "1".
+class CSPStageImpl : public torch::nn::Module {
+ public:
+  CSPStageImpl(int64_t c1, int64_t c2, int64_t n);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  RepNCSP csp{nullptr};
+  Conv conv{nullptr};
+};
+TORCH_MODULE(CSPStage);
+
+// ELAN(c1, c2=part, c3=part/2, c4=out): the plain first block of t/s.
+class ELANImpl : public torch::nn::Module {
+ public:
+  ELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv cv1{nullptr}, cv2{nullptr}, cv3{nullptr}, cv4{nullptr};
+};
+TORCH_MODULE(ELAN);
+
+// RepNCSPELAN(c1, c2=part, c3=part/2, c4=out, n).
+class RepNCSPELANImpl : public torch::nn::Module {
+ public:
+  RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4, int64_t n);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv cv1{nullptr};
+  CSPStage cv2{nullptr}, cv3{nullptr};
+  Conv cv4{nullptr};
+};
+TORCH_MODULE(RepNCSPELAN);
+
+// avg_pool(2, s1) then Conv 3x3 s2 (t/s/m downsampling).
+class AConvImpl : public torch::nn::Module {
+ public:
+  AConvImpl(int64_t c1, int64_t c2);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv cv{nullptr};
+};
+TORCH_MODULE(AConv);
+
+// avg_pool(2, s1), split channels: Conv 3x3 s2 on the first half, max_pool(3, s2) + Conv 1x1
+// on the second (c downsampling).
+class ADownImpl : public torch::nn::Module {
+ public:
+  ADownImpl(int64_t c1, int64_t c2);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv cv1{nullptr}, cv2{nullptr};
+};
+TORCH_MODULE(ADown);
+
+// cv1, three chained max_pool(5, s1, p2), cv5 over the concatenation of all four.
+class SPPELANImpl : public torch::nn::Module {
+ public:
+  SPPELANImpl(int64_t c1, int64_t c2, int64_t c3);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  Conv cv1{nullptr}, cv5{nullptr};
+};
+TORCH_MODULE(SPPELAN);
+
+}  // namespace libreyolo::models::yolo9

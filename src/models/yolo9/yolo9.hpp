@@ -1,0 +1,148 @@
+// YOLOv9 detect model (t/s/m/c), LibreYOLO-compatible parameter names (reference/yolo9.md §1).
+#pragma once
+#include <torch/torch.h>
+
+#include <array>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "models/detector.hpp"
+#include "models/yolo9/blocks.hpp"
+
+namespace libreyolo::models::yolo9 {
+
+constexpr int64_t kRegMax = 16;
+
+// Per-size widths (YOLO9_CONFIGS, §1.2).
+struct SizeConfig {
+  const char* size;
+  int64_t conv0, conv1;
+  bool first_is_elan;  // ELAN (t/s) or RepNCSPELAN (m/c) as the first block
+  int64_t first_out, first_part;
+  bool adown;  // ADown (c) or AConv (t/s/m) downsampling
+  std::array<std::array<int64_t, 3>, 3> stages;  // B3/B4/B5: {down_out, elan_out, part}
+  int64_t spp_out;
+  int64_t n;  // RepNCSP depth
+  int64_t up1_out, up1_part, up2_out, up2_part;
+  int64_t down1_out, elan_down1_out, elan_down1_part;
+  int64_t down2_out, elan_down2_out, elan_down2_part;
+
+  std::array<int64_t, 3> head_channels() const { return {up2_out, elan_down1_out, elan_down2_out}; }
+};
+
+const std::vector<std::string>& size_names();  // {"t","s","m","c"}
+// Throws UsageError for an unknown size.
+const SizeConfig& size_config(const std::string& size);
+// Class-tower hidden width fixed at build time: max(ch0, min(nc, 100)).
+int64_t class_hidden_width(const std::string& size, int nc);
+
+// AConv or ADown, registered under one name.
+struct Downsample {
+  AConv aconv{nullptr};
+  ADown adown{nullptr};
+  torch::Tensor operator()(const torch::Tensor& x) {
+    return aconv ? aconv->forward(x) : adown->forward(x);
+  }
+};
+
+class BackboneImpl : public torch::nn::Module {
+ public:
+  explicit BackboneImpl(const SizeConfig& cfg);
+  // p3, p4, p5
+  std::array<torch::Tensor, 3> forward(const torch::Tensor& x);
+
+ private:
+  Conv conv0_{nullptr}, conv1_{nullptr};
+  ELAN elan1_plain_{nullptr};
+  RepNCSPELAN elan1_rep_{nullptr};
+  Downsample down2_, down3_, down4_;
+  RepNCSPELAN elan2_{nullptr}, elan3_{nullptr}, elan4_{nullptr};
+  SPPELAN spp_{nullptr};
+};
+TORCH_MODULE(Backbone);
+
+class NeckImpl : public torch::nn::Module {
+ public:
+  explicit NeckImpl(const SizeConfig& cfg);
+  std::array<torch::Tensor, 3> forward(const std::array<torch::Tensor, 3>& p);
+
+ private:
+  RepNCSPELAN elan_up1_{nullptr}, elan_up2_{nullptr}, elan_down1_{nullptr}, elan_down2_{nullptr};
+  Downsample down1_, down2_;
+};
+TORCH_MODULE(Neck);
+
+// Sequential(Conv 3x3, Conv 3x3, Conv2d 1x1 with bias): children "0", "1", "2".
+class TowerImpl : public torch::nn::Module {
+ public:
+  TowerImpl(int64_t c_in, int64_t hidden, int64_t c_out, int64_t groups);
+  torch::Tensor forward(const torch::Tensor& x);
+  // Swaps the final 1x1 conv (same device/dtype as the old one).
+  void replace_output(torch::nn::Conv2d out);
+
+  Conv c0{nullptr}, c1{nullptr};
+  torch::nn::Conv2d out{nullptr};
+};
+TORCH_MODULE(Tower);
+
+// DDetect: per level a box tower (cv2) and a class tower (cv3).
+class HeadImpl : public torch::nn::Module {
+ public:
+  HeadImpl(const std::array<int64_t, 3>& ch, int nc, int64_t hc);
+  std::vector<torch::Tensor> forward(const std::array<torch::Tensor, 3>& feats);
+  void reset_num_classes(int nc);
+
+  std::vector<Tower> box, cls;
+  int nc;
+  int64_t hc;
+  static constexpr std::array<int64_t, 3> kStrides{8, 16, 32};
+
+ private:
+  void init_class_bias(int level);
+};
+TORCH_MODULE(Head);
+
+class Yolo9Model : public Detector {
+ public:
+  // hc = class-tower hidden width; by default the build-time rule for (size, nc).
+  Yolo9Model(const std::string& size, int nc, std::optional<int64_t> hc = std::nullopt);
+
+  std::vector<torch::Tensor> forward_raw(const torch::Tensor& x) override;
+  torch::Tensor decode(const std::vector<torch::Tensor>& raw) override;
+
+  std::string family_name() const override { return "yolo9"; }
+  std::string size() const override { return size_; }
+  int num_classes() const override { return head_->nc; }
+  std::vector<int64_t> strides() const override {
+    return {HeadImpl::kStrides.begin(), HeadImpl::kStrides.end()};
+  }
+  void reset_num_classes(int nc) override;
+  std::vector<std::string> freeze_groups() const override;
+
+  int64_t class_hidden() const { return head_->hc; }
+
+ private:
+  // Anchor centres in grid units [1, 2, A] and per-anchor strides [1, 1, A] plus the DFL bin
+  // values [16], for one set of level sizes on one device and dtype.
+  struct AnchorGrid {
+    std::array<int64_t, 6> hw;
+    c10::Device device;
+    c10::ScalarType dtype;
+    torch::Tensor points, strides, bins;
+  };
+  AnchorGrid anchor_grid(const std::vector<torch::Tensor>& raw, c10::ScalarType dtype);
+
+  std::string size_;
+  Backbone backbone_{nullptr};
+  Neck neck_{nullptr};
+  Head head_{nullptr};
+  std::mutex grid_mutex_;
+  std::vector<AnchorGrid> grids_;  // small, most recent last
+};
+
+// The registry entry.
+const Family& family();
+
+}  // namespace libreyolo::models::yolo9

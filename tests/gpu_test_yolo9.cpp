@@ -1,0 +1,132 @@
+// YOLOv9-t parity with the Python reference on CUDA: float32 (TF32 off) within 1e-3, NCHW and
+// channels_last inputs, and bf16 autocast within looser bounds (see Bf16Autocast).
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
+
+#include "models/yolo9/yolo9.hpp"
+#include "support.hpp"
+#include "yolo9_fixture.hpp"
+
+using libreyolo::test::load_yolo9_fixture;
+using libreyolo::test::score_logits;
+using libreyolo::test::rel_err;
+namespace models = libreyolo::models;
+
+namespace {
+
+// Plain float32 convolutions and matmuls for the fp32 comparisons; restored afterwards.
+class NoTF32 {
+ public:
+  NoTF32() : cudnn_(at::globalContext().allowTF32CuDNN()), cublas_(at::globalContext().allowTF32CuBLAS()) {
+    at::globalContext().setAllowTF32CuDNN(false);
+    at::globalContext().setAllowTF32CuBLAS(false);
+  }
+  ~NoTF32() {
+    at::globalContext().setAllowTF32CuDNN(cudnn_);
+    at::globalContext().setAllowTF32CuBLAS(cublas_);
+  }
+
+ private:
+  bool cudnn_, cublas_;
+};
+
+class CudaAutocast {
+ public:
+  explicit CudaAutocast(c10::ScalarType dtype) {
+    at::autocast::set_autocast_dtype(at::kCUDA, dtype);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+  }
+  ~CudaAutocast() {
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+  }
+};
+
+torch::Tensor cpu(const torch::Tensor& t) { return t.detach().to(torch::kCPU, torch::kFloat); }
+
+}  // namespace
+
+TEST(Yolo9GpuParity, Float32EvalAndTrain) {
+  LY_REQUIRE_CUDA();
+  LY_REQUIRE_FIXTURES(dir);
+  NoTF32 fp32;
+  auto f = load_yolo9_fixture(dir);
+  f.model->to(torch::kCUDA);
+  const auto x = f.expected("input").to(torch::kCUDA);
+  const auto want = f.expected("eval_predictions");
+  for (bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "channels_last" : "NCHW");
+    const auto in = channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+    f.model->eval();
+    torch::Tensor got;
+    {
+      torch::NoGradGuard no_grad;
+      got = cpu(f.model->predict_tensor(in));
+    }
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_LE(rel_err(got.narrow(1, 0, 4), want.narrow(1, 0, 4)), 1e-3);
+    EXPECT_LE(rel_err(score_logits(got.narrow(1, 4, 80)), score_logits(want.narrow(1, 4, 80))), 1e-3);
+
+    f.model->train();
+    const auto raw = f.model->forward_raw(in);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LE(rel_err(raw[i], f.expected("train_raw_" + std::to_string(i))), 1e-3) << "level " << i;
+    }
+    if (!channels_last) {  // after exactly one train forward
+      for (const auto& [k, v] : models::state_dict(*f.model)) {
+        if (k != "backbone.conv0.bn.running_mean") continue;
+        EXPECT_LE(rel_err(v, f.expected("bn_running_mean_after_train_forward.backbone.conv0.bn")), 1e-3);
+      }
+    }
+  }
+}
+
+// bf16 keeps 8 mantissa bits. Measured with CPU bf16 autocast on this fixture: raw maps within
+// 0.6% of float32 (relative to the largest value), boxes within 0.16 px (0.03% of the largest
+// coordinate). Bounds are a few times that, so a wrong layer (errors of order 100%) still fails.
+TEST(Yolo9GpuParity, Bf16Autocast) {
+  LY_REQUIRE_CUDA();
+  LY_REQUIRE_FIXTURES(dir);
+  auto f = load_yolo9_fixture(dir);
+  f.model->to(torch::kCUDA);
+  const auto x = f.expected("input").to(torch::kCUDA);
+  const auto want = f.expected("eval_predictions");
+  for (bool channels_last : {false, true}) {
+    SCOPED_TRACE(channels_last ? "channels_last" : "NCHW");
+    const auto in = channels_last ? x.contiguous(torch::MemoryFormat::ChannelsLast) : x;
+    CudaAutocast amp(torch::kBFloat16);
+    f.model->eval();
+    {
+      torch::NoGradGuard no_grad;
+      const auto raw = f.model->forward_raw(in);
+      EXPECT_EQ(raw[0].scalar_type(), torch::kBFloat16);
+      const auto pred = f.model->decode(raw);
+      EXPECT_EQ(pred.scalar_type(), torch::kFloat);  // boxes decoded in float32
+      const auto got = cpu(pred);
+      EXPECT_LE(rel_err(got.narrow(1, 0, 4), want.narrow(1, 0, 4)), 3e-3);
+      EXPECT_LE(rel_err(score_logits(got.narrow(1, 4, 80)), score_logits(want.narrow(1, 4, 80))), 3e-2);
+    }
+    f.model->train();
+    const auto raw = f.model->forward_raw(in);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_LE(rel_err(raw[i], f.expected("train_raw_" + std::to_string(i))), 3e-2) << "level " << i;
+    }
+  }
+}
+
+// The anchor-grid cache is per device: the same maps decode identically on CPU and CUDA.
+TEST(Yolo9GpuParity, DecodeOnBothDevices) {
+  LY_REQUIRE_CUDA();
+  NoTF32 fp32;
+  torch::manual_seed(0);
+  models::yolo9::Yolo9Model model("t", 3);
+  std::vector<torch::Tensor> raw = {torch::randn({2, 67, 8, 12}), torch::randn({2, 67, 4, 6}),
+                                    torch::randn({2, 67, 2, 3})};
+  const auto on_cpu = model.decode(raw);
+  std::vector<torch::Tensor> raw_cuda;
+  for (const auto& r : raw) raw_cuda.push_back(r.to(torch::kCUDA));
+  const auto on_cuda = model.decode(raw_cuda);
+  EXPECT_TRUE(on_cuda.is_cuda());
+  EXPECT_LE(rel_err(on_cuda, on_cpu), 1e-5);
+  EXPECT_LE(rel_err(model.decode(raw), on_cpu), 0.0);
+}
