@@ -9,6 +9,7 @@
 #include <numeric>
 #include <vector>
 
+#include "io/pickle.hpp"
 #include "loss/yolo9_loss.hpp"
 #include "support.hpp"
 
@@ -759,4 +760,22 @@ TEST(Yolo9Loss, Bf16InputsUnderAutocastComputeInFloat32) {
   EXPECT_NEAR(val(got.total), val(want.total), 1e-6 * val(want.total));
   EXPECT_NEAR(val(got.box), val(want.box), 1e-6 * val(want.box));
   EXPECT_EQ(val(got.num_fg), val(want.num_fg));
+}
+
+TEST(Yolo9Loss, FixtureParity) {
+  LY_REQUIRE_FIXTURES(dir);
+  const auto expect = libreyolo::io::load_torch_file(dir + "/yolo9t_nc80_s320_expect.pt");
+  std::vector<Tensor> raw;
+  for (int l = 0; l < 3; ++l) raw.push_back(expect->get("train_raw_" + std::to_string(l))->tensor);
+  ll::Yolo9Loss loss(80);
+  const auto out = loss.compute(raw, expect->get("targets")->tensor, 320, 320);
+  for (auto [name, got] :
+       {std::make_pair("total_loss", out.total), std::make_pair("box_loss", out.box),
+        std::make_pair("dfl_loss", out.dfl), std::make_pair("cls_loss", out.cls)}) {
+    const double want = expect->get(std::string("loss_") + name)->tensor.item<double>();
+    EXPECT_NEAR(val(got), want, 1e-4 * std::abs(want)) << name;
+    EXPECT_EQ(got.dim(), 0) << name;
+  }
+  // The sum of the four weighted terms is the total, as in the reference's dict.
+  EXPECT_NEAR(val(out.box) + val(out.dfl) + val(out.cls), val(out.total), 1e-6 * val(out.total));
 }

@@ -146,7 +146,7 @@ const AnchorGrid& Yolo9Loss::anchor_grid(const std::vector<std::array<int64_t, 2
   AnchorGrid g;
   g.device = device;
   g.level_hw = level_hw;
-  std::vector<torch::Tensor> xs, ys, ss;
+  std::vector<torch::Tensor> xs, ys, ss, col_x, col_s, row_y, row_s;
   for (size_t l = 0; l < level_hw.size(); ++l) {
     const int64_t s = strides_[l], h = level_hw[l][0], w = level_hw[l][1];
     auto x = (torch::arange(w, lopt) * s + s / 2).to(torch::kFloat);
@@ -154,9 +154,15 @@ const AnchorGrid& Yolo9Loss::anchor_grid(const std::vector<std::array<int64_t, 2
     xs.push_back(x.unsqueeze(0).expand({h, w}).reshape(-1));
     ys.push_back(y.unsqueeze(1).expand({h, w}).reshape(-1));
     ss.push_back(torch::full({h * w}, static_cast<double>(s), fopt));
-    g.level_x.push_back(std::move(x));
-    g.level_y.push_back(std::move(y));
+    col_s.push_back(torch::full({w}, static_cast<double>(s), fopt));
+    row_s.push_back(torch::full({h}, static_cast<double>(s), fopt));
+    col_x.push_back(std::move(x));
+    row_y.push_back(std::move(y));
   }
+  g.col_x = torch::cat(col_x);
+  g.col_stride = torch::cat(col_s);
+  g.row_y = torch::cat(row_y);
+  g.row_stride = torch::cat(row_s);
   g.xy = torch::stack({torch::cat(xs), torch::cat(ys)}, 0);
   g.stride = torch::cat(ss);
   g.xy_grid = g.xy / g.stride;
@@ -242,27 +248,26 @@ Assignment Yolo9Loss::assign(const torch::Tensor& cls_logits_in, const torch::Te
 
   // Grid mask, applied in place: the anchor lies inside the box (edges included) and all four
   // distances are within reg_max - 1.01 strides. Per axis the test is separable, so it is built
-  // per level on [B, T, W] and [B, T, H] and broadcast into the [B, T, H, W] slice.
+  // on [B, T, columns] and [B, T, rows] of all levels and broadcast into each [B, T, H, W] slice.
   const double reach = reg_max_ - 1.01;
-  const auto within = [&](const torch::Tensor& dist, double s) {
-    const auto n = dist / s;
+  const auto within = [&](const torch::Tensor& dist, const torch::Tensor& stride) {
+    const auto n = dist / stride;
     return n.ge(0).logical_and_(n.le(reach));
   };
-  int64_t offset = 0;
-  for (size_t l = 0; l < grid.level_hw.size(); ++l) {
-    const int64_t h = grid.level_hw[l][0], w = grid.level_hw[l][1];
-    const double s = static_cast<double>(strides_[l]);
-    const auto& ax = grid.level_x[l];
-    const auto& ay = grid.level_y[l];
-    const auto in_x =
-        within(ax - gt_box.narrow(2, 0, 1), s).logical_and_(within(gt_box.narrow(2, 2, 1) - ax, s));
-    const auto in_y =
-        within(ay - gt_box.narrow(2, 1, 1), s).logical_and_(within(gt_box.narrow(2, 3, 1) - ay, s));
+  const auto in_x = within(grid.col_x - gt_box.narrow(2, 0, 1), grid.col_stride)
+                        .logical_and_(within(gt_box.narrow(2, 2, 1) - grid.col_x, grid.col_stride));
+  const auto in_y = within(grid.row_y - gt_box.narrow(2, 1, 1), grid.row_stride)
+                        .logical_and_(within(gt_box.narrow(2, 3, 1) - grid.row_y, grid.row_stride));
+  int64_t offset = 0, col_at = 0, row_at = 0;
+  for (const auto& hw : grid.level_hw) {
+    const int64_t h = hw[0], w = hw[1];
     align.narrow(2, offset, h * w)
         .view({B, T, h, w})
-        .mul_(in_y.unsqueeze(3))
-        .mul_(in_x.unsqueeze(2));
+        .mul_(in_y.narrow(2, row_at, h).unsqueeze(3))
+        .mul_(in_x.narrow(2, col_at, w).unsqueeze(2));
     offset += h * w;
+    row_at += h;
+    col_at += w;
   }
 
   // Candidates: the top k in-grid anchors of each ground truth with a positive alignment.

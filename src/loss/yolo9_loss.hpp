@@ -37,8 +37,10 @@ struct AnchorGrid {
   torch::Tensor xy;                              // [2, A] anchor centres in input pixels (float32)
   torch::Tensor stride;                          // [A] stride of each anchor's level (float32)
   torch::Tensor xy_grid;  // [2, A] centres in grid units of their level (gx + 0.5, gy + 0.5)
-  std::vector<torch::Tensor> level_x, level_y;  // per level: [W] / [H] centre coordinates
-  torch::Tensor bins;                           // [1, 1, R, 1] bin values 0..R-1
+  // Per axis, all levels concatenated: column centres x [sum W] and row centres y [sum H],
+  // each with its level's stride.
+  torch::Tensor col_x, col_stride, row_y, row_stride;
+  torch::Tensor bins;  // [1, 1, R, 1] bin values 0..R-1
 };
 
 // The assigner's result, one entry per anchor.
