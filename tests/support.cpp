@@ -1,5 +1,8 @@
 #include "support.hpp"
 
+#include "core/paths.hpp"
+
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -31,19 +34,18 @@ std::vector<std::string>& temp_dirs() {
 }
 void cleanup_temp_dirs() {
   if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
-  for (const auto& d : temp_dirs()) {
-    std::error_code ec;
-    fs::remove_all(d, ec);
-  }
+  for (const auto& d : temp_dirs()) libreyolo::remove_tree(d);
 }
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
-  // Construct the list before registering the handler: statics are destroyed in reverse order
-  // of registration, so the list must outlive the atexit handler that reads it.
-  temp_dirs();
   static std::once_flag once;
-  std::call_once(once, [] { std::atexit(cleanup_temp_dirs); });
+  // Build the list before registering the handler: statics are destroyed in reverse order of
+  // registration, so the list must outlive the atexit handler that reads it.
+  std::call_once(once, [] {
+    temp_dirs();
+    std::atexit(cleanup_temp_dirs);
+  });
   std::string tmpl = (fs::temp_directory_path() / ("libreyolo_" + tag + "_XXXXXX")).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
