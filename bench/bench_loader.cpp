@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/paths.hpp"
 #include "data/dataset_yaml.hpp"
 #include "data/loader.hpp"
 #include "data/synthetic.hpp"
@@ -147,9 +148,9 @@ int main(int argc, char** argv) {
         gen_s, index_s, std::thread::hardware_concurrency(), results.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_loader: %s\n", e.what());
-    if (temp) fs::remove_all(dir);
+    if (temp) remove_tree(dir);
     return 1;
   }
-  if (temp) fs::remove_all(dir);
+  if (temp) remove_tree(dir);
   return 0;
 }

@@ -228,8 +228,7 @@ void YoloDataset::fill_cache() {
   std::vector<std::string> problems(records_.size());
   parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
     try {
-      cache[static_cast<size_t>(i)] =
-          ops::resize_longest(io::decode_image(records_[static_cast<size_t>(i)].path), S).contiguous();
+      cache[static_cast<size_t>(i)] = decode_resized(records_[static_cast<size_t>(i)].path);
     } catch (const DataError& e) {
       problems[static_cast<size_t>(i)] = records_[static_cast<size_t>(i)].path + " (" + e.what() + ")";
     }
@@ -270,12 +269,18 @@ torch::Tensor YoloDataset::original_labels(int64_t i) const {
   return boxes_to_tensor(original_boxes(i));
 }
 
+torch::Tensor YoloDataset::decode_resized(const std::string& path) const {
+  const int S = options_.imgsz;
+  const torch::Tensor img =
+      options_.reduced_decode ? io::decode_image_for_size(path, S) : io::decode_image(path);
+  return ops::resize_longest(img, S).contiguous();
+}
+
 Sample YoloDataset::load_record(int64_t i) const {
   const Record& r = records_[static_cast<size_t>(i)];
   const int S = options_.imgsz;
   Sample s;
-  s.image = cache_.empty() ? ops::resize_longest(io::decode_image(r.path), S).contiguous()
-                           : cache_[static_cast<size_t>(i)];
+  s.image = cache_.empty() ? decode_resized(r.path) : cache_[static_cast<size_t>(i)];
   // Labels scale with the header size, as the reference does (PIL size, not decoded pixels).
   const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
   s.boxes.assign(boxes_.begin() + r.box_begin, boxes_.begin() + r.box_begin + r.box_count);

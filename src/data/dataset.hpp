@@ -33,6 +33,10 @@ struct DatasetOptions {
   // check, and an out-of-range id would make the loss index out of bounds.
   int num_classes = 0;
   int threads = 0;  // for scanning headers/labels and filling the cache; 0 = hardware threads
+  // Decode large JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers imgsz before the
+  // bilinear resize: much faster for big photos, but the pixels differ slightly from a full
+  // decode + resize (the reference). Images already near imgsz are unaffected.
+  bool reduced_decode = true;
 };
 
 // The label file of an image: the last directory components "images" become "labels" (every
@@ -83,6 +87,7 @@ class YoloDataset {
     size_t box_begin = 0, box_count = 0;
   };
   Sample load_record(int64_t i) const;
+  torch::Tensor decode_resized(const std::string& path) const;
   void fill_cache();
 
   DatasetOptions options_;

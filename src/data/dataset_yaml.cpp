@@ -37,6 +37,7 @@ std::string scalar_string(const YAML::Node& node, const std::string& key, const 
 
 std::vector<std::string> parse_names(const YAML::Node& node, const std::string& file) {
   std::vector<std::string> names;
+  if (!node || node.IsNull()) return names;
   if (node.IsSequence()) {
     for (const auto& n : node) names.push_back(n.as<std::string>());
   } else if (node.IsMap()) {
@@ -57,7 +58,7 @@ std::vector<std::string> parse_names(const YAML::Node& node, const std::string& 
       for (size_t i = 0; i < names.size(); ++i) names[i] = "class" + std::to_string(i);
       for (const auto& [id, name] : by_id) names[static_cast<size_t>(id)] = name;
     }
-  } else if (!node.IsNull()) {
+  } else {
     throw DataError(file + ": 'names' must be a list or a {id: name} mapping");
   }
   return names;
@@ -110,12 +111,13 @@ DatasetSpec load_dataset_yaml(const std::string& yaml_path) {
     throw DataError("dataset YAML not found: " + yaml_path,
                     "pass data=<path to a data.yaml> (or data=builtin for the bundled dataset)",
                     "data_not_found");
-  YAML::Node doc;
+  YAML::Node loaded;
   try {
-    doc = YAML::LoadFile(yp.string());
+    loaded = YAML::LoadFile(yp.string());
   } catch (const YAML::Exception& e) {
     throw DataError("cannot parse dataset YAML " + yaml_path + ": " + e.what());
   }
+  const YAML::Node& doc = loaded;  // const: looking up a missing key must not insert it
   if (!doc.IsMap()) throw DataError("dataset YAML " + yaml_path + " is not a mapping");
 
   DatasetSpec spec;

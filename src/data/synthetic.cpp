@@ -141,12 +141,8 @@ void draw_object(Rng& rng, const Object& o, int K, int W, int H, std::vector<dou
   }
 }
 
-double iou(const Object& a, const Object& b) {
-  const double iw = std::max(0.0, std::min(a.x1, b.x1) - std::max(a.x0, b.x0));
-  const double ih = std::max(0.0, std::min(a.y1, b.y1) - std::max(a.y0, b.y0));
-  const double inter = iw * ih;
-  const double ua = (a.x1 - a.x0) * (a.y1 - a.y0) + (b.x1 - b.x0) * (b.y1 - b.y0) - inter;
-  return ua > 0 ? inter / ua : 0.0;
+bool overlap(const Object& a, const Object& b) {
+  return std::min(a.x1, b.x1) > std::max(a.x0, b.x0) && std::min(a.y1, b.y1) > std::max(a.y0, b.y0);
 }
 
 void make_image(const SyntheticOptions& o, uint64_t split_id, int64_t i, const std::string& image_path,
@@ -169,9 +165,9 @@ void make_image(const SyntheticOptions& o, uint64_t split_id, int64_t i, const s
     ob.y0 = rng.uniform(1.0, H - 1 - h);
     ob.x1 = ob.x0 + w;
     ob.y1 = ob.y0 + h;
-    // Objects do not overlap (a small touch is fine), so every label is fully visible.
+    // Objects do not overlap, so every label is fully visible.
     bool clash = false;
-    for (const Object& other : objects) clash = clash || iou(ob, other) > 0.02;
+    for (const Object& other : objects) clash = clash || overlap(ob, other);
     if (!clash) objects.push_back(ob);
   }
   for (const Object& ob : objects) draw_object(rng, ob, o.num_classes, W, H, img);
