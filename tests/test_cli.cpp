@@ -1,5 +1,7 @@
 #include <sstream>
 
+#include <libreyolo/errors.hpp>
+
 #include "cli/cli.hpp"
 #include "support.hpp"
 

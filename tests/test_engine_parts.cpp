@@ -124,7 +124,8 @@ TEST(Optimizer, StateDictRoundTripContinuesIdentically) {
     ob2->load_state_dict(*sd);
     run(a, *oa);
     run(b, *ob2);
-    EXPECT_TRUE(torch::allclose(a.conv->weight, b.conv->weight, 1e-6, 1e-7)) << name;
+    EXPECT_TRUE(torch::allclose(a.conv->weight, b.conv->weight, 1e-6, 1e-7))
+        << name << " max diff " << (a.conv->weight - b.conv->weight).abs().max().item<double>();
   }
 }
 
@@ -161,4 +162,30 @@ TEST(Amp, PlanOnCpuIsFp32) {
   auto p = engine::plan_amp(true, "bfloat16", torch::Device(torch::kCPU));
   EXPECT_FALSE(p.enabled);
   EXPECT_FALSE(p.scaler);
+}
+
+// AdamW against the textbook update in double (decoupled decay, bias correction).
+TEST(Optimizer, AdamWMatchesFormula) {
+  torch::manual_seed(3);
+  TinyNet net;
+  engine::OptimizerOptions o;
+  o.name = "adamw";
+  o.lr = 0.01;
+  o.weight_decay = 0.05;
+  auto opt = engine::make_optimizer(net, o);
+  auto w = net.conv->weight.detach().to(torch::kDouble).clone();
+  torch::Tensor m = torch::zeros_like(w), v = torch::zeros_like(w);
+  for (int t = 1; t <= 3; ++t) {
+    opt->zero_grad();
+    net.forward(torch::randn({2, 3, 6, 6})).square().mean().backward();
+    auto g = net.conv->weight.grad().to(torch::kDouble);
+    w = w * (1 - 0.01 * 0.05);
+    m = 0.9 * m + 0.1 * g;
+    v = 0.999 * v + 0.001 * g * g;
+    auto mh = m / (1 - std::pow(0.9, t));
+    auto vh = v / (1 - std::pow(0.999, t));
+    w = w - 0.01 * mh / (vh.sqrt() + 1e-8);
+    opt->step();
+    EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "step " << t;
+  }
 }

@@ -80,8 +80,8 @@ std::unique_ptr<LibreYOLO::Impl> fresh_model(const std::string& family, const st
   return impl;
 }
 
-std::unique_ptr<LibreYOLO::Impl> model_from_checkpoint(const io::PyValue& root, const std::string& origin) {
-  io::Checkpoint ck = io::checkpoint_from_root(root, origin);
+std::unique_ptr<LibreYOLO::Impl> model_from_checkpoint(const io::PyValuePtr& root, const std::string& origin) {
+  io::Checkpoint ck = io::checkpoint_from_value(root, origin);
   io::StateDict sd = ck.model;
   const models::Family* fam = nullptr;
   if (ck.meta.family) {
@@ -96,7 +96,8 @@ std::unique_ptr<LibreYOLO::Impl> model_from_checkpoint(const io::PyValue& root, 
                        "model_load_failed");
   }
   if (fam->normalize_keys) fam->normalize_keys(sd);
-  std::optional<int> nc = ck.meta.nc;
+  std::optional<int> nc;
+  if (ck.meta.nc) nc = static_cast<int>(*ck.meta.nc);
   if (!nc && ck.meta.names) nc = static_cast<int>(ck.meta.names->size());
   if (!nc && fam->infer_num_classes) nc = fam->infer_num_classes(sd);
   if (!nc || *nc < 1) throw ModelError(origin + ": cannot determine the number of classes", "", "model_load_failed");
@@ -118,7 +119,7 @@ std::unique_ptr<LibreYOLO::Impl> model_from_checkpoint(const io::PyValue& root, 
              " entries in the weights were not used (first: " + report.unexpected.front() + ")");
   impl->names = ck.meta.names ? *ck.meta.names : models::default_names(*nc);
   if (static_cast<int>(impl->names.size()) != *nc) impl->names = models::default_names(*nc);
-  if (ck.meta.imgsz && *ck.meta.imgsz > 0) impl->imgsz = *ck.meta.imgsz;
+  if (ck.meta.imgsz && *ck.meta.imgsz > 0) impl->imgsz = static_cast<int>(*ck.meta.imgsz);
   impl->checkpoint = ck.root;
   return impl;
 }
@@ -128,7 +129,7 @@ std::unique_ptr<LibreYOLO::Impl> load_model(const std::string& model, const std:
   std::error_code ec;
   if (fs::is_regular_file(model, ec)) {
     auto root = io::load_torch_file(model);
-    impl = model_from_checkpoint(*root, model);
+    impl = model_from_checkpoint(root, model);
     impl->weights = model;
   } else if (auto name = parse_model_name(model);
              name && (model.size() < 3 || model.substr(model.size() - 3) != ".pt")) {
@@ -209,7 +210,7 @@ void LibreYOLO::save(const std::string& path) const {
   meta.nc = impl_->model->num_classes();
   meta.names = impl_->names;
   meta.imgsz = impl_->imgsz;
-  auto root = io::make_lean_checkpoint(models::state_dict(*impl_->model), meta);
+  auto root = io::make_checkpoint(models::state_dict(*impl_->model), meta);
   io::write_checkpoint(path, *root);
 }
 

@@ -31,7 +31,7 @@ std::unique_ptr<LibreYOLO::Impl> load_model(const std::string& model, const std:
 std::unique_ptr<LibreYOLO::Impl> fresh_model(const std::string& family, const std::string& size, int nc,
                                              const std::string& device);
 // Builds a model from weights: family/size/nc from the metadata or the weights themselves.
-std::unique_ptr<LibreYOLO::Impl> model_from_checkpoint(const io::PyValue& root, const std::string& origin);
+std::unique_ptr<LibreYOLO::Impl> model_from_checkpoint(const io::PyValuePtr& root, const std::string& origin);
 }  // namespace api
 
 }  // namespace libreyolo

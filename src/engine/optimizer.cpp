@@ -10,15 +10,17 @@ std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weigh
   ParamGroup bn_weights, weights, biases;
   weights.weight_decay = weight_decay;
   weights.decay_group = true;
-  for (const auto& item : model.named_modules("", /*include_self=*/true)) {
-    const auto& mod = item.value();
-    auto own = mod->named_parameters(/*recurse=*/false);
-    const bool is_bn = mod->name().find("BatchNorm") != std::string::npos;
+  auto visit = [&](const torch::nn::Module& mod) {
+    auto own = mod.named_parameters(/*recurse=*/false);
+    const bool is_bn = mod.name().find("BatchNorm") != std::string::npos;
     if (auto* b = own.find("bias"); b && b->defined() && b->requires_grad()) biases.params.push_back(*b);
-    if (auto* w = own.find("weight"); w && w->defined() && w->requires_grad()) {
+    if (auto* w = own.find("weight"); w && w->defined() && w->requires_grad())
       (is_bn ? bn_weights : weights).params.push_back(*w);
-    }
-  }
+  };
+  // The root itself, then every submodule in registration order (named_modules with the root
+  // included needs the root to live in a shared_ptr, which callers need not do).
+  visit(model);
+  for (const auto& item : model.named_modules("", /*include_self=*/false)) visit(*item.value());
   std::vector<ParamGroup> groups;
   for (auto* g : {&bn_weights, &weights, &biases})
     if (!g->params.empty()) groups.push_back(std::move(*g));
@@ -219,12 +221,16 @@ class Adam final : public Optimizer {
         s.push_back(steps_[gi][i]);
       }
       double wd = groups_[gi].weight_decay;
+      // The fused kernels read the step count after it was advanced (bias correction), as
+      // torch.optim does; a step skipped for inf/NaN gradients gives the count back.
+      at::_foreach_add_(s, 1.0);
       if (decoupled_)
         at::_fused_adamw_(l.params, l.grads, m, v, {}, s, lr_, kBeta1, kBeta2, wd, kEps, false, false,
                           std::nullopt, found_inf);
       else
         at::_fused_adam_(l.params, l.grads, m, v, {}, s, lr_, kBeta1, kBeta2, wd, kEps, false, false,
                          std::nullopt, found_inf);
+      if (found_inf) at::_foreach_sub_(s, std::vector<torch::Tensor>(s.size(), *found_inf));
     }
   }
 

@@ -120,25 +120,34 @@ std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfi
       auto t2 = std::chrono::steady_clock::now();
       const auto& img = originals[i];
       const int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
-      ops::Detections det = ops::postprocess_yolo(pred[static_cast<int64_t>(i)], static_cast<float>(cfg.conf),
-                                                  static_cast<float>(cfg.iou), cfg.max_det, ratios[i], h, w);
+      ops::Detections det =
+          ops::postprocess_yolo(pred[static_cast<int64_t>(i)], cfg.conf, cfg.iou, cfg.max_det, ratios[i], h, w);
       PredictResult r;
       r.source = sources[first + i];
       r.height = h;
       r.width = w;
-      auto boxes = det.boxes.to(torch::kCPU).contiguous();
-      auto scores = det.scores.to(torch::kCPU).contiguous();
-      auto classes = det.classes.to(torch::kCPU).contiguous();
-      auto b = boxes.accessor<float, 2>();
-      for (int64_t k = 0; k < boxes.size(0); ++k) {
-        int c = static_cast<int>(classes[k].item<int64_t>());
-        if (!keep.empty() && !keep.count(c)) continue;
+      det.boxes = det.boxes.to(torch::kCPU).contiguous();
+      det.scores = det.scores.to(torch::kCPU).contiguous();
+      det.classes = det.classes.to(torch::kCPU).contiguous();
+      if (!keep.empty()) {
+        std::vector<int64_t> idx;
+        auto cls = det.classes.accessor<int64_t, 1>();
+        for (int64_t k = 0; k < det.classes.size(0); ++k)
+          if (keep.count(static_cast<int>(cls[k]))) idx.push_back(k);
+        auto sel = torch::tensor(idx, torch::kLong);
+        det = {det.boxes.index_select(0, sel), det.scores.index_select(0, sel), det.classes.index_select(0, sel)};
+      }
+      auto b = det.boxes.accessor<float, 2>();
+      auto sc = det.scores.accessor<float, 1>();
+      auto cl = det.classes.accessor<int64_t, 1>();
+      for (int64_t k = 0; k < det.boxes.size(0); ++k) {
+        const int c = static_cast<int>(cl[k]);
         Detection d;
         d.x1 = b[k][0];
         d.y1 = b[k][1];
         d.x2 = b[k][2];
         d.y2 = b[k][3];
-        d.score = scores[k].item<float>();
+        d.score = sc[k];
         d.class_id = c;
         d.class_name = c >= 0 && c < static_cast<int>(impl.names.size()) ? impl.names[c] : std::to_string(c);
         r.detections.push_back(std::move(d));
@@ -148,7 +157,7 @@ std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfi
       r.postprocess_ms = ms_since(t2);
       if (cfg.save) {
         torch::Tensor canvas = img.clone();
-        ops::draw_detections(canvas, r.detections);
+        ops::draw_detections(canvas, det, impl.names);
         std::string stem = r.source == "SAMPLE_IMAGE" ? "sample" : fs::path(r.source).stem().string();
         r.saved_path = (fs::path(out_dir) / (stem + ".jpg")).string();
         io::save_image(r.saved_path, canvas);

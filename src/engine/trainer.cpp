@@ -235,7 +235,7 @@ void Trainer::setup() {
       train_schema().apply(restored, given_, "train");
       restored.resume = cfg_.resume;
       cfg_ = restored;
-      validate(cfg_);
+      libreyolo::validate(cfg_);
     }
     // Continue in the run directory the checkpoint came from, if it is one of ours.
     fs::path wdir = fs::path(resume_path_).parent_path();
@@ -519,7 +519,7 @@ void Trainer::save_checkpoint(int epoch, bool is_best, double epoch_loss) {
   meta.names = names_;
   meta.imgsz = cfg_.imgsz;
   const bool use_ema = static_cast<bool>(ema_model_);
-  auto root = io::make_lean_checkpoint(models::state_dict(use_ema ? *ema_model_ : *model_), meta);
+  auto root = io::make_checkpoint(models::state_dict(use_ema ? *ema_model_ : *model_), meta);
   root->set("epoch", io::PyValue::from_int(epoch));
   root->set("optimizer", step_->optimizer().state_dict());
   root->set("config", config_dict());

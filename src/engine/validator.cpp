@@ -79,8 +79,8 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
       const int64_t idx = batch->indices[i];
       const auto [h0, w0] = batch->orig_hw[i];
       const double ratio = std::min(static_cast<double>(S) / h0, static_cast<double>(S) / w0);
-      ops::Detections det = ops::postprocess_yolo(pred[static_cast<int64_t>(i)], static_cast<float>(opt.conf),
-                                                  static_cast<float>(opt.iou), opt.max_det, ratio, h0, w0);
+      ops::Detections det =
+          ops::postprocess_yolo(pred[static_cast<int64_t>(i)], opt.conf, opt.iou, opt.max_det, ratio, h0, w0);
       torch::Tensor gt = dataset->original_labels(idx);  // [N,5] x1,y1,x2,y2,cls
       evaluator.add_image(idx, h0, w0, gt.slice(1, 0, 4), gt.select(1, 4).to(torch::kLong),
                           det.boxes.to(torch::kCPU), det.scores.to(torch::kCPU), det.classes.to(torch::kCPU));

@@ -1,0 +1,59 @@
+// Whole predict() of one 640x480 JPEG (decode, letterbox, forward, NMS), as the reference's
+// 25.5 ms figure in gpu_machine.md was measured.
+//   bench_predict --device cuda [--model yolo9t] [--iters 100] [--warmup 10] [--imgsz 640] [--half]
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include <libreyolo/libreyolo.hpp>
+
+#include "io/image.hpp"
+#include "io/sample_image.hpp"
+
+int main(int argc, char** argv) {
+  std::string device = "cpu", model = "yolo9t";
+  int iters = 100, warmup = 10, imgsz = 640;
+  bool half = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--device") device = val();
+    else if (a == "--model") model = val();
+    else if (a == "--iters") iters = std::stoi(val());
+    else if (a == "--warmup") warmup = std::stoi(val());
+    else if (a == "--imgsz") imgsz = std::stoi(val());
+    else if (a == "--half") half = true;
+    else if (a == "--sizes" || a == "--batches" || a == "--dtypes") val();  // accepted, unused
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  const std::string path = (std::filesystem::temp_directory_path() / "libreyolo_bench_640x480.jpg").string();
+  libreyolo::io::save_image(path, libreyolo::io::make_sample_image(480, 640), 90);
+  libreyolo::LibreYOLO m(model, device);
+  libreyolo::Kwargs kw = {{"imgsz", std::to_string(imgsz)}, {"device", device}, {"half", half ? "true" : "false"}};
+  for (int i = 0; i < warmup; ++i) m.predict(path, kw);
+  std::vector<double> total, pre, inf, post;
+  for (int i = 0; i < iters; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    auto r = m.predict(path, kw);
+    total.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    pre.push_back(r[0].preprocess_ms);
+    inf.push_back(r[0].inference_ms);
+    post.push_back(r[0].postprocess_ms);
+  }
+  auto stat = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return nlohmann::json{{"min_ms", v.front()}, {"median_ms", v[v.size() / 2]}};
+  };
+  nlohmann::json out = {{"benchmark", "predict_one_jpeg"}, {"model", model}, {"device", device}, {"imgsz", imgsz},
+                        {"image", "640x480 JPEG"}, {"half", half}, {"iters", iters}, {"total", stat(total)},
+                        {"preprocess", stat(pre)}, {"inference", stat(inf)}, {"postprocess", stat(post)}};
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}

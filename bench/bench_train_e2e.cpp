@@ -1,0 +1,78 @@
+// End-to-end training throughput: the real trainer (loader threads, mosaic, EMA, AMP, no
+// validation) on synthetic 810x1080 JPEGs, as the reference's 246 ms/iteration (65 img/s) was
+// measured in gpu_machine.md.
+//   bench_train_e2e --device cuda [--images 1024] [--epochs 2] [--batch 16] [--imgsz 640]
+//                   [--workers 8,16] [--amp-dtype float16|bfloat16] [--model yolo9t] [--dir /tmp/...]
+#include <torch/torch.h>
+
+#include <chrono>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include <libreyolo/libreyolo.hpp>
+
+#include "data/synthetic.hpp"
+
+int main(int argc, char** argv) {
+  std::string device = "cpu", workers = "8,16", amp_dtype = "float16", model = "yolo9t";
+  std::string dir = (std::filesystem::temp_directory_path() / "libreyolo_e2e_810x1080").string();
+  int images = 1024, epochs = 2, batch = 16, imgsz = 640;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--device") device = val();
+    else if (a == "--images") images = std::stoi(val());
+    else if (a == "--epochs") epochs = std::stoi(val());
+    else if (a == "--batch") batch = std::stoi(val());
+    else if (a == "--imgsz") imgsz = std::stoi(val());
+    else if (a == "--workers") workers = val();
+    else if (a == "--amp-dtype") amp_dtype = val();
+    else if (a == "--model") model = val();
+    else if (a == "--dir") dir = val();
+    else if (a == "--sizes" || a == "--batches" || a == "--dtypes") val();
+    else {
+      std::cerr << "unknown argument " << a << "\n";
+      return 2;
+    }
+  }
+  libreyolo::data::SyntheticOptions so;
+  so.train_images = images;
+  so.val_images = 1;
+  so.width = 810;
+  so.height = 1080;
+  so.num_classes = 8;
+  so.min_objects = 2;
+  so.max_objects = 12;
+  so.min_size = 0.05;
+  so.max_size = 0.3;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string yaml = libreyolo::data::generate_synthetic_dataset(dir, so);
+  double gen_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  nlohmann::json out = {{"benchmark", "train_e2e"}, {"device", device}, {"model", model}, {"images", images},
+                        {"image_size", "810x1080"}, {"batch", batch}, {"imgsz", imgsz}, {"epochs", epochs},
+                        {"amp_dtype", amp_dtype}, {"dataset_generation_s", gen_s}, {"runs", nlohmann::json::array()}};
+  std::stringstream ws(workers);
+  std::string w;
+  while (std::getline(ws, w, ',')) {
+    libreyolo::LibreYOLO m(model, device);
+    std::vector<libreyolo::EpochSummary> eps;
+    libreyolo::TrainCallbacks cb;
+    cb.on_epoch_end = [&](const libreyolo::EpochSummary& e) { eps.push_back(e); };
+    auto r = m.train({{"data", yaml}, {"epochs", std::to_string(epochs)}, {"batch", std::to_string(batch)},
+                      {"imgsz", std::to_string(imgsz)}, {"workers", w}, {"device", device}, {"amp", "true"},
+                      {"amp_dtype", amp_dtype}, {"val", "false"}, {"no_aug_epochs", "0"}, {"ema", "true"},
+                      {"project", dir + "/runs"}, {"name", "w" + w}, {"exist_ok", "true"}, {"verbose", "true"}},
+                     cb);
+    nlohmann::json run = {{"workers", std::stoi(w)}, {"epochs", nlohmann::json::array()}};
+    const int iters = images / batch;
+    for (const auto& e : eps)
+      run["epochs"].push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"iteration_ms", 1000.0 * e.seconds / iters},
+                               {"img_per_s", static_cast<double>(iters) * batch / e.seconds}, {"loss", e.loss}});
+    out["runs"].push_back(run);
+    std::cerr << run.dump() << "\n";
+  }
+  std::cout << out.dump(2) << "\n";
+  return 0;
+}
