@@ -1,51 +1,78 @@
 #!/usr/bin/env bash
-# Runs ON THE GPU MACHINE (device tool): builds against the machine's own torch 2.11, runs the
-# GPU tests and the benchmarks, writes logs and JSON under $OUT (default ./out), prints a summary.
-#   LIBREYOLO_GPU_STEPS: which parts to run (default "build test bench")
-#   LIBREYOLO_BENCH_ARGS: extra arguments for every benchmark
+# Runs ON THE GPU MACHINE (device tool, carry [".carry"] prepared by scripts/gpu_prepare.sh):
+# GPU tests and benchmarks, with logs and JSON packed into $OUT/results.tar.gz plus a summary.
+# Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
+# torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
+#   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
+#   loader e2e loss image; "bench" = all benchmarks.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-# The device tool brings back at most 8 files: everything goes to $LOGS, packed into one
-# results.tar.gz at the end, plus summary.txt.
 FINAL=${OUT:-$ROOT/out}
-OUT=$(mktemp -d /tmp/libreyolo-gpu.XXXXXX)
+LOG=$(mktemp -d /tmp/libreyolo-gpu.XXXXXX)
 mkdir -p "$FINAL"
-pack() { cp "$OUT/summary.txt" "$FINAL/" 2>/dev/null; tar czf "$FINAL/results.tar.gz" -C "$OUT" . ; }
+pack() { cp "$LOG/summary.txt" "$FINAL/" 2>/dev/null; tar czf "$FINAL/results.tar.gz" -C "$LOG" . ; }
 trap pack EXIT
-STEPS=${LIBREYOLO_GPU_STEPS:-build test bench}
-export LIBREYOLO_SYSTEM_TORCH=1 LIBREYOLO_PY=${LIBREYOLO_PY:-python3}
-export LIBREYOLO_BUILD_DIR=${LIBREYOLO_BUILD_DIR:-$ROOT/build-gpu}
-export LIBREYOLO_JOBS=${LIBREYOLO_JOBS:-$(nproc)}
+summary() { echo "$*" | tee -a "$LOG/summary.txt"; }
+STEPS=" ${LIBREYOLO_GPU_STEPS:-test bench} "
+want() { [[ "$STEPS" == *" $1 "* ]] || { [[ "$STEPS" == *" bench "* ]] && [ "$1" != test ]; }; }
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 [ -d "$ROOT/.carry/fixtures" ] && export LIBREYOLO_FIXTURES="$ROOT/.carry/fixtures"
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
-summary() { echo "$*" | tee -a "$OUT/summary.txt"; }
+TORCH_LIB=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')
+export LD_LIBRARY_PATH="$TORCH_LIB:${LD_LIBRARY_PATH:-}"
 
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv > "$OUT/gpu.txt" 2>&1
-summary "gpu: $(tail -n +2 "$OUT/gpu.txt" | head -1)"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv > "$LOG/gpu.txt" 2>&1
+summary "gpu: $(tail -n +2 "$LOG/gpu.txt" | head -1); cores $(nproc)"
 
-if [[ " $STEPS " == *" build "* ]]; then
+if [ -x "$ROOT/.carry/bin/libreyolo_gpu_tests" ] && [ "${LIBREYOLO_GPU_BUILD:-0}" != 1 ]; then
+  BIN=$ROOT/.carry/bin
+  summary "binaries: prebuilt (.carry/bin)"
+else
+  export LIBREYOLO_SYSTEM_TORCH=1 LIBREYOLO_PY=python3 LIBREYOLO_BUILD_DIR=$ROOT/build-gpu
+  export LIBREYOLO_JOBS=$(nproc) TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
   t0=$(date +%s)
-  if ! "$ROOT/scripts/build.sh" > "$OUT/build.log" 2>&1; then
-    tail -40 "$OUT/build.log"; summary "build: FAILED"; exit 1
-  fi
+  if ! "$ROOT/scripts/build.sh" > "$LOG/build.log" 2>&1; then tail -40 "$LOG/build.log"; summary "build: FAILED"; exit 1; fi
   summary "build: ok in $(( $(date +%s) - t0 )) s"
+  BIN=$LOG/bin; mkdir -p "$BIN"
+  cp "$LIBREYOLO_BUILD_DIR/libreyolo" "$LIBREYOLO_BUILD_DIR/tests/libreyolo_gpu_tests" "$LIBREYOLO_BUILD_DIR"/bench/bench_* "$BIN/" 2>/dev/null
 fi
-B=$LIBREYOLO_BUILD_DIR
-if [[ " $STEPS " == *" test "* ]]; then
-  "$B/tests/libreyolo_gpu_tests" --gtest_output=json:"$OUT/gpu_tests.json" > "$OUT/gpu_tests.log" 2>&1
-  rc=$?
-  summary "gpu tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]|tests? ran' "$OUT/gpu_tests.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$OUT/gpu_tests.log" | head -20
-  if [[ " $STEPS " == *" cputest "* ]]; then
-    (cd "$B" && ctest -L cpu -j8 --output-on-failure > "$OUT/cpu_tests.log" 2>&1); summary "cpu tests: rc=$? $(tail -3 "$OUT/cpu_tests.log" | head -1)"
-  fi
+
+run() {  # name, timeout, command...
+  local name=$1 t=$2; shift 2
+  local s=$(date +%s.%N)
+  timeout "$t" "$@" > "$LOG/$name.json" 2> "$LOG/$name.log"
+  local rc=$?
+  summary "$name: rc=$rc $(python3 -c "print(round($(date +%s.%N)-$s,1))")s"
+}
+
+if want test; then
+  run gpu_tests 600 "$BIN/libreyolo_gpu_tests" --gtest_output=json:"$LOG/gpu_tests_report.json"
+  summary "  $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOG/gpu_tests.log" | tr '\n' ' ')"
+  grep -E '^\[  FAILED  \]' "$LOG/gpu_tests.json" | head -20
 fi
-if [[ " $STEPS " == *" bench "* ]]; then
-  for b in "$B"/bench/bench_*; do
-    [ -x "$b" ] || continue
-    name=$(basename "$b")
-    timeout 300 "$b" --device cuda ${LIBREYOLO_BENCH_ARGS:-} > "$OUT/$name.json" 2> "$OUT/$name.log"
-    summary "$name: rc=$? $(head -c 300 "$OUT/$name.json")"
-  done
-fi
+want forward && {
+  run forward_fp32 300 "$BIN/bench_forward" --device cuda --dtype fp32 --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
+  run forward_bf16 300 "$BIN/bench_forward" --device cuda --dtype bf16 --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
+  run forward_bf16_cl 300 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
+}
+want predict && run predict 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10
+want step && {
+  run step 600 "$BIN/bench_train_step" --device cuda --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
+  run step_nchw 300 "$BIN/bench_train_step" --device cuda --sizes t --batches 8,32 --dtypes bf16 --memory-format contiguous
+}
+want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
+want loader && run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16
+want e2e && run e2e 600 "$BIN/bench_train_e2e" --device cuda --workers 8,16
+python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
+import json, sys, os, glob
+log = sys.argv[1]
+for path in sorted(glob.glob(os.path.join(log, "*.json"))):
+    name = os.path.basename(path)[:-5]
+    if name.endswith("_report"): continue
+    try: d = json.load(open(path))
+    except Exception: continue
+    for r in d.get("results", []) if isinstance(d.get("results"), list) else []:
+        print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}))
+    if "runs" in d:
+        for r in d["runs"]: print(name, json.dumps(r))
+    if "total" in d: print(name, json.dumps({k: d[k] for k in ("total", "preprocess", "inference", "postprocess")}))
+PY
