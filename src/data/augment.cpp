@@ -1,6 +1,7 @@
 #include "data/augment.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <libreyolo/errors.hpp>
@@ -60,36 +61,41 @@ inline uint8_t round_u8(float x) {
 }
 
 // The inverse, in single precision like OpenCV's 8-bit path: sector of the hue wheel and the
-// three intermediate levels v, v(1-s), v(1-s f), v(1-s(1-f)).
-inline void hsv_to_pixel(int h, int s, int v, uint8_t* rgb) {
+// four levels v, v(1-s), v(1-s f), v(1-s(1-f)), each channel picking one of them. Per-hue
+// sector and fraction come from a table; s = 0 needs no branch (all four levels equal v).
+struct HueEntry {
+  float frac;
+  uint8_t pick[3];  // level index of r, g, b
+};
+
+const HueEntry* hue_table() {
+  static const std::array<HueEntry, 180> table = [] {
+    // Levels: 0 = v, 1 = v(1-s), 2 = v(1-s f), 3 = v(1-s(1-f)).
+    constexpr uint8_t kPick[6][3] = {{0, 3, 1}, {2, 0, 1}, {1, 0, 3},
+                                     {1, 2, 0}, {3, 1, 0}, {0, 1, 2}};
+    std::array<HueEntry, 180> t{};
+    for (int h = 0; h < 180; ++h) {
+      float hf = h * (6.0f / 180.0f);
+      int sector = static_cast<int>(std::floor(hf));
+      hf -= sector;
+      if (sector < 0 || sector >= 6) sector = 0, hf = 0;
+      t[h].frac = hf;
+      for (int c = 0; c < 3; ++c) t[h].pick[c] = kPick[sector][c];
+    }
+    return t;
+  }();
+  return table.data();
+}
+
+inline void hsv_to_pixel(int h, int s, int v, const HueEntry* hues, uint8_t* rgb) {
   const float sf = s * (1.0f / 255.0f);
   const float vf = v * (1.0f / 255.0f);
-  float r, g, b;
-  if (sf == 0.0f) {
-    r = g = b = vf;
-  } else {
-    float hf = h * (6.0f / 180.0f);
-    int sector = static_cast<int>(std::floor(hf));
-    hf -= sector;
-    if (sector < 0 || sector >= 6) {
-      sector = 0;
-      hf = 0;
-    }
-    const float p = vf * (1.0f - sf);
-    const float q = vf * (1.0f - sf * hf);
-    const float t = vf * (1.0f - sf * (1.0f - hf));
-    switch (sector) {
-      case 0: r = vf, g = t, b = p; break;
-      case 1: r = q, g = vf, b = p; break;
-      case 2: r = p, g = vf, b = t; break;
-      case 3: r = p, g = q, b = vf; break;
-      case 4: r = t, g = p, b = vf; break;
-      default: r = vf, g = p, b = q; break;
-    }
-  }
-  rgb[0] = round_u8(r * 255.0f);
-  rgb[1] = round_u8(g * 255.0f);
-  rgb[2] = round_u8(b * 255.0f);
+  const HueEntry& e = hues[h];
+  const float level[4] = {vf, vf * (1.0f - sf), vf * (1.0f - sf * e.frac),
+                          vf * (1.0f - sf * (1.0f - e.frac))};
+  rgb[0] = round_u8(level[e.pick[0]] * 255.0f);
+  rgb[1] = round_u8(level[e.pick[1]] * 255.0f);
+  rgb[2] = round_u8(level[e.pick[2]] * 255.0f);
 }
 
 // ---- output -------------------------------------------------------------------------------
@@ -182,11 +188,16 @@ void rgb_to_hsv(const uint8_t* rgb, uint8_t* hsv, int64_t n) {
 }
 
 void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) hsv_to_pixel(hsv[3 * i], hsv[3 * i + 1], hsv[3 * i + 2], rgb + 3 * i);
+  const HueEntry* hues = hue_table();
+  for (int64_t i = 0; i < n; ++i) {
+    if (hsv[3 * i] >= 180) throw UsageError("hsv_to_rgb: hue must be < 180");
+    hsv_to_pixel(hsv[3 * i], hsv[3 * i + 1], hsv[3 * i + 2], hues, rgb + 3 * i);
+  }
 }
 
 void shift_hsv(const uint8_t* src, uint8_t* dst, int64_t n, HsvGains g, bool reverse) {
   const HsvTables& t = hsv_tables();
+  const HueEntry* hues = hue_table();
   uint8_t hl[180], sl[256], vl[256];
   for (int i = 0; i < 180; ++i) hl[i] = static_cast<uint8_t>(((i + g.h) % 180 + 180) % 180);
   for (int i = 0; i < 256; ++i) {
@@ -197,7 +208,7 @@ void shift_hsv(const uint8_t* src, uint8_t* dst, int64_t n, HsvGains g, bool rev
     const uint8_t* p = src + 3 * (reverse ? n - 1 - i : i);
     int h, s, v;
     pixel_to_hsv(p[0], p[1], p[2], t, h, s, v);
-    hsv_to_pixel(hl[h], sl[s], vl[v], dst + 3 * i);
+    hsv_to_pixel(hl[h], sl[s], vl[v], hues, dst + 3 * i);
   }
 }
 
@@ -223,8 +234,11 @@ MosaicParams draw_mosaic(Rng& rng, int S, int64_t n) {
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   if (xc < 0 || xc > S2 || yc < 0 || yc > S2) throw UsageError("mosaic centre outside the canvas");
-  torch::Tensor canvas = torch::full({S2, S2, 3}, kPad, torch::kUInt8);
+  // empty + memset rather than torch::full: ATen's fill would start an OpenMP team from inside
+  // a loader thread.
+  torch::Tensor canvas = torch::empty({S2, S2, 3}, torch::kUInt8);
   uint8_t* cv = canvas.data_ptr<uint8_t>();
+  std::memset(cv, kPad, static_cast<size_t>(S2) * S2 * 3);
   std::vector<Box> boxes;
   for (int k = 0; k < 4; ++k) {
     torch::Tensor img = tiles[k]->image;
