@@ -361,3 +361,27 @@ TEST(DataAugment, SampleGeneratorsAreIndependentAndRepeatable) {
   for (int i = 0; i < 2000; ++i) sum += r.beta(32, 32);
   EXPECT_NEAR(sum / 2000, 0.5, 0.01);
 }
+
+TEST(DataAugment, FusedHsvShiftEqualsConvertShiftConvertBack) {
+  // shift_hsv runs a vectorised kernel; it must give exactly what the per-pixel conversions give.
+  const auto px = colour_grid(3);
+  const int64_t n = static_cast<int64_t>(px.size() / 3);
+  std::vector<uint8_t> hsv(px.size()), expect(px.size()), got(px.size()), flipped(px.size());
+  rgb_to_hsv(px.data(), hsv.data(), n);
+  for (const HsvGains g : {HsvGains{0, 0, 0}, HsvGains{4, -25, 17}, HsvGains{-5, 30, -30},
+                           HsvGains{179, 255, -255}, HsvGains{-200, 3, 3}}) {
+    std::vector<uint8_t> shifted(hsv);
+    for (int64_t i = 0; i < n; ++i) {
+      shifted[3 * i] = static_cast<uint8_t>(((hsv[3 * i] + g.h) % 180 + 180) % 180);
+      shifted[3 * i + 1] = static_cast<uint8_t>(std::clamp(hsv[3 * i + 1] + g.s, 0, 255));
+      shifted[3 * i + 2] = static_cast<uint8_t>(std::clamp(hsv[3 * i + 2] + g.v, 0, 255));
+    }
+    hsv_to_rgb(shifted.data(), expect.data(), n);
+    shift_hsv(px.data(), got.data(), n, g);
+    ASSERT_EQ(got, expect) << g.h << "," << g.s << "," << g.v;
+    // Reversed read: pixel i of the output is pixel n-1-i of the input.
+    shift_hsv(px.data(), flipped.data(), n, g, true);
+    for (int64_t i = 0; i < n; ++i)
+      for (int c = 0; c < 3; ++c) ASSERT_EQ(flipped[3 * i + c], expect[3 * (n - 1 - i) + c]);
+  }
+}

@@ -337,3 +337,30 @@ TEST(DataLoader, BadOptionsAreUsageErrors) {
   o.workers = -1;
   EXPECT_THROW(DataLoader(ds, o), UsageError);
 }
+
+TEST(DataLoader, MixupBlendsImagesAndKeepsTheMosaicTargets) {
+  auto ds = make_dataset("train");
+  AugmentOptions plain;
+  plain.imgsz = 64;
+  AugmentOptions mix = plain;
+  mix.mixup_prob = 1.0;
+  const size_t npix = 64 * 64 * 3;
+  int differing = 0;
+  for (int64_t i = 0; i < 6; ++i) {
+    std::vector<uint8_t> a(npix), b(npix);
+    std::vector<float> ta(500), tb(500);
+    Rng ra = Rng::for_sample(1, 0, i, 0), rb = Rng::for_sample(1, 0, i, 0);
+    make_train_sample(*ds, i, true, plain, ra, a.data(), ta.data());
+    make_train_sample(*ds, i, true, mix, rb, b.data(), tb.data());
+    // The reference appends the second image's labels after the padded rows and cuts them off:
+    // the targets are the mosaic's alone.
+    EXPECT_EQ(ta, tb);
+    differing += a != b;
+    // Without mosaic there is no mixup.
+    Rng rc = Rng::for_sample(1, 0, i, 0), rd = Rng::for_sample(1, 0, i, 0);
+    make_train_sample(*ds, i, false, plain, rc, a.data(), ta.data());
+    make_train_sample(*ds, i, false, mix, rd, b.data(), tb.data());
+    EXPECT_EQ(a, b);
+  }
+  EXPECT_EQ(differing, 6);
+}
