@@ -162,7 +162,13 @@ int main(int argc, char** argv) {
           auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
           r["peak_allocated_gb"] = static_cast<double>(st.allocated_bytes[0].peak) / 1e9;
           r["peak_reserved_gb"] = static_cast<double>(st.reserved_bytes[0].peak) / 1e9;
-          if (kernels) r["kernels_per_step"] = count_kernels(step);
+          if (kernels) {
+            try {
+              r["kernels_per_step"] = count_kernels(step);
+            } catch (const std::exception& e) {
+              r["kernels_per_step_error"] = e.what();
+            }
+          }
         }
 #endif
         out["results"].push_back(r);

@@ -45,7 +45,7 @@ run() {  # name, timeout, command...
 }
 
 if want test; then
-  run gpu_tests 600 "$BIN/libreyolo_gpu_tests" --gtest_output=json:"$LOG/gpu_tests_report.json"
+  run gpu_tests 400 "$BIN/libreyolo_gpu_tests" --gtest_output=json:"$LOG/gpu_tests_report.json"
   summary "  $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOG/gpu_tests.log" | tr '\n' ' ')"
   grep -E '^\[  FAILED  \]' "$LOG/gpu_tests.json" | head -20
 fi

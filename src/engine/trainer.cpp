@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <thread>
 
 #ifdef LIBREYOLO_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -253,6 +254,17 @@ void Trainer::setup() {
   if (device_ != impl_.device) impl_.to(device_);
   if (cfg_.seed >= 0) torch::manual_seed(static_cast<uint64_t>(cfg_.seed));
   amp_ = plan_amp(cfg_.amp, cfg_.amp_dtype, device_);
+  if (device_.is_cpu() && cfg_.workers > 0) {
+    // CPU training: torch's OpenMP threads spin while they wait, and sharing every core with the
+    // loader threads slows each step several times over. Leave one core to the loader.
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    const int threads = std::max(1, std::min(at::get_num_threads(), cores - 1));
+    if (threads != at::get_num_threads()) {
+      at::set_num_threads(threads);
+      log_info(strfmt("CPU training: %d compute threads, the loader's %d worker(s) share the remaining core", threads,
+                      cfg_.workers));
+    }
+  }
   channels_last_ = cfg_.memory_format == "channels_last" || (cfg_.memory_format == "auto" && device_.is_cuda());
 
   setup_data();
