@@ -10,10 +10,12 @@
 #include <chrono>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <sstream>
 
 #ifdef LIBREYOLO_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 #endif
 
@@ -57,6 +59,51 @@ std::pair<torch::Tensor, torch::Tensor> make_batch(int64_t b, int64_t s, int nc)
 }
 
 #ifdef LIBREYOLO_CUDA
+// Where a step's time goes: CPU ops by inclusive host time and count, GPU kernel busy time, the
+// top kernels. The answer decides what to optimise (host dispatch vs. GPU work).
+json profile_steps(const std::function<void()>& step, int n) {
+  using namespace torch::autograd::profiler;
+  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<torch::profiler::impl::ActivityType> acts{torch::profiler::impl::ActivityType::CPU,
+                                                     torch::profiler::impl::ActivityType::CUDA};
+  prepareProfiler(cfg, acts);
+  enableProfiler(cfg, acts);
+  for (int i = 0; i < n; ++i) step();
+  torch::cuda::synchronize();
+  auto result = disableProfiler();
+  std::map<std::string, std::pair<int64_t, double>> cpu, gpu;
+  double kernel_us = 0;
+  int64_t kernels = 0;
+  uint64_t t_min = UINT64_MAX, t_max = 0;
+  for (const auto& e : result->events()) {
+    const double us = e.durationNs() / 1000.0;
+    if (e.deviceType() == c10::DeviceType::CUDA && e.activityType() == 5) {
+      kernel_us += us;
+      ++kernels;
+      auto& g = gpu[e.name().substr(0, 90)];
+      g.first++;
+      g.second += us;
+      t_min = std::min(t_min, e.startNs());
+      t_max = std::max(t_max, e.endNs());
+    } else if (e.deviceType() == c10::DeviceType::CPU && e.activityType() == 0) {
+      auto& c = cpu[e.name()];
+      c.first++;
+      c.second += us;
+    }
+  }
+  auto top = [&](const std::map<std::string, std::pair<int64_t, double>>& m, size_t k) {
+    std::vector<std::pair<std::string, std::pair<int64_t, double>>> v(m.begin(), m.end());
+    std::sort(v.begin(), v.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+    json out = json::array();
+    for (size_t i = 0; i < std::min(k, v.size()); ++i)
+      out.push_back({v[i].first, v[i].second.first / n, std::round(v[i].second.second / n)});
+    return out;
+  };
+  return {{"steps", n}, {"kernels_per_step", kernels / n}, {"kernel_busy_ms_per_step", kernel_us / n / 1000.0},
+          {"gpu_span_ms_per_step", (t_max - t_min) / 1e6 / n}, {"cpu_ops_top", top(cpu, 40)},
+          {"kernels_top", top(gpu, 15)}};
+}
+
 int64_t count_kernels(const std::function<void()>& step) {
   using namespace torch::autograd::profiler;
   torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
@@ -79,7 +126,7 @@ int64_t count_kernels(const std::function<void()>& step) {
 int main(int argc, char** argv) {
   std::string device = "cpu", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto";
   int steps = 24, warmup = 6, imgsz = 640;
-  bool ema_on = false, kernels = true;
+  bool ema_on = false, kernels = true, diagnose = false, cudnn_benchmark = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -96,6 +143,8 @@ int main(int argc, char** argv) {
     else if (a == "--memory-format") memfmt = val();
     else if (a == "--ema") ema_on = true;
     else if (a == "--no-kernels") kernels = false;
+    else if (a == "--diagnose") diagnose = true;
+    else if (a == "--cudnn-benchmark") cudnn_benchmark = true;
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -107,6 +156,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const models::Family* fam = models::find_family("yolo9");
+  at::globalContext().setBenchmarkCuDNN(cudnn_benchmark);
   json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", imgsz}, {"steps", steps},
               {"warmup", warmup}, {"ema", ema_on}, {"results", json::array()}};
   for (const auto& size : split(sizes)) {
@@ -141,6 +191,54 @@ int main(int argc, char** argv) {
           runner.forward_backward(images, targets);
           runner.optimizer_step();
         };
+        json diag;
+#ifdef LIBREYOLO_CUDA
+        if (diagnose && dev.is_cuda()) {
+          for (int i = 0; i < 3; ++i) step();
+          // Any host synchronisation inside the step?
+          c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+          try {
+            step();
+            diag["host_syncs"] = "none";
+          } catch (const std::exception& e) {
+            std::string m = e.what();
+            diag["host_syncs"] = m.substr(0, std::min<size_t>(m.size(), 600));
+          }
+          c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+          sync(dev);
+          // Phase times with a synchronisation after each phase (host wall, median of 7).
+          auto phase_loss = fam->make_loss(*model);
+          std::map<std::string, std::vector<double>> ph;
+          auto mark = [&](const char* name, std::chrono::steady_clock::time_point& t) {
+            sync(dev);
+            auto now = std::chrono::steady_clock::now();
+            ph[name].push_back(std::chrono::duration<double, std::milli>(now - t).count());
+            t = now;
+          };
+          for (int i = 0; i < 7; ++i) {
+            auto t = std::chrono::steady_clock::now();
+            torch::Tensor x = runner.prepare_images(images);
+            mark("prepare", t);
+            std::vector<torch::Tensor> raw;
+            {
+              engine::AutocastGuard ac(dev, sc.amp.enabled, sc.amp.dtype);
+              raw = model->forward_raw(x);
+              mark("forward", t);
+              auto out = phase_loss->compute(raw, targets, imgsz, imgsz);
+              mark("loss", t);
+              runner.scaler().scale(out.total).backward();
+            }
+            mark("backward", t);
+            runner.optimizer_step();
+            mark("optimizer", t);
+          }
+          for (auto& [k, v] : ph) {
+            std::sort(v.begin(), v.end());
+            diag["phase_ms_synced"][k] = v[v.size() / 2];
+          }
+          diag["profile"] = profile_steps(step, 3);
+        }
+#endif
         for (int i = 0; i < warmup; ++i) step();
         sync(dev);
 #ifdef LIBREYOLO_CUDA
@@ -171,6 +269,7 @@ int main(int argc, char** argv) {
           }
         }
 #endif
+        if (!diag.is_null()) r["diagnose"] = diag;
         out["results"].push_back(r);
         std::cerr << r.dump() << "\n";
       }

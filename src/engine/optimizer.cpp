@@ -28,8 +28,11 @@ std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weigh
 }
 
 void Optimizer::zero_grad() {
-  std::vector<torch::Tensor> gs = grads();
-  if (!gs.empty()) at::_foreach_zero_(gs);
+  // Set to none (torch's default): the next backward then hands its gradient tensors over
+  // instead of adding them into zeroed ones, one kernel and one dispatch fewer per parameter.
+  for (auto& g : groups_)
+    for (auto& p : g.params)
+      if (p.grad().defined()) p.mutable_grad().reset();
 }
 
 std::vector<torch::Tensor> Optimizer::grads() const {

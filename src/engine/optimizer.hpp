@@ -30,7 +30,7 @@ class Optimizer {
   // kernels skip the update on every parameter if it is non-zero (AMP step skipping) without a
   // host synchronisation.
   virtual void step(const std::optional<torch::Tensor>& found_inf = std::nullopt) = 0;
-  void zero_grad();  // zeroes in place (keeps .grad tensors alive: graph-capture friendly)
+  void zero_grad();  // sets the gradients to none
   void set_lr(double lr) { lr_ = lr; }
   double lr() const { return lr_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }

@@ -3,7 +3,7 @@
 namespace libreyolo::models::yolo9 {
 
 ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t groups, bool act)
-    : act_(act) {
+    : act_(act), pointwise_(k == 1 && s == 1 && groups == 1) {
   conv = register_module(
       "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, k)
                                     .stride(s)
@@ -15,7 +15,22 @@ ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t groups,
 }
 
 torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
-  auto y = bn->forward(conv->forward(x));
+  torch::Tensor y;
+  if (pointwise_ && x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+    // A 1x1 convolution over NHWC memory is one GEMM [N*H*W, Cin] x [Cin, Cout]. Same result,
+    // but cuBLAS costs the host a fraction of cuDNN's per-call overhead, forward and backward,
+    // and the step is bound by that overhead. Views only: no copies.
+    const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
+    const auto& wt = conv->weight;
+    y = at::mm(x.permute({0, 2, 3, 1}).reshape({n * h * w, x.size(1)}), wt.view({wt.size(0), wt.size(1)}).t())
+            .view({n, h, w, wt.size(0)})
+            .permute({0, 3, 1, 2});
+  } else {
+    y = conv->forward(x);
+  }
+  y = torch::batch_norm(y, bn->weight, bn->bias, bn->running_mean, bn->running_var, bn->is_training(),
+                        bn->options.momentum().value(), bn->options.eps(),
+                        at::globalContext().userEnabledCuDNN());
   if (!act_) return y;
   // In place only when no graph is recorded: SiLU's backward needs its input.
   return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);

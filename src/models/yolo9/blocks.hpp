@@ -11,6 +11,8 @@
 namespace libreyolo::models::yolo9 {
 
 // Conv2d(bias=false) + BatchNorm2d(eps 1e-3, momentum 0.03) + optional SiLU.
+// bn.num_batches_tracked is NOT advanced here: the model advances all of them with one fused
+// kernel per training forward (Yolo9Model::forward_raw) instead of one tiny kernel per layer.
 class ConvImpl : public torch::nn::Module {
  public:
   ConvImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1,
@@ -22,6 +24,7 @@ class ConvImpl : public torch::nn::Module {
 
  private:
   bool act_;
+  bool pointwise_;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
 };
 TORCH_MODULE(Conv);
 

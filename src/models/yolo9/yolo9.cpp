@@ -199,6 +199,21 @@ std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
     throw UsageError("YOLOv9 expects an input of shape [B, 3, H, W], got " +
                      c10::str(x.sizes()));
   }
+  if (is_training()) {
+    if (bn_counters_.empty())
+      for (const auto& m : modules(/*include_self=*/false))
+        if (auto* bn = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get()))
+          bn_counters_.emplace_back(m, bn->num_batches_tracked);
+    // As BatchNorm2d's own forward would do layer by layer (frozen layers are in eval mode).
+    std::vector<torch::Tensor> live;
+    live.reserve(bn_counters_.size());
+    for (const auto& [m, counter] : bn_counters_)
+      if (m->is_training()) live.push_back(counter);
+    if (!live.empty()) {
+      torch::NoGradGuard ng;
+      at::_foreach_add_(live, 1);
+    }
+  }
   return head_->forward(neck_->forward(backbone_->forward(x)));
 }
 

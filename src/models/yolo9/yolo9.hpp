@@ -138,6 +138,8 @@ class Yolo9Model : public Detector {
   Backbone backbone_{nullptr};
   Neck neck_{nullptr};
   Head head_{nullptr};
+  // Every BatchNorm's num_batches_tracked, with its module, advanced together per training forward.
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, torch::Tensor>> bn_counters_;
   std::mutex grid_mutex_;
   std::vector<AnchorGrid> grids_;  // small, most recent last
 };
