@@ -58,6 +58,7 @@ want predict && run predict 300 "$BIN/bench_predict" --device cuda --iters 100 -
 want step && {
   run step 600 "$BIN/bench_train_step" --device cuda --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
   run step_nchw 300 "$BIN/bench_train_step" --device cuda --sizes t --batches 8,32 --dtypes bf16 --memory-format contiguous
+  run step_diag 300 "$BIN/bench_train_step" --device cuda --sizes t --batches 8 --dtypes bf16 --diagnose --steps 12
 }
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
 want loader && run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16

@@ -65,14 +65,21 @@ TEST(Yolo9GpuParity, Float32EvalAndTrain) {
       got = cpu(f.model->predict_tensor(in));
     }
     ASSERT_EQ(got.sizes(), want.sizes());
-    EXPECT_LE(rel_err(got.narrow(1, 0, 4), want.narrow(1, 0, 4)), 1e-3);
-    EXPECT_LE(rel_err(score_logits(got.narrow(1, 4, 80)), score_logits(want.narrow(1, 4, 80))), 1e-3);
+    const double box_err = rel_err(got.narrow(1, 0, 4), want.narrow(1, 0, 4));
+    const double score_err = rel_err(score_logits(got.narrow(1, 4, 80)), score_logits(want.narrow(1, 4, 80)));
+    EXPECT_LE(box_err, 1e-3);
+    EXPECT_LE(score_err, 1e-3);
+    std::cout << "[ REPORT   ] fp32 " << (channels_last ? "channels_last" : "NCHW") << " eval: boxes " << box_err
+              << ", score logits " << score_err;
 
     f.model->train();
     const auto raw = f.model->forward_raw(in);
     for (int i = 0; i < 3; ++i) {
-      EXPECT_LE(rel_err(raw[i], f.expected("train_raw_" + std::to_string(i))), 1e-3) << "level " << i;
+      const double e = rel_err(raw[i], f.expected("train_raw_" + std::to_string(i)));
+      EXPECT_LE(e, 1e-3) << "level " << i;
+      std::cout << ", train raw " << i << " " << e;
     }
+    std::cout << "\n";
     if (!channels_last) {  // after exactly one train forward
       for (const auto& [k, v] : models::state_dict(*f.model)) {
         if (k != "backbone.conv0.bn.running_mean") continue;

@@ -266,6 +266,9 @@ void Trainer::setup() {
     }
   }
   channels_last_ = cfg_.memory_format == "channels_last" || (cfg_.memory_format == "auto" && device_.is_cuda());
+  // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
+  // fastest (measured on an H200: v9-t batch 8 bf16 step 75 -> 67 ms).
+  if (device_.is_cuda()) at::globalContext().setBenchmarkCuDNN(true);
 
   setup_data();
   setup_model();
