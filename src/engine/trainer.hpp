@@ -98,6 +98,7 @@ class Trainer {
   std::string save_dir_;
   std::string resume_path_;
   io::PyValuePtr resume_ckpt_;
+  int workers_ = 0;  // loader threads actually used (cfg_.workers, capped on CPU)
   int start_epoch_ = 0;
   int accumulate_ = 1;
   int64_t steps_per_epoch_ = 1;
