@@ -46,8 +46,7 @@ run() {  # name, timeout, command...
 
 if want test; then
   run gpu_tests 400 "$BIN/libreyolo_gpu_tests" --gtest_output=json:"$LOG/gpu_tests_report.json"
-  summary "  $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$LOG/gpu_tests.log" | tr '\n' ' ')"
-  grep -E '^\[  FAILED  \]' "$LOG/gpu_tests.json" | head -20
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |REPORT' "$LOG/gpu_tests.json" | tee -a "$LOG/summary.txt"
 fi
 want forward && {
   run forward_fp32 300 "$BIN/bench_forward" --device cuda --dtype fp32 --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
@@ -62,7 +61,10 @@ want step && {
 }
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
 want loader && run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16
-want e2e && run e2e 600 "$BIN/bench_train_e2e" --device cuda --workers 8,16
+want e2e && {
+  run e2e 400 "$BIN/bench_train_e2e" --device cuda --workers 8,16
+  run e2e_bf16 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16
+}
 python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
 import json, sys, os, glob
 log = sys.argv[1]
