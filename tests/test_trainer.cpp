@@ -2,6 +2,7 @@
 // resume continuing exactly, and predict/val with the trained weights.
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include <libreyolo/libreyolo.hpp>
 
@@ -147,4 +148,47 @@ TEST(Predict, SavedWeightsRoundTrip) {
   auto rb = b.predict("SAMPLE_IMAGE", {{"imgsz", "96"}, {"conf", "0.001"}});
   ASSERT_EQ(ra[0].detections.size(), rb[0].detections.size());
   for (size_t i = 0; i < ra[0].detections.size(); ++i) EXPECT_FLOAT_EQ(ra[0].detections[i].score, rb[0].detections[i].score);
+}
+
+TEST(Trainer, FreezeKeepsTheBackboneAndPythonReadsTheCheckpoint) {
+  const std::string project = test::temp_dir("trainer_freeze");
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 3, "cpu");
+  auto before = io::read_checkpoint([&] {
+                  const std::string p = project + "/init.pt";
+                  model.save(p);
+                  return p;
+                }())
+                    .model;
+  Kwargs kw = base_options(project);
+  for (auto& [k, v] : kw)
+    if (k == "epochs") v = "1";
+  kw.emplace_back("freeze", "10");  // the ten backbone groups
+  kw.emplace_back("ema", "false");  // so that `model` holds the trained weights themselves
+  TrainResult r = model.train(kw);
+  io::Checkpoint after = io::read_checkpoint(r.last_checkpoint);
+  std::map<std::string, torch::Tensor> old(before.begin(), before.end());
+  int frozen_same = 0, head_changed = 0;
+  for (const auto& [k, v] : after.model) {
+    if (!old.count(k) || !v.is_floating_point() || k.find("running_") != std::string::npos) continue;
+    const bool same = torch::equal(v, old[k]);
+    if (k.rfind("backbone.", 0) == 0) {
+      EXPECT_TRUE(same) << k;
+      frozen_same += same;
+    } else if (k.rfind("neck.", 0) == 0 && !same) {
+      ++head_changed;
+    }
+  }
+  EXPECT_GT(frozen_same, 100);
+  EXPECT_GT(head_changed, 10);
+
+  auto py = test::python_with_torch();
+  if (!py) GTEST_SKIP() << "python with torch not available: Python interop of the checkpoint not checked";
+  std::string out;
+  const std::string script =
+      "import torch,sys; d=torch.load(sys.argv[1], weights_only=True); "
+      "assert d['schema_version']=='1.0' and d['model_family']=='yolo9' and d['nc']==3; "
+      "assert len(d['model'])==1338 and type(d['model']).__name__=='OrderedDict'; "
+      "assert d['epoch']==0 and len(d['optimizer']['param_groups'])==3; print('ok')";
+  ASSERT_EQ(test::run_command(*py + " -c \"" + script + "\" " + r.last_checkpoint, &out), 0) << out;
+  EXPECT_NE(out.find("ok"), std::string::npos);
 }
