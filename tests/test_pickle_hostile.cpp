@@ -235,6 +235,30 @@ TEST(PickleHostile, ContainerLevelDamage) {
     w.writeEndOfFile();
   }
   EXPECT_CONTAINS(load_error(no_pkl), "missing record 'data.pkl'");
+  // Archives PyTorchStreamReader's constructor would fail on are refused before it runs.
+  auto zip = [](const Records& records) {
+    std::string out;
+    caffe2::serialize::PyTorchStreamWriter w([&](const void* b, size_t n) -> size_t {
+      out.append(b ? std::string(static_cast<const char*>(b), n) : std::string(n, '\0'));
+      return n;
+    });
+    for (const auto& [name, data] : records) w.writeRecord(name, data.data(), data.size());
+    w.writeEndOfFile();
+    return out;
+  };
+  const std::string good = zip({{"data.pkl", std::string("\x80\x02N.", 4)}});
+  EXPECT_EQ(load_error(good), "<loaded>");
+  EXPECT_CONTAINS(load_error(zip({{"data.pkl", "N."}, {".data/version", "11\n"}})), "unsupported archive version '11?'");
+  EXPECT_CONTAINS(load_error(zip({{"data.pkl", "N."}, {".data/version", "x"}})), "unsupported archive version");
+  std::string renamed = good;  // the version record renamed: "verzion"
+  ASSERT_NE(renamed.find("archive/version"), std::string::npos);
+  for (size_t k = renamed.find("archive/version"); k != std::string::npos; k = renamed.find("archive/version", k + 1)) {
+    renamed[k + 11] = 'z';
+  }
+  EXPECT_CONTAINS(load_error(renamed), "no version record");
+  const size_t eocd = good.rfind(std::string("PK\x05\x06", 4));
+  ASSERT_NE(eocd, std::string::npos);
+  EXPECT_CONTAINS(load_error(good.substr(0, eocd)), "no end of central directory");
   // Byte order.
   Pickle p;
   p.op('N').stop();

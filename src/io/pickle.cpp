@@ -15,6 +15,7 @@
 
 #include "core/log.hpp"
 #include "io/pickle_detail.hpp"
+#include "io/torch_zip.hpp"
 #include "libreyolo/errors.hpp"
 
 namespace libreyolo::io {
@@ -291,6 +292,11 @@ std::string printable(const std::string& s, size_t max_len) {
   return out;
 }
 
+void throw_corrupt(const std::string& name, const std::string& what) {
+  throw ModelError(strfmt("checkpoint '%s' is corrupt: %s", name.c_str(), what.c_str()),
+                   "The file may be truncated or damaged; save or download it again.");
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- the pickle VM
@@ -298,11 +304,7 @@ std::string printable(const std::string& s, size_t max_len) {
 namespace {
 
 using detail::printable;
-
-[[noreturn]] void throw_corrupt(const std::string& name, const std::string& what) {
-  throw ModelError(strfmt("checkpoint '%s' is corrupt: %s", name.c_str(), what.c_str()),
-                   "The file may be truncated or damaged; save or download it again.");
-}
+using detail::throw_corrupt;
 
 // Bounds on what one checkpoint may make the reader allocate. Real LibreYOLO checkpoints stay
 // far below them (yolo9-t: a 100 kB pickle, about 40k objects, nesting depth 4).
@@ -1028,21 +1030,6 @@ PyValuePtr Unpickler::run() {
 
 // ---------------------------------------------------------------- the zip container
 
-class BytesAdapter final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesAdapter(const std::string& bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = static_cast<size_t>(std::min<uint64_t>(n, bytes_.size() - pos));
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  const std::string& bytes_;
-};
-
 // Size of a record, refused when larger than the archive could hold.
 uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
                      uint64_t archive_size, const std::string& name) {
@@ -1055,7 +1042,7 @@ uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::
   return size;
 }
 
-PyValuePtr load_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t archive_size,
+PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t archive_size,
                         const std::string& name) {
   if (reader.hasRecord("byteorder")) {
     const uint64_t n = record_size(reader, "byteorder", archive_size, name);
@@ -1089,11 +1076,6 @@ PyValuePtr load_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t
   return vm.run();
 }
 
-// The legacy (torch < 1.6) format is a bare pickle stream starting with a pickled magic number.
-bool looks_legacy(const char* head, size_t n) {
-  return n >= 2 && static_cast<unsigned char>(head[0]) == 0x80 && static_cast<unsigned char>(head[1]) <= 5;
-}
-
 // Runs `f`, turning every failure other than our own errors into "corrupt".
 template <class F>
 PyValuePtr guarded(const std::string& name, F&& f) {
@@ -1114,49 +1096,33 @@ PyValuePtr guarded(const std::string& name, F&& f) {
   }
 }
 
-}  // namespace
-
-PyValuePtr load_torch_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) {
-    throw ModelError(strfmt("checkpoint '%s' not found", path.c_str()), "Check the path.",
-                     "checkpoint_not_found");
+PyValuePtr load_archive(const std::shared_ptr<caffe2::serialize::ReadAdapterInterface>& in, const std::string& name) {
+  // The legacy (torch < 1.6) format is a bare pickle stream starting with a pickled magic number.
+  unsigned char head[2] = {0, 0};
+  if (in->size() >= 2 && in->read(0, head, 2) == 2 && head[0] == 0x80 && head[1] <= 5) {
+    throw ModelError(strfmt("checkpoint '%s' uses the legacy (pre-zip) torch.save format, which is not supported",
+                            name.c_str()),
+                     "Re-save it with torch >= 1.6 (without _use_new_zipfile_serialization=False).");
   }
-  if (!fs::is_regular_file(status)) {
-    throw ModelError(strfmt("checkpoint '%s' is not a regular file", path.c_str()), "",
-                     "checkpoint_not_found");
-  }
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) throw ModelError(strfmt("cannot read checkpoint '%s': %s", path.c_str(), ec.message().c_str()));
-  char head[2] = {0, 0};
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    const size_t got = std::fread(head, 1, 2, f);
-    std::fclose(f);
-    if (looks_legacy(head, got)) {
-      throw ModelError(strfmt("checkpoint '%s' uses the legacy (pre-zip) torch.save format, which is not "
-                              "supported", path.c_str()),
-                       "Re-save it with torch >= 1.6 (torch.save without _use_new_zipfile_serialization=False).");
-    }
-  } else {
-    throw ModelError(strfmt("cannot open checkpoint '%s': %s", path.c_str(), std::strerror(errno)));
-  }
-  return guarded(path, [&] {
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    return load_archive(reader, size, path);
+  return guarded(name, [&] {
+    detail::precheck_archive(*in, name);
+    caffe2::serialize::PyTorchStreamReader reader(in);
+    return read_archive(reader, in->size(), name);
   });
 }
 
-PyValuePtr load_torch_bytes(const std::string& bytes, const std::string& name) {
-  if (looks_legacy(bytes.data(), bytes.size())) {
-    throw ModelError(strfmt("checkpoint '%s' uses the legacy (pre-zip) torch.save format, which is not "
-                            "supported", name.c_str()));
+}  // namespace
+
+PyValuePtr load_torch_file(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    throw ModelError(strfmt("checkpoint '%s' not found", path.c_str()), "Check the path.", "checkpoint_not_found");
   }
-  return guarded(name, [&] {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesAdapter>(bytes));
-    return load_archive(reader, bytes.size(), name);
-  });
+  return load_archive(detail::file_adapter(path), path);
+}
+
+PyValuePtr load_torch_bytes(const std::string& bytes, const std::string& name) {
+  return load_archive(detail::memory_adapter(bytes), name);
 }
 
 StateDict to_state_dict(const PyValue& dict, const char* what) {

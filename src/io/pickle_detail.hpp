@@ -12,5 +12,7 @@ bool append_key_id(const PyValue& v, std::string& out, int depth = 0);
 bool valid_utf8(const std::string& s);
 // `s` with non-printable bytes replaced, cut at max_len (for error messages).
 std::string printable(const std::string& s, size_t max_len);
+// Throws ModelError "checkpoint '<name>' is corrupt: <what>".
+[[noreturn]] void throw_corrupt(const std::string& name, const std::string& what);
 
 }  // namespace libreyolo::io::detail
