@@ -216,9 +216,9 @@ std::string PyValue::repr(int max_len) const {
 
 namespace detail {
 
-bool append_key_id(const PyValue& v, std::string& out, int depth) {
+bool append_key_id(const PyValue& v, std::string& out, size_t max_len, int depth) {
   using K = PyValue::Kind;
-  if (depth > 32) return false;
+  if (depth > 32 || out.size() > max_len) return false;
   switch (v.kind) {
     case K::None: out += 'N'; return true;
     // Python: True == 1 and 1.0 == 1 hash alike, so they are one key.
@@ -233,12 +233,15 @@ bool append_key_id(const PyValue& v, std::string& out, int depth) {
         out += 'f' + std::to_string(bits) + ';';
       }
       return true;
-    case K::String: out += 's' + std::to_string(v.s.size()) + ':' + v.s; return true;
-    case K::Bytes: out += 'b' + std::to_string(v.s.size()) + ':' + v.s; return true;
+    case K::String:
+    case K::Bytes:
+      if (v.s.size() > max_len - out.size()) return false;
+      out += (v.kind == K::String ? 's' : 'b') + std::to_string(v.s.size()) + ':' + v.s;
+      return true;
     case K::Tuple:
       out += '(';
       for (const auto& item : v.items) {
-        if (!append_key_id(*item, out, depth + 1)) return false;
+        if (!append_key_id(*item, out, max_len, depth + 1)) return false;
       }
       out += ')';
       return true;
@@ -315,6 +318,13 @@ constexpr size_t kMaxMemo = 4'000'000;
 constexpr size_t kMaxMarks = 4096;
 constexpr int kMaxDepth = 512;
 constexpr size_t kMaxDims = 64;
+// Dict keys are hashed on every insertion; a cap keeps a reused huge key from costing
+// quadratic time.
+constexpr size_t kMaxKeyBytes = 1024;
+// Objects reachable from one container, counting shared ones once per reference (a string
+// counts 1 + its length / 64): stops small pickles of shared references from expanding into
+// exponentially large data for whoever walks it.
+constexpr uint64_t kMaxWeight = 16'000'000;
 // A stored zip record is never larger than the archive; deflate compresses at most ~1032:1.
 constexpr uint64_t kMaxInflateRatio = 1040;
 
@@ -412,6 +422,7 @@ class Unpickler {
   struct Meta {
     PyValuePtr keep;
     int depth = 0;
+    uint64_t weight = 1;
     bool sealed = false;  // stored inside another object: no longer mutable
     std::optional<GlobalInfo> global;
     bool is_storage = false;
@@ -502,13 +513,22 @@ class Unpickler {
   void adopt(const PyValuePtr& container, const PyValuePtr& item) {
     if (item == container) fail("an object contains itself (recursive data is not supported)");
     int item_depth = 0;
+    uint64_t item_weight = 1 + item->s.size() / 64;
     if (Meta* im = meta(item)) {
       im->sealed = true;
       item_depth = im->depth;
+      item_weight = im->weight;
     }
     Meta* cm = meta(container);
     if (item_depth + 1 > kMaxDepth) fail(strfmt("data nested deeper than %d levels", kMaxDepth));
     cm->depth = std::max(cm->depth, item_depth + 1);
+    cm->weight += item_weight;
+    if (cm->weight > kMaxWeight) fail("data expands to too many objects (shared references)");
+  }
+  // Bytes copied by REDUCE (not bounded by the input size otherwise).
+  void charge(size_t bytes) {
+    copied_ += bytes;
+    if (copied_ > 2 * n_ + (size_t(16) << 20)) fail("too much data built by REDUCE");
   }
   PyValuePtr make_seq(PyValue::Kind kind, std::vector<PyValuePtr> items) {
     PyValuePtr v = make(kind);
@@ -518,8 +538,8 @@ class Unpickler {
   }
   void dict_set(const PyValuePtr& d, PyValuePtr key, PyValuePtr value) {
     std::string id;
-    if (!detail::append_key_id(*key, id)) {
-      fail(strfmt("unhashable dict key of type %s", kind_name(key->kind)));
+    if (!detail::append_key_id(*key, id, kMaxKeyBytes)) {
+      fail(strfmt("unhashable or oversized (over %zu bytes) dict key of type %s", kMaxKeyBytes, kind_name(key->kind)));
     }
     adopt(d, key);
     adopt(d, value);
@@ -619,6 +639,7 @@ class Unpickler {
   std::unordered_map<const PyValue*, Meta> meta_;
   std::unordered_map<std::string, c10::Storage> storages_;
   size_t objects_ = 0;
+  size_t copied_ = 0;
 };
 
 PyValuePtr Unpickler::make_global(const std::string& raw_module, const std::string& name) {
@@ -742,6 +763,7 @@ PyValuePtr Unpickler::encode_bytes(const std::vector<PyValuePtr>& a) {
   for (auto& c : enc) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   PyValuePtr b = make(PyValue::Kind::Bytes);
   const std::string& s = a[0]->s;
+  charge(s.size());
   if (enc == "latin1" || enc == "latin-1" || enc == "iso-8859-1") {
     // The string is valid UTF-8 (checked when read); keep code points <= U+00FF as bytes.
     b->s.reserve(s.size());
@@ -801,6 +823,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
     case Callable::Device: {
       nargs(1, 2);
       if (a[0]->kind != PyValue::Kind::String) fail("torch.device argument is not a string");
+      charge(a[0]->s.size());
       PyValuePtr s = make(PyValue::Kind::String);
       s->s = a[0]->s;
       if (a.size() == 2 && a[1]->kind != PyValue::Kind::None) {
@@ -814,6 +837,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
         fail("torch.Size argument is not a sequence");
       }
       for (const auto& x : a[0]->items) int_arg(x, "torch.Size entry");
+      charge(a[0]->items.size() * sizeof(PyValuePtr));
       return make_seq(PyValue::Kind::Tuple, a[0]->items);
     }
     case Callable::CodecsEncode:
@@ -827,6 +851,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
       if (a[0]->kind != PyValue::Kind::List && a[0]->kind != PyValue::Kind::Tuple) {
         fail("set argument is not a sequence");
       }
+      charge(a[0]->items.size() * sizeof(PyValuePtr));
       return make_seq(PyValue::Kind::List, a[0]->items);
     }
     case Callable::ByteArray: {
@@ -834,6 +859,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
       nargs(0, 2);
       if (a.empty()) return make(PyValue::Kind::Bytes);
       if (a.size() == 1 && a[0]->kind == PyValue::Kind::Bytes) {
+        charge(a[0]->s.size());
         PyValuePtr b = make(PyValue::Kind::Bytes);
         b->s = a[0]->s;
         return b;
