@@ -286,6 +286,26 @@ TEST(PickleHostile, ContainerLevelDamage) {
   const size_t eocd = good.rfind(std::string("PK\x05\x06", 4));
   ASSERT_NE(eocd, std::string::npos);
   EXPECT_CONTAINS(load_error(good.substr(0, eocd)), "no end of central directory");
+  // Records miniz would "read" by leaving the buffer untouched (uninitialized memory) are refused:
+  // a data record flagged as a directory in the central directory, or one without stored bytes.
+  Pickle t;
+  t.float_tensor("0", 6, 0, {6}, {1}).stop();
+  const std::string archive = make_archive(t.b, kSix);
+  ASSERT_EQ(load_error(archive), "<loaded>");
+  auto central_entry = [&](const std::string& bytes) {
+    for (size_t k = bytes.find("archive/data/0"); k != std::string::npos; k = bytes.find("archive/data/0", k + 1)) {
+      if (k >= 46 && bytes.compare(k - 46, 4, std::string("PK\x01\x02", 4)) == 0) return k - 46;
+    }
+    return std::string::npos;
+  };
+  const size_t entry = central_entry(archive);
+  ASSERT_NE(entry, std::string::npos);
+  std::string as_directory = archive;
+  as_directory[entry + 38] |= 0x10;  // external attributes: DOS directory
+  EXPECT_CONTAINS(load_error(as_directory), "record 'data/0' has no data of its own");
+  std::string no_data = archive;
+  for (int k = 0; k < 4; ++k) no_data[entry + 20 + k] = 0;  // compressed size 0
+  EXPECT_CONTAINS(load_error(no_data), "is corrupt");  // miniz itself refuses this one
   // Byte order.
   Pickle p;
   p.op('N').stop();

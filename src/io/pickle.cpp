@@ -1057,9 +1057,9 @@ PyValuePtr Unpickler::run() {
 // ---------------------------------------------------------------- the zip container
 
 // Size of a record, refused when larger than the archive could hold.
-uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
-                     uint64_t archive_size, const std::string& name) {
-  if (!reader.hasRecord(record)) throw_corrupt(name, "missing record '" + printable(record, 300) + "'");
+uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const detail::ZipIndex& index,
+                     const std::string& record, uint64_t archive_size, const std::string& name) {
+  index.check_readable(record);
   const uint64_t size = reader.getRecordSize(record);
   if (size > std::max<uint64_t>(archive_size, 1) * kMaxInflateRatio) {
     throw_corrupt(name, strfmt("record '%s' declares %llu bytes, more than the file can hold",
@@ -1068,10 +1068,10 @@ uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::
   return size;
 }
 
-PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t archive_size,
-                        const std::string& name) {
+PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, const detail::ZipIndex& index,
+                        uint64_t archive_size, const std::string& name) {
   if (reader.hasRecord("byteorder")) {
-    const uint64_t n = record_size(reader, "byteorder", archive_size, name);
+    const uint64_t n = record_size(reader, index, "byteorder", archive_size, name);
     if (n > 16) throw_corrupt(name, "bad byteorder record");
     auto [ptr, size] = reader.getRecord("byteorder");
     const std::string order(static_cast<const char*>(ptr.get()), size);
@@ -1081,13 +1081,13 @@ PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t
     }
     if (order != "little") throw_corrupt(name, "unknown byteorder '" + printable(order, 16) + "'");
   }
-  const uint64_t pkl_size = record_size(reader, "data.pkl", archive_size, name);
+  const uint64_t pkl_size = record_size(reader, index, "data.pkl", archive_size, name);
   if (pkl_size > kMaxPickleBytes) throw_corrupt(name, "data.pkl is unreasonably large");
   auto [pkl, pkl_n] = reader.getRecord("data.pkl");
 
   auto loader = [&](const std::string& key, uint64_t nbytes) {
     const std::string record = "data/" + key;
-    const uint64_t size = record_size(reader, record, archive_size, name);
+    const uint64_t size = record_size(reader, index, record, archive_size, name);
     if (size != nbytes) {
       throw_corrupt(name, strfmt("record '%s' holds %llu bytes, its tensor needs %llu",
                                  printable(record, 300).c_str(), (unsigned long long)size,
@@ -1131,9 +1131,9 @@ PyValuePtr load_archive(const std::shared_ptr<caffe2::serialize::ReadAdapterInte
                      "Re-save it with torch >= 1.6 (without _use_new_zipfile_serialization=False).");
   }
   return guarded(name, [&] {
-    detail::precheck_archive(*in, name);
+    const detail::ZipIndex index = detail::ZipIndex::check(*in, name);
     caffe2::serialize::PyTorchStreamReader reader(in);
-    return read_archive(reader, in->size(), name);
+    return read_archive(reader, index, in->size(), name);
   });
 }
 

@@ -1,10 +1,5 @@
-// Inputs for PyTorchStreamReader, and a precheck of the archive before the reader is built.
-//
-// Why the precheck: when PyTorchStreamReader's constructor fails after miniz has parsed the
-// central directory (no entries, no archive folder, a missing or unreadable version record...),
-// it throws without releasing miniz's state, and every such corrupt file leaks memory (found by
-// fuzzing). The precheck repeats exactly those constructor steps on the raw bytes and refuses
-// the file first, so the reader is only built when its constructor cannot fail.
+// Inputs for PyTorchStreamReader, and ZipIndex (see torch_zip.hpp for why it exists; both of
+// its checks came from fuzzing).
 #include "io/torch_zip.hpp"
 
 #include <caffe2/serialize/versions.h>
@@ -73,12 +68,6 @@ bool iequal(const std::string& a, const std::string& b) {
   return true;
 }
 
-struct Entry {
-  std::string name;
-  uint64_t local_offset, comp_size, size;
-  uint32_t method, flags;
-};
-
 }  // namespace
 
 std::shared_ptr<caffe2::serialize::ReadAdapterInterface> memory_adapter(const std::string& bytes) {
@@ -96,7 +85,9 @@ std::shared_ptr<caffe2::serialize::ReadAdapterInterface> file_adapter(const std:
   return std::make_shared<FileAdapter>(fd, static_cast<uint64_t>(st.st_size));
 }
 
-void precheck_archive(const caffe2::serialize::ReadAdapterInterface& in, const std::string& name) {
+ZipIndex ZipIndex::check(const caffe2::serialize::ReadAdapterInterface& in, const std::string& name) {
+  ZipIndex index;
+  index.name_ = name;
   const uint64_t size = in.size();
   auto bad = [&](const std::string& what) { throw_corrupt(name, "not a torch.save zip archive: " + what); };
   auto read = [&](uint64_t pos, uint64_t n) {
@@ -138,7 +129,7 @@ void precheck_archive(const caffe2::serialize::ReadAdapterInterface& in, const s
   const std::string cdir = read(cdir_at, cdir_size);
   if (entries > cdir.size() / 46) bad("central directory too short");
 
-  std::vector<Entry> list;
+  std::vector<Entry>& list = index.entries_;
   list.reserve(static_cast<size_t>(entries));
   size_t p = 0;
   for (uint64_t k = 0; k < entries; ++k) {
@@ -149,6 +140,7 @@ void precheck_archive(const caffe2::serialize::ReadAdapterInterface& in, const s
     e.comp_size = le(cdir, p + 20, 4);
     e.size = le(cdir, p + 24, 4);
     const size_t name_len = le(cdir, p + 28, 2), extra_len = le(cdir, p + 30, 2), comment_len = le(cdir, p + 32, 2);
+    e.external_attr = le(cdir, p + 38, 4);
     e.local_offset = le(cdir, p + 42, 4);
     if (p + 46 + name_len + extra_len + comment_len > cdir.size()) bad("bad central directory entry");
     e.name = cdir.substr(p + 46, name_len);
@@ -174,31 +166,23 @@ void precheck_archive(const caffe2::serialize::ReadAdapterInterface& in, const s
   // The archive folder is the first entry's directory.
   const size_t slash = list.front().name.find('/');
   if (slash == std::string::npos) bad("entries are not in an archive folder");
-  const std::string root = list.front().name.substr(0, slash + 1);
+  index.root_ = list.front().name.substr(0, slash + 1);
 
-  // The records the reader's constructor reads; names match case-insensitively, as in miniz.
-  auto find = [&](const std::string& record) -> const Entry* {
-    const Entry* found = nullptr;
-    for (const auto& e : list) {
-      if (!iequal(e.name, root + record)) continue;
-      if (found) bad("duplicate record '" + printable(record, 100) + "'");
-      found = &e;
-    }
-    return found;
-  };
-  auto contents = [&](const Entry& e, uint64_t max_size) {
-    if (e.method != 0 || e.comp_size != e.size) bad("compressed '" + printable(e.name, 100) + "' record");
+  // The records the reader's constructor reads.
+  auto contents = [&](const std::string& record, uint64_t max_size) {
+    index.check_readable(record);
+    const Entry& e = *index.find(record);
+    if (e.method != 0) bad("compressed '" + printable(e.name, 100) + "' record");
     if (e.flags & 0x2061) bad("encrypted or patched '" + printable(e.name, 100) + "' record");
     if (e.size > max_size) bad("oversized '" + printable(e.name, 100) + "' record");
     const std::string header = read(e.local_offset, 30);
     if (le(header, 0, 4) != 0x04034b50) bad("bad local header for '" + printable(e.name, 100) + "'");
     return read(e.local_offset + 30 + le(header, 26, 2) + le(header, 28, 2), e.size);
   };
-  if (const Entry* id = find(".data/serialization_id")) contents(*id, 1 << 20);
-  const Entry* version = find(".data/version");
-  if (!version) version = find("version");
-  if (!version) bad("no version record");
-  const std::string text = contents(*version, 64);
+  if (index.find(".data/serialization_id")) contents(".data/serialization_id", 1 << 20);
+  const char* version = index.find(".data/version") ? ".data/version" : "version";
+  if (!index.find(version)) bad("no version record");
+  const std::string text = contents(version, 64);
   size_t k = 0;
   while (k < text.size() && std::isspace(static_cast<unsigned char>(text[k]))) ++k;
   uint64_t v = 0;
@@ -210,6 +194,28 @@ void precheck_archive(const caffe2::serialize::ReadAdapterInterface& in, const s
       v > caffe2::serialize::kMaxSupportedFileFormatVersion) {
     throw ModelError(strfmt("checkpoint '%s' has an unsupported archive version '%s'", name.c_str(),
                             printable(text, 20).c_str()));
+  }
+  return index;
+}
+
+// Names match case-insensitively, as in miniz's lookup.
+const ZipIndex::Entry* ZipIndex::find(const std::string& record) const {
+  const Entry* found = nullptr;
+  for (const auto& e : entries_) {
+    if (!iequal(e.name, root_ + record)) continue;
+    if (found) throw_corrupt(name_, "duplicate record '" + printable(record, 100) + "'");
+    found = &e;
+  }
+  return found;
+}
+
+void ZipIndex::check_readable(const std::string& record) const {
+  const Entry* e = find(record);
+  if (!e) throw_corrupt(name_, "missing record '" + printable(record, 300) + "'");
+  // miniz: a name ending in '/' or the DOS directory attribute makes a directory.
+  const bool directory = (!e->name.empty() && e->name.back() == '/') || (e->external_attr & 0x10);
+  if (directory || (e->size > 0 && e->comp_size == 0) || (e->method == 0 && e->comp_size != e->size)) {
+    throw_corrupt(name_, "record '" + printable(record, 300) + "' has no data of its own");
   }
 }
 
