@@ -60,12 +60,9 @@ uint64_t le(const std::string& b, size_t at, int bytes) {
   return v;
 }
 
-bool iequal(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k) {
-    if (std::tolower(static_cast<unsigned char>(a[k])) != std::tolower(static_cast<unsigned char>(b[k]))) return false;
-  }
-  return true;
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 }  // namespace
@@ -126,6 +123,7 @@ ZipIndex ZipIndex::check(const caffe2::serialize::ReadAdapterInterface& in, cons
     }
   }
   if (entries == 0) bad("no entries");
+  if (cdir_size > (uint64_t(256) << 20)) bad("central directory larger than 256 MiB");
   const std::string cdir = read(cdir_at, cdir_size);
   if (entries > cdir.size() / 46) bad("central directory too short");
 
@@ -159,6 +157,8 @@ ZipIndex ZipIndex::check(const caffe2::serialize::ReadAdapterInterface& in, cons
       }
       x += 4 + len;
     }
+    auto [it, inserted] = index.by_name_.emplace(lower(e.name), list.size());
+    if (!inserted) it->second = std::string::npos;
     list.push_back(std::move(e));
     p += 46 + name_len + extra_len + comment_len;
   }
@@ -200,13 +200,10 @@ ZipIndex ZipIndex::check(const caffe2::serialize::ReadAdapterInterface& in, cons
 
 // Names match case-insensitively, as in miniz's lookup.
 const ZipIndex::Entry* ZipIndex::find(const std::string& record) const {
-  const Entry* found = nullptr;
-  for (const auto& e : entries_) {
-    if (!iequal(e.name, root_ + record)) continue;
-    if (found) throw_corrupt(name_, "duplicate record '" + printable(record, 100) + "'");
-    found = &e;
-  }
-  return found;
+  auto it = by_name_.find(lower(root_ + record));
+  if (it == by_name_.end()) return nullptr;
+  if (it->second == std::string::npos) throw_corrupt(name_, "duplicate record '" + printable(record, 100) + "'");
+  return &entries_[it->second];
 }
 
 void ZipIndex::check_readable(const std::string& record) const {

@@ -5,6 +5,7 @@
 #include <memory>
 #include <cstdint>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace libreyolo::io::detail {
@@ -40,6 +41,7 @@ class ZipIndex {
   std::string name_;
   std::string root_;  // the archive folder, with its '/'
   std::vector<Entry> entries_;
+  std::unordered_map<std::string, size_t> by_name_;  // lower-case name -> entry (npos: duplicated)
 };
 
 }  // namespace libreyolo::io::detail
