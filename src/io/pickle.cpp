@@ -7,9 +7,11 @@
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <unordered_map>
 
@@ -1140,8 +1142,8 @@ PyValuePtr load_archive(const std::shared_ptr<caffe2::serialize::ReadAdapterInte
 }  // namespace
 
 PyValuePtr load_torch_file(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {
     throw ModelError(strfmt("checkpoint '%s' not found", path.c_str()), "Check the path.", "checkpoint_not_found");
   }
   return load_archive(detail::file_adapter(path), path);
