@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 #include <string>
 #include <utility>
 #include <vector>
@@ -110,11 +111,12 @@ inline std::string float_bytes(const std::vector<float>& v) {
   return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
 }
 
-// Runs tests/python/make_pickles.py once per test program; returns its output directory.
+// The files of tests/python/make_pickles.py. They are made once and kept next to the test
+// program (keyed by the script's contents), because every test runs in its own process.
 struct PythonPickles {
   std::string dir;
-  std::string marker_dir;
-  std::string error;  // why generation failed (empty on success)
+  std::string marker_dir;  // where the hostile files would create files if they ever ran
+  std::string error;       // why generation failed (empty on success)
 };
 inline const PythonPickles& python_pickles() {
   static PythonPickles result = [] {
@@ -124,13 +126,26 @@ inline const PythonPickles& python_pickles() {
       r.error = "no python with torch";
       return r;
     }
-    r.dir = temp_dir("pickles");
-    r.marker_dir = temp_dir("markers");
-    std::string out;
     const std::string script = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/python/make_pickles.py";
-    if (run_command(*py + " " + script + " " + r.dir + " " + r.marker_dir, &out) != 0) {
+    const std::string cache = std::filesystem::read_symlink("/proc/self/exe").parent_path().string() +
+                              "/pickles_" + std::to_string(std::hash<std::string>{}(read_file(script)));
+    r.dir = cache + "/files";
+    r.marker_dir = cache + "/markers";
+    if (std::filesystem::exists(cache + "/files/.complete")) return r;
+    // Made in a temporary folder and renamed into place, so concurrent tests never see half a set.
+    const std::string tmp = cache + ".tmp" + std::to_string(::getpid());
+    std::filesystem::create_directories(tmp + "/files");
+    std::filesystem::create_directories(r.marker_dir);
+    std::string out;
+    if (run_command(*py + " " + script + " " + tmp + "/files " + r.marker_dir, &out) != 0) {
       r.error = "make_pickles.py failed: " + out;
+      return r;
     }
+    std::ofstream(tmp + "/files/.complete") << "ok";
+    std::error_code ec;
+    std::filesystem::rename(tmp + "/files", r.dir, ec);  // fails harmlessly when another test won
+    // Not std::filesystem::remove_all: it resolves into libtorch's copy and crashes.
+    run_command("rm -rf '" + tmp + "'");
     return r;
   }();
   return result;

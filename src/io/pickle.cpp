@@ -7,14 +7,17 @@
 #include <caffe2/serialize/read_adapter_interface.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <sys/stat.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <unordered_map>
 
 #include "core/log.hpp"
 #include "io/pickle_detail.hpp"
+#include "io/torch_zip.hpp"
 #include "libreyolo/errors.hpp"
 
 namespace libreyolo::io {
@@ -215,9 +218,9 @@ std::string PyValue::repr(int max_len) const {
 
 namespace detail {
 
-bool append_key_id(const PyValue& v, std::string& out, int depth) {
+bool append_key_id(const PyValue& v, std::string& out, size_t max_len, int depth) {
   using K = PyValue::Kind;
-  if (depth > 32) return false;
+  if (depth > 32 || out.size() > max_len) return false;
   switch (v.kind) {
     case K::None: out += 'N'; return true;
     // Python: True == 1 and 1.0 == 1 hash alike, so they are one key.
@@ -232,12 +235,15 @@ bool append_key_id(const PyValue& v, std::string& out, int depth) {
         out += 'f' + std::to_string(bits) + ';';
       }
       return true;
-    case K::String: out += 's' + std::to_string(v.s.size()) + ':' + v.s; return true;
-    case K::Bytes: out += 'b' + std::to_string(v.s.size()) + ':' + v.s; return true;
+    case K::String:
+    case K::Bytes:
+      if (v.s.size() > max_len - out.size()) return false;
+      out += (v.kind == K::String ? 's' : 'b') + std::to_string(v.s.size()) + ':' + v.s;
+      return true;
     case K::Tuple:
       out += '(';
       for (const auto& item : v.items) {
-        if (!append_key_id(*item, out, depth + 1)) return false;
+        if (!append_key_id(*item, out, max_len, depth + 1)) return false;
       }
       out += ')';
       return true;
@@ -291,6 +297,11 @@ std::string printable(const std::string& s, size_t max_len) {
   return out;
 }
 
+void throw_corrupt(const std::string& name, const std::string& what) {
+  throw ModelError(strfmt("checkpoint '%s' is corrupt: %s", name.c_str(), what.c_str()),
+                   "The file may be truncated or damaged; save or download it again.");
+}
+
 }  // namespace detail
 
 // ---------------------------------------------------------------- the pickle VM
@@ -298,11 +309,7 @@ std::string printable(const std::string& s, size_t max_len) {
 namespace {
 
 using detail::printable;
-
-[[noreturn]] void throw_corrupt(const std::string& name, const std::string& what) {
-  throw ModelError(strfmt("checkpoint '%s' is corrupt: %s", name.c_str(), what.c_str()),
-                   "The file may be truncated or damaged; save or download it again.");
-}
+using detail::throw_corrupt;
 
 // Bounds on what one checkpoint may make the reader allocate. Real LibreYOLO checkpoints stay
 // far below them (yolo9-t: a 100 kB pickle, about 40k objects, nesting depth 4).
@@ -313,6 +320,13 @@ constexpr size_t kMaxMemo = 4'000'000;
 constexpr size_t kMaxMarks = 4096;
 constexpr int kMaxDepth = 512;
 constexpr size_t kMaxDims = 64;
+// Dict keys are hashed on every insertion; a cap keeps a reused huge key from costing
+// quadratic time.
+constexpr size_t kMaxKeyBytes = 1024;
+// Objects reachable from one container, counting shared ones once per reference (a string
+// counts 1 + its length / 64): stops small pickles of shared references from expanding into
+// exponentially large data for whoever walks it.
+constexpr uint64_t kMaxWeight = 16'000'000;
 // A stored zip record is never larger than the archive; deflate compresses at most ~1032:1.
 constexpr uint64_t kMaxInflateRatio = 1040;
 
@@ -410,6 +424,7 @@ class Unpickler {
   struct Meta {
     PyValuePtr keep;
     int depth = 0;
+    uint64_t weight = 1;
     bool sealed = false;  // stored inside another object: no longer mutable
     std::optional<GlobalInfo> global;
     bool is_storage = false;
@@ -500,13 +515,22 @@ class Unpickler {
   void adopt(const PyValuePtr& container, const PyValuePtr& item) {
     if (item == container) fail("an object contains itself (recursive data is not supported)");
     int item_depth = 0;
+    uint64_t item_weight = 1 + item->s.size() / 64;
     if (Meta* im = meta(item)) {
       im->sealed = true;
       item_depth = im->depth;
+      item_weight = im->weight;
     }
     Meta* cm = meta(container);
     if (item_depth + 1 > kMaxDepth) fail(strfmt("data nested deeper than %d levels", kMaxDepth));
     cm->depth = std::max(cm->depth, item_depth + 1);
+    cm->weight += item_weight;
+    if (cm->weight > kMaxWeight) fail("data expands to too many objects (shared references)");
+  }
+  // Bytes copied by REDUCE (not bounded by the input size otherwise).
+  void charge(size_t bytes) {
+    copied_ += bytes;
+    if (copied_ > 2 * n_ + (size_t(16) << 20)) fail("too much data built by REDUCE");
   }
   PyValuePtr make_seq(PyValue::Kind kind, std::vector<PyValuePtr> items) {
     PyValuePtr v = make(kind);
@@ -516,8 +540,8 @@ class Unpickler {
   }
   void dict_set(const PyValuePtr& d, PyValuePtr key, PyValuePtr value) {
     std::string id;
-    if (!detail::append_key_id(*key, id)) {
-      fail(strfmt("unhashable dict key of type %s", kind_name(key->kind)));
+    if (!detail::append_key_id(*key, id, kMaxKeyBytes)) {
+      fail(strfmt("unhashable or oversized (over %zu bytes) dict key of type %s", kMaxKeyBytes, kind_name(key->kind)));
     }
     adopt(d, key);
     adopt(d, value);
@@ -617,6 +641,7 @@ class Unpickler {
   std::unordered_map<const PyValue*, Meta> meta_;
   std::unordered_map<std::string, c10::Storage> storages_;
   size_t objects_ = 0;
+  size_t copied_ = 0;
 };
 
 PyValuePtr Unpickler::make_global(const std::string& raw_module, const std::string& name) {
@@ -740,6 +765,7 @@ PyValuePtr Unpickler::encode_bytes(const std::vector<PyValuePtr>& a) {
   for (auto& c : enc) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   PyValuePtr b = make(PyValue::Kind::Bytes);
   const std::string& s = a[0]->s;
+  charge(s.size());
   if (enc == "latin1" || enc == "latin-1" || enc == "iso-8859-1") {
     // The string is valid UTF-8 (checked when read); keep code points <= U+00FF as bytes.
     b->s.reserve(s.size());
@@ -799,6 +825,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
     case Callable::Device: {
       nargs(1, 2);
       if (a[0]->kind != PyValue::Kind::String) fail("torch.device argument is not a string");
+      charge(a[0]->s.size());
       PyValuePtr s = make(PyValue::Kind::String);
       s->s = a[0]->s;
       if (a.size() == 2 && a[1]->kind != PyValue::Kind::None) {
@@ -812,6 +839,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
         fail("torch.Size argument is not a sequence");
       }
       for (const auto& x : a[0]->items) int_arg(x, "torch.Size entry");
+      charge(a[0]->items.size() * sizeof(PyValuePtr));
       return make_seq(PyValue::Kind::Tuple, a[0]->items);
     }
     case Callable::CodecsEncode:
@@ -825,6 +853,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
       if (a[0]->kind != PyValue::Kind::List && a[0]->kind != PyValue::Kind::Tuple) {
         fail("set argument is not a sequence");
       }
+      charge(a[0]->items.size() * sizeof(PyValuePtr));
       return make_seq(PyValue::Kind::List, a[0]->items);
     }
     case Callable::ByteArray: {
@@ -832,6 +861,7 @@ PyValuePtr Unpickler::call(const PyValuePtr& callable, const PyValuePtr& args, c
       nargs(0, 2);
       if (a.empty()) return make(PyValue::Kind::Bytes);
       if (a.size() == 1 && a[0]->kind == PyValue::Kind::Bytes) {
+        charge(a[0]->s.size());
         PyValuePtr b = make(PyValue::Kind::Bytes);
         b->s = a[0]->s;
         return b;
@@ -1028,25 +1058,10 @@ PyValuePtr Unpickler::run() {
 
 // ---------------------------------------------------------------- the zip container
 
-class BytesAdapter final : public caffe2::serialize::ReadAdapterInterface {
- public:
-  explicit BytesAdapter(const std::string& bytes) : bytes_(bytes) {}
-  size_t size() const override { return bytes_.size(); }
-  size_t read(uint64_t pos, void* buf, size_t n, const char* /*what*/) const override {
-    if (pos >= bytes_.size()) return 0;
-    n = static_cast<size_t>(std::min<uint64_t>(n, bytes_.size() - pos));
-    std::memcpy(buf, bytes_.data() + pos, n);
-    return n;
-  }
-
- private:
-  const std::string& bytes_;
-};
-
 // Size of a record, refused when larger than the archive could hold.
-uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::string& record,
-                     uint64_t archive_size, const std::string& name) {
-  if (!reader.hasRecord(record)) throw_corrupt(name, "missing record '" + printable(record, 300) + "'");
+uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const detail::ZipIndex& index,
+                     const std::string& record, uint64_t archive_size, const std::string& name) {
+  index.check_readable(record);
   const uint64_t size = reader.getRecordSize(record);
   if (size > std::max<uint64_t>(archive_size, 1) * kMaxInflateRatio) {
     throw_corrupt(name, strfmt("record '%s' declares %llu bytes, more than the file can hold",
@@ -1055,10 +1070,10 @@ uint64_t record_size(caffe2::serialize::PyTorchStreamReader& reader, const std::
   return size;
 }
 
-PyValuePtr load_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t archive_size,
-                        const std::string& name) {
+PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, const detail::ZipIndex& index,
+                        uint64_t archive_size, const std::string& name) {
   if (reader.hasRecord("byteorder")) {
-    const uint64_t n = record_size(reader, "byteorder", archive_size, name);
+    const uint64_t n = record_size(reader, index, "byteorder", archive_size, name);
     if (n > 16) throw_corrupt(name, "bad byteorder record");
     auto [ptr, size] = reader.getRecord("byteorder");
     const std::string order(static_cast<const char*>(ptr.get()), size);
@@ -1068,13 +1083,13 @@ PyValuePtr load_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t
     }
     if (order != "little") throw_corrupt(name, "unknown byteorder '" + printable(order, 16) + "'");
   }
-  const uint64_t pkl_size = record_size(reader, "data.pkl", archive_size, name);
+  const uint64_t pkl_size = record_size(reader, index, "data.pkl", archive_size, name);
   if (pkl_size > kMaxPickleBytes) throw_corrupt(name, "data.pkl is unreasonably large");
   auto [pkl, pkl_n] = reader.getRecord("data.pkl");
 
   auto loader = [&](const std::string& key, uint64_t nbytes) {
     const std::string record = "data/" + key;
-    const uint64_t size = record_size(reader, record, archive_size, name);
+    const uint64_t size = record_size(reader, index, record, archive_size, name);
     if (size != nbytes) {
       throw_corrupt(name, strfmt("record '%s' holds %llu bytes, its tensor needs %llu",
                                  printable(record, 300).c_str(), (unsigned long long)size,
@@ -1087,11 +1102,6 @@ PyValuePtr load_archive(caffe2::serialize::PyTorchStreamReader& reader, uint64_t
   };
   Unpickler vm(static_cast<const uint8_t*>(pkl.get()), pkl_n, name, loader);
   return vm.run();
-}
-
-// The legacy (torch < 1.6) format is a bare pickle stream starting with a pickled magic number.
-bool looks_legacy(const char* head, size_t n) {
-  return n >= 2 && static_cast<unsigned char>(head[0]) == 0x80 && static_cast<unsigned char>(head[1]) <= 5;
 }
 
 // Runs `f`, turning every failure other than our own errors into "corrupt".
@@ -1114,49 +1124,33 @@ PyValuePtr guarded(const std::string& name, F&& f) {
   }
 }
 
-}  // namespace
-
-PyValuePtr load_torch_file(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (ec || !fs::exists(status)) {
-    throw ModelError(strfmt("checkpoint '%s' not found", path.c_str()), "Check the path.",
-                     "checkpoint_not_found");
+PyValuePtr load_archive(const std::shared_ptr<caffe2::serialize::ReadAdapterInterface>& in, const std::string& name) {
+  // The legacy (torch < 1.6) format is a bare pickle stream starting with a pickled magic number.
+  unsigned char head[2] = {0, 0};
+  if (in->size() >= 2 && in->read(0, head, 2) == 2 && head[0] == 0x80 && head[1] <= 5) {
+    throw ModelError(strfmt("checkpoint '%s' uses the legacy (pre-zip) torch.save format, which is not supported",
+                            name.c_str()),
+                     "Re-save it with torch >= 1.6 (without _use_new_zipfile_serialization=False).");
   }
-  if (!fs::is_regular_file(status)) {
-    throw ModelError(strfmt("checkpoint '%s' is not a regular file", path.c_str()), "",
-                     "checkpoint_not_found");
-  }
-  const uint64_t size = fs::file_size(path, ec);
-  if (ec) throw ModelError(strfmt("cannot read checkpoint '%s': %s", path.c_str(), ec.message().c_str()));
-  char head[2] = {0, 0};
-  if (FILE* f = std::fopen(path.c_str(), "rb")) {
-    const size_t got = std::fread(head, 1, 2, f);
-    std::fclose(f);
-    if (looks_legacy(head, got)) {
-      throw ModelError(strfmt("checkpoint '%s' uses the legacy (pre-zip) torch.save format, which is not "
-                              "supported", path.c_str()),
-                       "Re-save it with torch >= 1.6 (torch.save without _use_new_zipfile_serialization=False).");
-    }
-  } else {
-    throw ModelError(strfmt("cannot open checkpoint '%s': %s", path.c_str(), std::strerror(errno)));
-  }
-  return guarded(path, [&] {
-    caffe2::serialize::PyTorchStreamReader reader(path);
-    return load_archive(reader, size, path);
+  return guarded(name, [&] {
+    const detail::ZipIndex index = detail::ZipIndex::check(*in, name);
+    caffe2::serialize::PyTorchStreamReader reader(in);
+    return read_archive(reader, index, in->size(), name);
   });
 }
 
-PyValuePtr load_torch_bytes(const std::string& bytes, const std::string& name) {
-  if (looks_legacy(bytes.data(), bytes.size())) {
-    throw ModelError(strfmt("checkpoint '%s' uses the legacy (pre-zip) torch.save format, which is not "
-                            "supported", name.c_str()));
+}  // namespace
+
+PyValuePtr load_torch_file(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && errno == ENOENT) {
+    throw ModelError(strfmt("checkpoint '%s' not found", path.c_str()), "Check the path.", "checkpoint_not_found");
   }
-  return guarded(name, [&] {
-    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesAdapter>(bytes));
-    return load_archive(reader, bytes.size(), name);
-  });
+  return load_archive(detail::file_adapter(path), path);
+}
+
+PyValuePtr load_torch_bytes(const std::string& bytes, const std::string& name) {
+  return load_archive(detail::memory_adapter(bytes), name);
 }
 
 StateDict to_state_dict(const PyValue& dict, const char* what) {

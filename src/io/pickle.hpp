@@ -71,6 +71,10 @@ struct PyValue {
 using StateDict = std::vector<std::pair<std::string, torch::Tensor>>;
 
 // Reads a torch.save zip file. Throws ModelError (message names the file) on any problem.
+// Python values without a kind of their own come out as the nearest one: set -> List,
+// bytearray -> Bytes, torch.Size -> Tuple, torch.device -> String ("cuda:0"), nn.Parameter ->
+// Tensor. Tensors are plain CPU data (requires_grad and hooks are not restored); tensors that
+// shared a storage in the file share memory. Shared Python objects stay shared (one PyValue).
 PyValuePtr load_torch_file(const std::string& path);
 // The same from bytes in memory (the fuzz target calls this).
 PyValuePtr load_torch_bytes(const std::string& bytes, const std::string& name = "<memory>");

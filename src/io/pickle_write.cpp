@@ -4,12 +4,12 @@
 // data/<key>, version, .data/serialization_id).
 #include <caffe2/serialize/inline_container.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <unordered_map>
 
 #include "core/log.hpp"
@@ -338,20 +338,22 @@ std::string save_torch_bytes(const PyValue& root) {
 }
 
 void save_torch_file(const std::string& path, const PyValue& root) {
-  namespace fs = std::filesystem;
   auto io_error = [&](const std::string& what) {
     return RuntimeError(strfmt("cannot write checkpoint '%s': %s", path.c_str(), what.c_str()), "", "io_error");
   };
-  const fs::path target(path);
-  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw io_error("directory '" + dir.string() + "' does not exist");
-  if (target.filename().empty()) throw io_error("not a file name");
+  // POSIX calls rather than std::filesystem: libtorch exports its own copy of std::filesystem,
+  // which takes over our calls and is not reliable (remove_all crashes).
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const std::string file = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (file.empty()) throw io_error("not a file name");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) throw io_error("directory '" + dir + "' does not exist");
 
   // A temporary name in the same directory, renamed over `path` once complete.
   static std::atomic<unsigned> counter{0};
-  const fs::path tmp = dir / strfmt(".%s.tmp.%d.%u", target.filename().c_str(), static_cast<int>(getpid()),
-                                    counter.fetch_add(1));
+  const std::string tmp =
+      dir + "/" + strfmt(".%s.tmp.%d.%u", file.c_str(), static_cast<int>(getpid()), counter.fetch_add(1));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
   if (fd < 0) throw io_error(std::strerror(errno));
   int write_errno = 0;
