@@ -98,6 +98,7 @@ std::shared_ptr<Detector> build(const std::string& size, int nc) {
   return std::make_shared<Yolo9Model>(size, nc);
 }
 
+// nc <= 0 takes the class count from the weights.
 std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   const auto size = infer_size(sd);
   if (!size) {
