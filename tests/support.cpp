@@ -1,5 +1,6 @@
 #include "support.hpp"
 
+#include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -29,12 +30,13 @@ std::vector<std::string>& temp_dirs() {
   static std::vector<std::string> dirs;
   return dirs;
 }
+// Not std::filesystem::remove_all: the torch wheel's libtorch.so exports its own statically
+// linked copy of it (pytorch/pytorch#133437), which the dynamic linker picks and which calls
+// through a null pointer.
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return std::remove(path); }
 void cleanup_temp_dirs() {
   if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
-  for (const auto& d : temp_dirs()) {
-    std::error_code ec;
-    fs::remove_all(d, ec);
-  }
+  for (const auto& d : temp_dirs()) nftw(d.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 }  // namespace
 
