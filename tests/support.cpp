@@ -1,5 +1,7 @@
 #include "support.hpp"
 
+#include "core/paths.hpp"
+
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,22 +32,20 @@ std::vector<std::string>& temp_dirs() {
   static std::vector<std::string> dirs;
   return dirs;
 }
-// Not std::filesystem::remove_all: the torch wheel's libtorch.so exports its own statically
-// linked copy of it (pytorch/pytorch#133437), which the dynamic linker picks and which calls
-// through a null pointer.
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return std::remove(path); }
 void cleanup_temp_dirs() {
   if (std::getenv("LIBREYOLO_KEEP_TEMP")) return;
-  for (const auto& d : temp_dirs()) nftw(d.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+  for (const auto& d : temp_dirs()) libreyolo::remove_tree(d);
 }
 }  // namespace
 
 std::string temp_dir(const std::string& tag) {
-  // Construct the list before registering the handler: statics are destroyed in reverse order
-  // of registration, so the list must outlive the atexit handler that reads it.
-  temp_dirs();
   static std::once_flag once;
-  std::call_once(once, [] { std::atexit(cleanup_temp_dirs); });
+  // Build the list before registering the handler: statics are destroyed in reverse order of
+  // registration, so the list must outlive the atexit handler that reads it.
+  std::call_once(once, [] {
+    temp_dirs();
+    std::atexit(cleanup_temp_dirs);
+  });
   std::string tmpl = (fs::temp_directory_path() / ("libreyolo_" + tag + "_XXXXXX")).string();
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');

@@ -1,0 +1,61 @@
+#include "core/paths.hpp"
+
+#include <ftw.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include <libreyolo/errors.hpp>
+
+namespace fs = std::filesystem;
+
+namespace libreyolo {
+
+std::string make_run_dir(const std::string& project, const std::string& name, bool exist_ok) {
+  fs::path base = fs::path(project) / name;
+  fs::path dir = base;
+  std::error_code ec;
+  if (!exist_ok && fs::exists(dir, ec)) {
+    for (int n = 2;; ++n) {
+      dir = fs::path(project) / (name + std::to_string(n));
+      if (!fs::exists(dir, ec)) break;
+      if (n > 99999) throw RuntimeError("cannot find a free run directory name under " + project);
+    }
+  }
+  fs::create_directories(dir, ec);
+  if (ec) throw RuntimeError("cannot create directory " + dir.string() + ": " + ec.message());
+  return dir.string();
+}
+
+void remove_tree(const std::string& path) {
+  nftw(
+      path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,
+      FTW_DEPTH | FTW_PHYS);
+}
+
+void write_file_atomic(const std::string& path, const std::string& content) {
+  fs::path p(path);
+  if (p.has_parent_path()) fs::create_directories(p.parent_path());
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw RuntimeError("cannot write " + tmp);
+    f.write(content.data(), static_cast<std::streamsize>(content.size()));
+    f.flush();
+    if (!f) {
+      f.close();
+      std::remove(tmp.c_str());
+      throw RuntimeError("cannot write " + tmp + " (disk full?)");
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw RuntimeError("cannot rename " + tmp + " to " + path + ": " + ec.message());
+  }
+}
+
+}  // namespace libreyolo
