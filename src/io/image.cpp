@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
@@ -159,6 +160,8 @@ bool jpeg_header_phase(JpegDecodeSession& s, const uint8_t* data, size_t size, F
   else
     jpeg_mem_src(&s.cinfo, data, static_cast<unsigned long>(size));
   jpeg_read_header(&s.cinfo, TRUE);
+  // libjpeg's accurate defaults stay (JDCT_ISLOW, fancy upsampling): JDCT_IFAST and/or plain
+  // upsampling saved only 3-9% of the decode time of an 810x1080 photo.
   // Everything libjpeg can produce RGB from; CMYK/YCCK come out as CMYK and are converted here.
   const bool cmyk = s.cinfo.jpeg_color_space == JCS_CMYK || s.cinfo.jpeg_color_space == JCS_YCCK;
   s.cinfo.out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
