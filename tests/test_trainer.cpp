@@ -192,3 +192,24 @@ TEST(Trainer, FreezeKeepsTheBackboneAndPythonReadsTheCheckpoint) {
   ASSERT_EQ(test::run_command(*py + " -c \"" + script + "\" " + r.last_checkpoint, &out), 0) << out;
   EXPECT_NE(out.find("ok"), std::string::npos);
 }
+
+// A fresh model is initialised from the seed, so a run is reproducible whatever the random state
+// before train() (LibTorch seeds its default generator randomly at start-up).
+TEST(Trainer, FreshModelRunsAreReproducibleForASeed) {
+  const std::string project = test::temp_dir("trainer_seed");
+  auto run = [&](const std::string& name) {
+    LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
+    torch::rand({7});  // disturb the global generator differently for each run
+    Kwargs kw = base_options(project);
+    for (auto& [k, v] : kw) {
+      if (k == "epochs") v = "1";
+      if (k == "name") v = name;
+    }
+    kw.emplace_back("val", "false");
+    return model.train(kw).epochs.at(0).loss;
+  };
+  const double a = run("a");
+  torch::rand({3});
+  const double b = run("b");
+  EXPECT_DOUBLE_EQ(a, b);
+}

@@ -329,9 +329,13 @@ void Trainer::setup_data() {
 void Trainer::setup_model() {
   const int nc = static_cast<int>(names_.size());
   model_ = impl_.model;
-  if (!cfg_.pretrained && !resume_ckpt_) {
+  // A model that was never loaded from weights is initialised again here, after the seed was
+  // set, so that `train model=yolo9t seed=0` starts from the same weights in every process
+  // (LibTorch's default generator is seeded randomly at start-up).
+  const bool fresh = impl_.weights.empty() && !impl_.checkpoint;
+  if ((!cfg_.pretrained || fresh) && !resume_ckpt_) {
     model_ = impl_.family->build_like(models::state_dict(*model_), model_->num_classes());
-    log_info("pretrained=false: training from freshly initialised weights");
+    if (!fresh) log_info("pretrained=false: training from freshly initialised weights");
   }
   if (model_->num_classes() != nc) {
     log_info(strfmt("Dataset has %d classes, model has %d: replacing the class outputs", nc, model_->num_classes()));
