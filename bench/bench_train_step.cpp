@@ -2,7 +2,8 @@
 // figures in gpu_machine.md were taken: forward + loss + backward + SGD step, 640 px.
 //   bench_train_step --device cuda --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
 //                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
-//                    [--ema] [--no-kernels]
+//                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]
+//   --fused: the fused Conv+BN+SiLU training node (models/conv_bn_act.hpp), default on.
 // Prints one JSON object: per configuration min/median step ms, img/s, kernels per step, peak memory.
 #include <torch/torch.h>
 
@@ -20,6 +21,7 @@
 #endif
 
 #include "engine/step.hpp"
+#include "models/conv_bn_act.hpp"
 #include "models/detector.hpp"
 
 using namespace libreyolo;
@@ -125,8 +127,9 @@ int64_t count_kernels(const std::function<void()>& step) {
 
 int main(int argc, char** argv) {
   std::string device = "cpu", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto";
-  int steps = 24, warmup = 6, imgsz = 640;
+  int steps = 24, warmup = 15, imgsz = 640;  // warm-up also lets cuDNN autotune and GPU clocks rise
   bool ema_on = false, kernels = true, diagnose = false, cudnn_benchmark = false;
+  std::string fused = "on";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
@@ -145,6 +148,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-kernels") kernels = false;
     else if (a == "--diagnose") diagnose = true;
     else if (a == "--cudnn-benchmark") cudnn_benchmark = true;
+    else if (a == "--fused") fused = val();
     else {
       std::cerr << "unknown argument " << a << "\n";
       return 2;
@@ -162,6 +166,8 @@ int main(int argc, char** argv) {
   for (const auto& size : split(sizes)) {
     for (const auto& bs : split(batches)) {
       for (const auto& dt : split(dtypes)) {
+       for (bool fused_on : fused == "both" ? std::vector<bool>{true, false} : std::vector<bool>{fused != "off"}) {
+        models::set_fused_conv_training(fused_on);
         const int64_t B = std::stoll(bs);
         auto model = fam->build(size, 80);
         model->to(dev);
@@ -253,6 +259,7 @@ int main(int argc, char** argv) {
         }
         std::sort(ms.begin(), ms.end());
         json r = {{"model", "yolo9" + size}, {"batch", B}, {"dtype", dt}, {"channels_last", sc.channels_last},
+                  {"fused_conv", fused_on}, {"cudnn_benchmark", cudnn_benchmark},
                   {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
                   {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
 #ifdef LIBREYOLO_CUDA
@@ -272,6 +279,7 @@ int main(int argc, char** argv) {
         if (!diag.is_null()) r["diagnose"] = diag;
         out["results"].push_back(r);
         std::cerr << r.dump() << "\n";
+       }
       }
     }
   }

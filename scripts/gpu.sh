@@ -55,9 +55,15 @@ want forward && {
 }
 want predict && run predict 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10
 want step && {
-  run step 600 "$BIN/bench_train_step" --device cuda --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
-  run step_nchw 300 "$BIN/bench_train_step" --device cuda --sizes t --batches 8,32 --dtypes bf16 --memory-format contiguous
-  run step_diag 300 "$BIN/bench_train_step" --device cuda --sizes t --batches 8 --dtypes bf16 --diagnose --steps 12
+  # LIBREYOLO_STEP_ARGS replaces the main table's arguments (e.g. fewer sizes, --fused both).
+  run step 600 "$BIN/bench_train_step" --device cuda --cudnn-benchmark \
+    ${LIBREYOLO_STEP_ARGS:---sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32}
+  [ -n "${LIBREYOLO_STEP_NCHW:-}" ] && run step_nchw 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark \
+    --sizes t --batches 8,32 --dtypes bf16 --memory-format contiguous
+  [ -n "${LIBREYOLO_STEP_AB:-}" ] && run step_ab 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark \
+    --sizes t --batches 8 --dtypes bf16 --fused both
+  run step_diag 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --sizes t --batches 8 --dtypes bf16 \
+    --diagnose --steps 12 ${LIBREYOLO_DIAG_ARGS:-}
 }
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
 want loader && run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16

@@ -1,9 +1,11 @@
 #include "models/yolo9/blocks.hpp"
 
+#include "models/conv_bn_act.hpp"
+
 namespace libreyolo::models::yolo9 {
 
 ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t groups, bool act)
-    : act_(act), pointwise_(k == 1 && s == 1 && groups == 1) {
+    : act_(act), pointwise_(k == 1 && s == 1 && groups == 1), stride_(s), padding_((k - 1) / 2), groups_(groups) {
   conv = register_module(
       "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, k)
                                     .stride(s)
@@ -15,6 +17,24 @@ ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t groups,
 }
 
 torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
+  if (bn->is_training()) {
+    // Training with autograd: one fused node (models/conv_bn_act.hpp).
+    ConvBnActParams p;
+    p.weight = &conv->weight;
+    p.weight_cast = weight_cast_;
+    p.stride = stride_;
+    p.padding = padding_;
+    p.groups = groups_;
+    p.pointwise = pointwise_;
+    p.gamma = &bn->weight;
+    p.beta = &bn->bias;
+    p.running_mean = &bn->running_mean;
+    p.running_var = &bn->running_var;
+    p.momentum = bn->options.momentum().value();
+    p.eps = bn->options.eps();
+    p.act = act_;
+    if (conv_bn_act_applicable(x, p)) return conv_bn_act_train(x, p);
+  }
   torch::Tensor y;
   if (pointwise_ && x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
     // A 1x1 convolution over NHWC memory is one GEMM [N*H*W, Cin] x [Cin, Cout]. Same result,

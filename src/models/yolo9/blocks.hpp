@@ -18,13 +18,18 @@ class ConvImpl : public torch::nn::Module {
   ConvImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1,
            bool act = true);
   torch::Tensor forward(const torch::Tensor& x);
+  // A copy of conv.weight in the autocast dtype for the next training forward (or nullptr);
+  // set and cleared by Yolo9Model::forward_raw around each forward.
+  void set_weight_cast(const torch::Tensor* w) { weight_cast_ = w; }
 
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
 
  private:
   bool act_;
-  bool pointwise_;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
+  bool pointwise_;
+  int64_t stride_, padding_, groups_;
+  const torch::Tensor* weight_cast_ = nullptr;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
 };
 TORCH_MODULE(Conv);
 

@@ -1,0 +1,50 @@
+// Fused training-mode BatchNorm (+ optional SiLU) over NHWC (channels_last) activations, as
+// four CUDA kernels: two for forward, two for backward. Plain pointers and a cudaStream_t only,
+// so that the .cu file needs no torch headers; src/models/fused_conv.cpp is the torch side.
+//
+// x is an [M, C] row-major matrix (M = N*H*W). Statistics are per channel over the M rows.
+// Each reduction is a grid of row-blocks that write partial results to `partials` and
+// take a ticket from `counters` (one per channel block, zero on entry); the last row-block
+// of a channel block merges the partials, writes the per-channel result and sets its counter
+// back to zero, so the counters need no memset between launches on the same stream. Nothing
+// synchronises with the host, so the kernels can be captured in a CUDA graph.
+#pragma once
+#include <cstdint>
+
+typedef struct CUstream_st* cudaStream_t;
+
+namespace libreyolo::kernels {
+
+enum class DType : int { Float32 = 0, Float16 = 1, BFloat16 = 2 };
+
+struct BnActLaunch {
+  int64_t rows = 0;        // M
+  int channels = 0;        // C
+  int row_blocks = 0;      // P, from bn_act_row_blocks()
+  DType dtype = DType::Float32;
+  bool act = true;         // SiLU after the affine transform
+  cudaStream_t stream = nullptr;
+};
+
+// Number of row-blocks for a launch (the size of the partials' P dimension).
+int bn_act_row_blocks(int64_t rows, int channels);
+// Counters needed for a launch (one per channel block). bn_act_max_counters() bounds it.
+int bn_act_counters(int channels);
+constexpr int bn_act_max_counters() { return 4096; }
+
+// Forward. partials: 3*P*C floats (scratch). mean/invstd: C floats each (out, kept for backward).
+// running_mean/var (C floats) are updated in place with `momentum`, the variance unbiased.
+// y: [M, C] of dtype.
+void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, const float* beta,
+                    float* running_mean, float* running_var, float momentum, float eps,
+                    float* partials, unsigned* counters, float* mean, float* invstd, void* y);
+
+// Backward. dy, x: [M, C] of dtype. partials: 2*P*C floats (scratch). dgamma/dbeta: C floats,
+// written (accumulate=false) or added to (accumulate=true); either may be null (not wanted).
+// dsum: 2*C floats of scratch. dx: [M, C] of dtype, or null.
+void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                     const float* beta, const float* mean, const float* invstd, float* partials,
+                     unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
+                     void* dx);
+
+}  // namespace libreyolo::kernels

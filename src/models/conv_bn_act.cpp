@@ -1,0 +1,271 @@
+#include "models/conv_bn_act.hpp"
+
+#include <ATen/autocast_mode.h>
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/bn_act.hpp"
+#endif
+
+namespace libreyolo::models {
+namespace {
+
+std::atomic<bool>& fused_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("LIBREYOLO_FUSED_CONV");
+    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
+  }()};
+  return on;
+}
+
+std::atomic<bool>& kernels_flag() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("LIBREYOLO_FUSED_CONV_KERNELS");
+    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
+  }()};
+  return on;
+}
+
+// Runs the body below autograd and autocast: the node does its own casts and its own backward.
+struct BelowAutograd {
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
+  c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
+};
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+bool kernel_dtype(at::ScalarType t, kernels::DType* out) {
+  switch (t) {
+    case at::kFloat: *out = kernels::DType::Float32; return true;
+    case at::kHalf: *out = kernels::DType::Float16; return true;
+    case at::kBFloat16: *out = kernels::DType::BFloat16; return true;
+    default: return false;
+  }
+}
+
+// One zeroed counter array per device, kept for the life of the process (never freed: a static
+// tensor would be destroyed after the CUDA caching allocator at exit). The kernels leave it zero.
+unsigned* counters_for(const at::Device& device) {
+  static std::mutex mutex;
+  static at::Tensor* buffers[64] = {};
+  const int index = device.index() < 0 ? 0 : device.index();
+  TORCH_CHECK(index < 64, "device index out of range");
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!buffers[index]) {
+    buffers[index] = new at::Tensor(at::zeros({kernels::bn_act_max_counters()},
+                                              at::TensorOptions().dtype(at::kInt).device(device)));
+  }
+  return reinterpret_cast<unsigned*>(buffers[index]->data_ptr<int>());
+}
+
+bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
+  kernels::DType dt;
+  return kernels_flag().load() && z.is_cuda() && kernel_dtype(z.scalar_type(), &dt) &&
+         z.is_contiguous(at::MemoryFormat::ChannelsLast) && p.gamma->scalar_type() == at::kFloat &&
+         p.beta->scalar_type() == at::kFloat && p.running_mean->scalar_type() == at::kFloat &&
+         p.running_var->scalar_type() == at::kFloat && p.gamma->is_contiguous() &&
+         p.beta->is_contiguous() && p.running_mean->is_contiguous() && p.running_var->is_contiguous() &&
+         z.size(1) <= 32 * kernels::bn_act_max_counters();
+}
+
+kernels::BnActLaunch launch_for(const at::Tensor& z, bool act) {
+  kernels::BnActLaunch l;
+  l.channels = static_cast<int>(z.size(1));
+  l.rows = z.numel() / z.size(1);
+  l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels);
+  kernel_dtype(z.scalar_type(), &l.dtype);
+  l.act = act;
+  l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
+  return l;
+}
+#endif
+
+// [N, C, H, W] in NHWC memory as the [N*H*W, C] matrix it is (a view).
+at::Tensor as_rows(const at::Tensor& t) {
+  return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)});
+}
+
+bool pointwise_gemm(const at::Tensor& x, const ConvBnActParams& p) {
+  return p.pointwise && x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+// Adds g to t.grad, or makes g the gradient when there is none yet.
+void accumulate_grad(const at::Tensor& t, const at::Tensor& g) {
+  auto& grad = const_cast<at::Tensor&>(t).mutable_grad();
+  if (grad.defined()) {
+    grad.add_(g);
+  } else {
+    grad = g;
+  }
+}
+
+class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
+                               const torch::Tensor& weight, const ConvBnActParams* p) {
+    // Asked before BelowAutograd: with autocast's keys excluded it reports autocast as off.
+    const auto device_type = x.device().type();
+    const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
+                                  ? at::autocast::get_autocast_dtype(device_type)
+                                  : x.scalar_type();
+    BelowAutograd below;
+    const at::Tensor xc = x.scalar_type() == ct ? x : x.to(ct);
+    const at::Tensor wc = weight.scalar_type() == ct                                  ? weight
+                          : (p->weight_cast && p->weight_cast->scalar_type() == ct) ? *p->weight_cast
+                                                                                    : weight.to(ct);
+    const bool gemm = pointwise_gemm(xc, *p);
+    at::Tensor z;
+    if (gemm) {
+      z = at::mm(as_rows(xc), wc.view({wc.size(0), wc.size(1)}).t())
+              .view({xc.size(0), xc.size(2), xc.size(3), wc.size(0)})
+              .permute({0, 3, 1, 2});
+    } else {
+      z = at::convolution(xc, wc, {}, {p->stride, p->stride}, {p->padding, p->padding}, {1, 1}, false,
+                          {0, 0}, p->groups);
+    }
+    TORCH_CHECK(z.numel() / z.size(1) > 1, "Expected more than 1 value per channel when training, got input size ",
+                z.sizes());
+    auto& saved = ctx->saved_data;
+    saved["p"] = c10::IValue(std::vector<int64_t>{p->stride, p->padding, p->groups, gemm ? 1 : 0, p->act ? 1 : 0});
+    saved["eps"] = p->eps;
+    at::Tensor y;
+#ifdef LIBREYOLO_CUDA_KERNELS
+    if (use_kernels(z, *p)) {
+      c10::cuda::CUDAGuard guard(z.device());
+      const auto l = launch_for(z, p->act);
+      auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
+      at::Tensor stats = at::empty({2, l.channels}, f32);
+      at::Tensor partials = at::empty({3 * static_cast<int64_t>(l.row_blocks) * l.channels}, f32);
+      y = at::empty_like(z);
+      kernels::bn_act_forward(l, z.data_ptr(), p->gamma->data_ptr<float>(), p->beta->data_ptr<float>(),
+                              p->running_mean->data_ptr<float>(), p->running_var->data_ptr<float>(),
+                              static_cast<float>(p->momentum), static_cast<float>(p->eps),
+                              partials.data_ptr<float>(), counters_for(z.device()), stats.data_ptr<float>(),
+                              stats.data_ptr<float>() + l.channels, y.data_ptr());
+      ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta});
+      return y;
+    }
+#endif
+    auto bn = at::native_batch_norm(z, *p->gamma, *p->beta, *p->running_mean, *p->running_var, true,
+                                    p->momentum, p->eps);
+    const at::Tensor& bn_out = std::get<0>(bn);
+    y = p->act ? at::silu(bn_out) : bn_out;
+    // The ATen path keeps BatchNorm's output for SiLU's backward, as the composed ops do.
+    ctx->save_for_backward({xc, wc, z, at::stack({std::get<1>(bn), std::get<2>(bn)}), *p->gamma,
+                            *p->beta, p->act ? bn_out : at::Tensor()});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &xc = saved[0], &wc = saved[1], &z = saved[2], &stats = saved[3], &gamma = saved[4],
+                     &beta = saved[5];
+    const auto p = ctx->saved_data["p"].toIntVector();
+    const int64_t stride = p[0], padding = p[1], groups = p[2];
+    const bool gemm = p[3] != 0, act = p[4] != 0;
+    const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
+    const bool need_g = gamma.requires_grad(), need_b = beta.requires_grad();
+    at::Tensor dy = grads[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    BelowAutograd below;
+    if (dy.scalar_type() != z.scalar_type()) dy = dy.to(z.scalar_type());
+    at::Tensor dz;
+    bool done = false;
+#ifdef LIBREYOLO_CUDA_KERNELS
+    if (saved.size() == 6) {  // forward took the CUDA kernels
+      c10::cuda::CUDAGuard guard(z.device());
+      dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
+      const auto l = launch_for(z, act);
+      auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
+      at::Tensor scratch = at::empty({2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels}, f32);
+      const at::Tensor& g_grad = gamma.grad();
+      const at::Tensor& b_grad = beta.grad();
+      // Both gradients already exist (accumulation over micro-batches): add in the kernel.
+      const bool in_place = need_g && need_b && g_grad.defined() && b_grad.defined() &&
+                            g_grad.scalar_type() == at::kFloat && b_grad.scalar_type() == at::kFloat &&
+                            g_grad.is_contiguous() && b_grad.is_contiguous() && g_grad.device() == z.device() &&
+                            b_grad.device() == z.device();
+      at::Tensor dgb;
+      if (!in_place && (need_g || need_b)) dgb = at::empty({2, l.channels}, f32);
+      dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
+      float* partials = scratch.data_ptr<float>();
+      float* dsum = partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
+      kernels::bn_act_backward(
+          l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
+          stats.data_ptr<float>(), stats.data_ptr<float>() + l.channels, partials, counters_for(z.device()),
+          dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dgb.data_ptr<float>() : nullptr),
+          in_place ? b_grad.data_ptr<float>() : (need_b ? dgb.data_ptr<float>() + l.channels : nullptr),
+          in_place, dz.defined() ? dz.data_ptr() : nullptr);
+      if (!in_place) {
+        if (need_g) accumulate_grad(gamma, dgb[0]);
+        if (need_b) accumulate_grad(beta, dgb[1]);
+      }
+      done = true;
+    }
+#endif
+    if (!done) {
+      const at::Tensor& bn_out = saved[6];
+      const at::Tensor dbn = act ? at::silu_backward(dy, bn_out) : dy;
+      auto r = at::native_batch_norm_backward(dbn, z, gamma, {}, {}, stats[0], stats[1], true,
+                                              ctx->saved_data["eps"].toDouble(),
+                                              {need_x || need_w, need_g, need_b});
+      dz = std::get<0>(r);
+      if (need_g) accumulate_grad(gamma, std::get<1>(r));
+      if (need_b) accumulate_grad(beta, std::get<2>(r));
+    }
+    at::Tensor dx, dw;
+    if (need_x || need_w) {
+      if (gemm) {
+        const at::Tensor dz_rows = as_rows(dz.contiguous(at::MemoryFormat::ChannelsLast));
+        const at::Tensor w2 = wc.view({wc.size(0), wc.size(1)});
+        if (need_x) {
+          dx = at::mm(dz_rows, w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
+        }
+        if (need_w) dw = at::mm(dz_rows.t(), as_rows(xc)).view(wc.sizes());
+      } else {
+        auto r = at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding}, {1, 1},
+                                          false, {0, 0}, groups, {need_x, need_w, false});
+        dx = std::get<0>(r);
+        dw = std::get<1>(r);
+      }
+    }
+    // Autograd casts dx and dw to the input's and the weight's dtype.
+    return {dx, dw, at::Tensor()};
+  }
+};
+
+}  // namespace
+
+void set_fused_conv_training(bool on) { fused_flag().store(on); }
+bool fused_conv_training() { return fused_flag().load(); }
+
+void set_fused_conv_kernels(bool on) { kernels_flag().store(on); }
+
+bool fused_conv_cuda_kernels() {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p) {
+  if (!fused_conv_training() || !torch::GradMode::is_enabled()) return false;
+  if (!x.requires_grad() && !p.weight->requires_grad()) return false;  // no node would be recorded
+  return x.dim() == 4;
+}
+
+torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p) {
+  return ConvBnActFn::apply(x, *p.weight, &p);
+}
+
+}  // namespace libreyolo::models

@@ -1,0 +1,54 @@
+// Training-mode Conv2d(no bias) -> BatchNorm2d(batch statistics) -> optional SiLU as ONE
+// autograd node, instead of the four nodes (weight cast, convolution, batch norm, SiLU) and
+// three gradient accumulators that the composed ops record.
+//
+// Why: a YOLO training step is bound by the host, which pays per operator and per autograd node;
+// a YOLOv9-t step has ~220 of these blocks. Inside the node:
+//  - the convolution runs below autograd and autocast (the cast to the autocast dtype is done
+//    here once), a 1x1/stride-1 one over NHWC memory as one GEMM;
+//  - on CUDA with channels_last activations, BatchNorm+SiLU is four custom kernels in all
+//    (statistics, apply; gradient sums, input gradient) that keep only the convolution output
+//    for backward (the composed ops keep it and the BatchNorm output);
+//  - elsewhere (CPU, NCHW) it is ATen's native_batch_norm and silu with their backward ops.
+// Gradients of BatchNorm's weight and bias are written to (or added to) their .grad directly.
+// The results equal the composed ops' (tests/test_conv_bn_act.cpp on CPU, the GPU test for the
+// kernels); running statistics are updated the same way.
+#pragma once
+#include <torch/torch.h>
+
+namespace libreyolo::models {
+
+struct ConvBnActParams {
+  const torch::Tensor* weight = nullptr;  // [Cout, Cin/groups, k, k]
+  // Optional copy of `weight` already in the autocast dtype (the model casts all of them with one
+  // multi-tensor kernel per step); used when its dtype is the compute dtype.
+  const torch::Tensor* weight_cast = nullptr;
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t groups = 1;
+  bool pointwise = false;  // 1x1, stride 1, groups 1
+  const torch::Tensor* gamma = nullptr;
+  const torch::Tensor* beta = nullptr;
+  const torch::Tensor* running_mean = nullptr;
+  const torch::Tensor* running_var = nullptr;
+  double momentum = 0.1;
+  double eps = 1e-5;
+  bool act = true;
+};
+
+// True when conv_bn_act_train() can take this block: autograd recording, and the node would be
+// recorded (the input or the convolution weight requires grad). Otherwise use the composed ops.
+bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p);
+
+torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p);
+
+// Process-wide switch (default on; LIBREYOLO_FUSED_CONV=0 in the environment turns it off).
+void set_fused_conv_training(bool on);
+bool fused_conv_training();
+// Whether this build has the CUDA kernels (else CUDA tensors use the ATen path).
+bool fused_conv_cuda_kernels();
+// Use the CUDA kernels where they apply (default on; LIBREYOLO_FUSED_CONV_KERNELS=0 turns them
+// off, leaving the node on ATen's ops: for comparisons).
+void set_fused_conv_kernels(bool on);
+
+}  // namespace libreyolo::models

@@ -1,0 +1,126 @@
+// The fused Conv+BN+SiLU autograd node (models/conv_bn_act.hpp) against the composed ops, on
+// the CPU (the ATen path of the node). The CUDA kernels are compared on the GPU machine
+// (gpu_test_conv_bn_act.cpp).
+#include "conv_bn_act_check.hpp"
+#include "support.hpp"
+
+namespace {
+
+using libreyolo::test::ConvCase;
+using libreyolo::test::rel_err;
+using libreyolo::test::run_conv_case;
+
+void expect_same(const ConvCase& cc, double tol = 1e-5) {
+  auto f = run_conv_case(cc, true, torch::kCPU);
+  auto u = run_conv_case(cc, false, torch::kCPU);
+  EXPECT_NE(f.node.find("ConvBnActFn"), std::string::npos) << f.node;  // the fused node ran
+  EXPECT_EQ(u.node.find("ConvBnActFn"), std::string::npos) << u.node;  // the composed ops ran
+  EXPECT_LT(rel_err(f.y, u.y), tol);
+  if (cc.x_requires_grad) EXPECT_LT(rel_err(f.dx, u.dx), tol);
+  EXPECT_EQ(f.dw.defined(), u.dw.defined());
+  if (u.dw.defined()) EXPECT_LT(rel_err(f.dw, u.dw), tol);
+  EXPECT_LT(rel_err(f.dgamma, u.dgamma), tol);
+  EXPECT_LT(rel_err(f.dbeta, u.dbeta), tol);
+  EXPECT_LT(rel_err(f.running_mean, u.running_mean), tol);
+  EXPECT_LT(rel_err(f.running_var, u.running_var), tol);
+}
+
+TEST(ConvBnAct, Conv3x3WithSiluMatchesComposedOps) { expect_same({}); }
+
+TEST(ConvBnAct, StridedWithoutActivationMatches) {
+  ConvCase cc;
+  cc.s = 2;
+  cc.act = false;
+  expect_same(cc);
+}
+
+TEST(ConvBnAct, PointwiseChannelsLastMatches) {
+  ConvCase cc;
+  cc.k = 1;
+  cc.c1 = 16;
+  cc.c2 = 24;
+  cc.input = {3, 16, 7, 9};
+  cc.channels_last = true;
+  expect_same(cc);
+}
+
+TEST(ConvBnAct, InputWithoutGradStillTrainsWeights) {
+  ConvCase cc;
+  cc.x_requires_grad = false;
+  expect_same(cc);
+}
+
+TEST(ConvBnAct, FrozenWeightStillGivesInputAndBatchNormGradients) {
+  ConvCase cc;
+  cc.freeze_weight = true;
+  auto f = libreyolo::test::run_conv_case(cc, true, torch::kCPU);
+  EXPECT_FALSE(f.dw.defined());
+  expect_same(cc);
+}
+
+TEST(ConvBnAct, GradientsAccumulateOverPasses) {
+  ConvCase cc;
+  cc.backward_passes = 3;
+  expect_same(cc);
+  // And accumulation really happened: three passes differ from one.
+  ConvCase one;
+  auto a = run_conv_case(cc, true, torch::kCPU), b = run_conv_case(one, true, torch::kCPU);
+  EXPECT_GT(rel_err(a.dgamma, b.dgamma), 1e-3);
+}
+
+TEST(ConvBnAct, Yolo9TrainingGradientsMatchComposedOps) {
+  // On the CPU both run the same ATen kernels in the same order: equal to float rounding.
+  const auto f = libreyolo::test::run_yolo9_step(torch::kCPU, torch::kFloat, true, {2, 3, 64, 64}, false);
+  const auto u = libreyolo::test::run_yolo9_step(torch::kCPU, torch::kFloat, false, {2, 3, 64, 64}, false);
+  const auto e = libreyolo::test::run_error(f, u);
+  EXPECT_GT(e.count, 600u);
+  EXPECT_LE(e.raw, 1e-5);
+  EXPECT_LE(e.grad_worst, 1e-4) << e.worst_name;
+}
+
+// Under autocast the model casts every block's weight with one multi-tensor copy per forward
+// (Yolo9Model::prepare_weight_casts); the composed ops cast each weight themselves. On the CPU
+// (bfloat16 autocast) both round the same values the same way and run the same kernels.
+TEST(ConvBnAct, Yolo9AutocastStepMatchesComposedOps) {
+  const auto f = libreyolo::test::run_yolo9_step(torch::kCPU, torch::kFloat, true, {2, 3, 64, 64}, false,
+                                                 torch::kBFloat16);
+  const auto u = libreyolo::test::run_yolo9_step(torch::kCPU, torch::kFloat, false, {2, 3, 64, 64}, false,
+                                                 torch::kBFloat16);
+  const auto e = libreyolo::test::run_error(f, u);
+  EXPECT_GT(e.count, 600u);
+  EXPECT_LE(e.raw, 1e-3);
+  EXPECT_LE(e.grad_worst, 1e-2) << e.worst_name;
+  std::cout << "[ REPORT   ] cpu bf16 autocast step, fused vs composed: raw " << e.raw << ", gradients worst "
+            << e.grad_worst << "\n";
+}
+
+TEST(ConvBnAct, EveryBlockTypeMatchesComposedOps) {
+  libreyolo::test::check_blocks(torch::kCPU, false, 1e-5);
+  libreyolo::test::check_blocks(torch::kCPU, true, 1e-5);
+}
+
+TEST(ConvBnAct, NoGradModeUsesComposedPathAndUpdatesStatistics) {
+  libreyolo::models::set_fused_conv_training(true);
+  libreyolo::models::yolo9::Conv conv(4, 8, 3);
+  conv->train();
+  auto before = conv->bn->running_mean.clone();
+  torch::NoGradGuard ng;
+  auto y = conv->forward(torch::randn({2, 4, 6, 6}));
+  EXPECT_FALSE(y.requires_grad());
+  EXPECT_GT((conv->bn->running_mean - before).abs().max().item<double>(), 0.0);
+}
+
+TEST(ConvBnAct, SingleValuePerChannelIsAClearError) {
+  libreyolo::models::set_fused_conv_training(true);
+  libreyolo::models::yolo9::Conv conv(4, 8, 1);
+  conv->train();
+  auto x = torch::randn({1, 4, 1, 1}).set_requires_grad(true);
+  try {
+    conv->forward(x);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("more than 1 value per channel"), std::string::npos);
+  }
+}
+
+}  // namespace
