@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,7 @@ struct ConvCase {
   bool x_requires_grad = true;
   bool freeze_weight = false;
   int backward_passes = 1;  // >1: gradients accumulate over passes (nbs accumulation)
+  bool deferred = false;    // backward inside a DeferredWeightGrads scope, as StepRunner does
 };
 
 // `wrap` runs the forward (e.g. under autocast); identity when empty.
@@ -66,7 +68,12 @@ inline ConvRun run_conv_case(const ConvCase& cc, bool fused, const torch::Device
     // A loss that weights every output differently, so that no gradient term cancels.
     torch::manual_seed(13 + pass);
     auto weights = torch::randn(y.sizes()).to(device);
-    (y.to(torch::kFloat) * weights).sum().backward();
+    {
+      std::optional<models::DeferredWeightGrads> scope;
+      if (cc.deferred) scope.emplace();
+      (y.to(torch::kFloat) * weights).sum().backward();
+      if (scope) scope->flush();
+    }
     if (pass == 0 && y.grad_fn()) r.node = y.grad_fn()->name();
     if (pass == 0 && cc.x_requires_grad) r.dx = x.grad().clone();
     r.y = y.detach().to(torch::kFloat);

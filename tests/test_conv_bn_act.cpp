@@ -99,6 +99,50 @@ TEST(ConvBnAct, EveryBlockTypeMatchesComposedOps) {
   libreyolo::test::check_blocks(torch::kCPU, true, 1e-5);
 }
 
+// StepRunner's DeferredWeightGrads scope: weight gradients collected in backward and written
+// after it (taken as they are in float32, converted under autocast, added when accumulating)
+// equal autograd's own accumulation.
+TEST(ConvBnAct, DeferredWeightGradientsEqualAutogradAccumulation) {
+  for (bool amp : {false, true}) {
+    for (int passes : {1, 3}) {
+      ConvCase cc;
+      cc.backward_passes = passes;
+      std::function<torch::Tensor(const std::function<torch::Tensor()>&)> wrap;
+      if (amp) {
+        wrap = [](const std::function<torch::Tensor()>& fn) {
+          at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+          at::autocast::set_autocast_enabled(at::kCPU, true);
+          auto y = fn();
+          at::autocast::set_autocast_enabled(at::kCPU, false);
+          at::autocast::clear_cache();
+          return y;
+        };
+      }
+      auto plain = run_conv_case(cc, true, torch::kCPU, wrap);
+      cc.deferred = true;
+      auto deferred = run_conv_case(cc, true, torch::kCPU, wrap);
+      ASSERT_TRUE(deferred.dw.defined());
+      EXPECT_EQ(deferred.dw.scalar_type(), torch::kFloat);
+      EXPECT_EQ(rel_err(deferred.dw, plain.dw), 0.0) << "amp " << amp << " passes " << passes;
+      EXPECT_EQ(rel_err(deferred.dx, plain.dx), 0.0);
+    }
+  }
+}
+
+TEST(ConvBnAct, DeferredWeightGradientsAreDroppedWhenNotFlushed) {
+  libreyolo::models::set_fused_conv_training(true);
+  libreyolo::models::yolo9::Conv conv(4, 8, 3);
+  conv->train();
+  auto x = torch::randn({2, 4, 6, 6}).set_requires_grad(true);
+  {
+    libreyolo::models::DeferredWeightGrads scope;
+    conv->forward(x).sum().backward();
+  }  // no flush: as when backward throws
+  EXPECT_FALSE(conv->conv->weight.grad().defined());
+  conv->forward(x).sum().backward();  // outside a scope: autograd accumulates as usual
+  EXPECT_TRUE(conv->conv->weight.grad().defined());
+}
+
 TEST(ConvBnAct, NoGradModeUsesComposedPathAndUpdatesStatistics) {
   libreyolo::models::set_fused_conv_training(true);
   libreyolo::models::yolo9::Conv conv(4, 8, 3);

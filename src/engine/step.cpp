@@ -1,5 +1,7 @@
 #include "engine/step.hpp"
 
+#include "models/conv_bn_act.hpp"
+
 namespace libreyolo::engine {
 
 void to_channels_last(torch::nn::Module& m) {
@@ -47,7 +49,9 @@ LossOutput StepRunner::forward_backward(const torch::Tensor& images, const torch
     out = loss_->compute(raw, t, S_h, S_w);
   }
   torch::Tensor loss = loss_divisor != 1.0 ? out.total / loss_divisor : out.total;
+  models::DeferredWeightGrads weight_grads;
   scaler_->scale(loss).backward();
+  weight_grads.flush();
   out.total = out.total.detach();
   return out;
 }

@@ -107,6 +107,31 @@ void accumulate_grad(const at::Tensor& t, const at::Tensor& g) {
   }
 }
 
+// ---------------------------------------------------------------- deferred weight gradients
+struct Deferred {
+  std::mutex mutex;
+  int depth = 0;
+  std::vector<at::Tensor> params, grads;
+};
+
+Deferred& deferred() {
+  static Deferred* d = new Deferred();  // never destroyed: holds CUDA tensors
+  return *d;
+}
+
+bool defer_weight_grad(const at::Tensor& param, const at::Tensor& grad) {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  if (d.depth == 0) return false;
+  d.params.push_back(param);
+  // Same strides as the parameter, so that the multi-tensor copy takes its fast path (a 1x1
+  // GEMM gradient differs from a channels_last weight only in the strides of size-1 dims).
+  d.grads.push_back(grad.strides() == param.strides() || grad.sizes() != param.sizes()
+                        ? grad
+                        : grad.as_strided(param.sizes(), param.strides()));
+  return true;
+}
+
 class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -150,7 +175,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                               static_cast<float>(p->momentum), static_cast<float>(p->eps),
                               partials.data_ptr<float>(), counters_for(z.device()), stats.data_ptr<float>(),
                               stats.data_ptr<float>() + l.channels, y.data_ptr());
-      ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta});
+      ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta, weight});
       return y;
     }
 #endif
@@ -160,7 +185,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     y = p->act ? at::silu(bn_out) : bn_out;
     // The ATen path keeps BatchNorm's output for SiLU's backward, as the composed ops do.
     ctx->save_for_backward({xc, wc, z, at::stack({std::get<1>(bn), std::get<2>(bn)}), *p->gamma,
-                            *p->beta, p->act ? bn_out : at::Tensor()});
+                            *p->beta, weight, p->act ? bn_out : at::Tensor()});
     return y;
   }
 
@@ -181,7 +206,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     at::Tensor dz;
     bool done = false;
 #ifdef LIBREYOLO_CUDA_KERNELS
-    if (saved.size() == 6) {  // forward took the CUDA kernels
+    if (saved.size() == 7) {  // forward took the CUDA kernels
       c10::cuda::CUDAGuard guard(z.device());
       dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
       const auto l = launch_for(z, act);
@@ -213,7 +238,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     }
 #endif
     if (!done) {
-      const at::Tensor& bn_out = saved[6];
+      const at::Tensor& bn_out = saved[7];
       const at::Tensor dbn = act ? at::silu_backward(dy, bn_out) : dy;
       auto r = at::native_batch_norm_backward(dbn, z, gamma, {}, {}, stats[0], stats[1], true,
                                               ctx->saved_data["eps"].toDouble(),
@@ -238,12 +263,66 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
         dw = std::get<1>(r);
       }
     }
-    // Autograd casts dx and dw to the input's and the weight's dtype.
+    // Inside a DeferredWeightGrads scope the weight gradient is collected and written after
+    // backward with multi-tensor ops; otherwise autograd casts dx and dw to the input's and the
+    // weight's dtype and accumulates dw.
+    if (dw.defined() && defer_weight_grad(saved[6], dw)) dw = at::Tensor();
     return {dx, dw, at::Tensor()};
   }
 };
 
 }  // namespace
+
+DeferredWeightGrads::DeferredWeightGrads() {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  ++d.depth;
+}
+
+DeferredWeightGrads::~DeferredWeightGrads() {
+  if (!flushed_) {  // backward failed: drop what was collected
+    Deferred& d = deferred();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (--d.depth == 0) d.params.clear(), d.grads.clear();
+  }
+}
+
+void DeferredWeightGrads::flush() {
+  if (flushed_) return;
+  flushed_ = true;
+  std::vector<at::Tensor> params, grads;
+  {
+    Deferred& d = deferred();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (--d.depth > 0) return;  // an outer scope flushes
+    params.swap(d.params);
+    grads.swap(d.grads);
+  }
+  torch::NoGradGuard ng;
+  // Fresh gradients: take the tensor itself when it already has the parameter's dtype and
+  // strides (as AccumulateGrad would), else convert all of them with one multi-tensor copy.
+  // Existing gradients (accumulation over micro-batches): one multi-tensor add.
+  std::vector<at::Tensor> copy_dst, copy_src, add_dst, add_src;
+  for (size_t i = 0; i < params.size(); ++i) {
+    at::Tensor& g = params[i].mutable_grad();
+    if (g.defined()) {
+      add_dst.push_back(g);
+      add_src.push_back(grads[i]);
+    } else if (grads[i].scalar_type() == params[i].scalar_type() && grads[i].strides() == params[i].strides()) {
+      g = grads[i];
+    } else {
+      g = at::empty_like(params[i]);
+      copy_dst.push_back(g);
+      copy_src.push_back(grads[i]);
+    }
+  }
+  if (!copy_dst.empty()) at::_foreach_copy_(copy_dst, copy_src);
+  if (!add_dst.empty()) {
+    for (size_t i = 0; i < add_src.size(); ++i)
+      if (add_src[i].scalar_type() != add_dst[i].scalar_type()) add_src[i] = add_src[i].to(add_dst[i].scalar_type());
+    at::_foreach_add_(add_dst, add_src);
+  }
+}
 
 void set_fused_conv_training(bool on) { fused_flag().store(on); }
 bool fused_conv_training() { return fused_flag().load(); }

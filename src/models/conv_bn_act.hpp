@@ -42,6 +42,23 @@ bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p);
 
 torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p);
 
+// While one of these is alive (on the thread that runs backward and waits for it), the node's
+// backward does not hand its convolution-weight gradient to autograd (which would cast it to
+// float32 and accumulate it, one operator each per block) but collects it; flush(), called after
+// backward returns, writes all of them into .grad with multi-tensor copies (or adds them to
+// gradients already there). Without flush() (backward threw) they are dropped.
+class DeferredWeightGrads {
+ public:
+  DeferredWeightGrads();
+  ~DeferredWeightGrads();
+  DeferredWeightGrads(const DeferredWeightGrads&) = delete;
+  DeferredWeightGrads& operator=(const DeferredWeightGrads&) = delete;
+  void flush();
+
+ private:
+  bool flushed_ = false;
+};
+
 // Process-wide switch (default on; LIBREYOLO_FUSED_CONV=0 in the environment turns it off).
 void set_fused_conv_training(bool on);
 bool fused_conv_training();
