@@ -66,6 +66,25 @@ unsigned* counters_for(const at::Device& device) {
   return reinterpret_cast<unsigned*>(buffers[index]->data_ptr<int>());
 }
 
+// Scratch for the kernels' partial sums, one buffer per device, grown on demand and reused by
+// every launch: the kernels run in stream order, so a buffer is free again once the launch that
+// used it has been queued behind. (Like the counters, this assumes one training per device at a
+// time on one stream.)
+float* scratch_for(const at::Device& device, int64_t floats) {
+  static std::mutex mutex;
+  static at::Tensor* buffers[64] = {};
+  const int index = device.index() < 0 ? 0 : device.index();
+  TORCH_CHECK(index < 64, "device index out of range");
+  std::lock_guard<std::mutex> lock(mutex);
+  at::Tensor*& b = buffers[index];
+  if (!b || b->numel() < floats) {
+    const int64_t size = std::max<int64_t>(floats, b ? 2 * b->numel() : (int64_t{1} << 16));
+    delete b;  // returned to the caching allocator in stream order
+    b = new at::Tensor(at::empty({size}, at::TensorOptions().dtype(at::kFloat).device(device)));
+  }
+  return b->data_ptr<float>();
+}
+
 bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
   kernels::DType dt;
   return kernels_flag().load() && z.is_cuda() && kernel_dtype(z.scalar_type(), &dt) &&
@@ -91,6 +110,18 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act) {
 // [N, C, H, W] in NHWC memory as the [N*H*W, C] matrix it is (a view).
 at::Tensor as_rows(const at::Tensor& t) {
   return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)});
+}
+
+// Channels_last CUDA convolutions in a dtype cuDNN takes, small enough for one cuDNN call (ATen
+// splits larger batches itself): call cuDNN's operator directly.
+bool direct_cudnn(const at::Tensor& x, const at::Tensor& w, int64_t groups) {
+  const auto t = x.scalar_type();
+  constexpr int64_t kMax = int64_t{1} << 30;
+  return groups == 1 && x.is_cuda() && at::globalContext().userEnabledCuDNN() && w.scalar_type() == t &&
+         x.size(0) > 0 && x.numel() / x.size(1) * w.size(0) < kMax &&
+         (t == at::kFloat || t == at::kHalf || t == at::kBFloat16) &&
+         w.suggest_memory_format() == at::MemoryFormat::ChannelsLast &&
+         x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() < (int64_t{1} << 30);
 }
 
 bool pointwise_gemm(const at::Tensor& x, const ConvBnActParams& p) {
@@ -152,6 +183,13 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       z = at::mm(as_rows(xc), wc.view({wc.size(0), wc.size(1)}).t())
               .view({xc.size(0), xc.size(2), xc.size(3), wc.size(0)})
               .permute({0, 3, 1, 2});
+    } else if (direct_cudnn(xc, wc, p->groups)) {
+      // What at::convolution would pick, without its dispatch layers and parameter checks.
+      auto& ctx_ = at::globalContext();
+      const auto fmt = at::MemoryFormat::ChannelsLast;
+      z = at::cudnn_convolution(xc.contiguous(fmt), wc.contiguous(fmt), {p->padding, p->padding},
+                                {p->stride, p->stride}, {1, 1}, p->groups, ctx_.benchmarkCuDNN(),
+                                ctx_.deterministicCuDNN(), ctx_.allowTF32CuDNN(at::Float32Op::CONV));
     } else {
       z = at::convolution(xc, wc, {}, {p->stride, p->stride}, {p->padding, p->padding}, {1, 1}, false,
                           {0, 0}, p->groups);
@@ -168,12 +206,12 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       const auto l = launch_for(z, p->act);
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       at::Tensor stats = at::empty({2, l.channels}, f32);
-      at::Tensor partials = at::empty({3 * static_cast<int64_t>(l.row_blocks) * l.channels}, f32);
+      float* partials = scratch_for(z.device(), 3 * static_cast<int64_t>(l.row_blocks) * l.channels);
       y = at::empty_like(z);
       kernels::bn_act_forward(l, z.data_ptr(), p->gamma->data_ptr<float>(), p->beta->data_ptr<float>(),
                               p->running_mean->data_ptr<float>(), p->running_var->data_ptr<float>(),
                               static_cast<float>(p->momentum), static_cast<float>(p->eps),
-                              partials.data_ptr<float>(), counters_for(z.device()), stats.data_ptr<float>(),
+                              partials, counters_for(z.device()), stats.data_ptr<float>(),
                               stats.data_ptr<float>() + l.channels, y.data_ptr());
       ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta, weight});
       return y;
@@ -211,7 +249,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
       const auto l = launch_for(z, act);
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
-      at::Tensor scratch = at::empty({2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels}, f32);
+      float* partials = scratch_for(z.device(), 2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels);
       const at::Tensor& g_grad = gamma.grad();
       const at::Tensor& b_grad = beta.grad();
       // Both gradients already exist (accumulation over micro-batches): add in the kernel.
@@ -219,20 +257,20 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                             g_grad.scalar_type() == at::kFloat && b_grad.scalar_type() == at::kFloat &&
                             g_grad.is_contiguous() && b_grad.is_contiguous() && g_grad.device() == z.device() &&
                             b_grad.device() == z.device();
-      at::Tensor dgb;
-      if (!in_place && (need_g || need_b)) dgb = at::empty({2, l.channels}, f32);
+      at::Tensor dg, db;
+      if (!in_place && need_g) dg = at::empty({l.channels}, f32);
+      if (!in_place && need_b) db = at::empty({l.channels}, f32);
       dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
-      float* partials = scratch.data_ptr<float>();
       float* dsum = partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
       kernels::bn_act_backward(
           l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
           stats.data_ptr<float>(), stats.data_ptr<float>() + l.channels, partials, counters_for(z.device()),
-          dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dgb.data_ptr<float>() : nullptr),
-          in_place ? b_grad.data_ptr<float>() : (need_b ? dgb.data_ptr<float>() + l.channels : nullptr),
+          dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr),
+          in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr),
           in_place, dz.defined() ? dz.data_ptr() : nullptr);
       if (!in_place) {
-        if (need_g) accumulate_grad(gamma, dgb[0]);
-        if (need_b) accumulate_grad(beta, dgb[1]);
+        if (need_g) accumulate_grad(gamma, dg);
+        if (need_b) accumulate_grad(beta, db);
       }
       done = true;
     }
