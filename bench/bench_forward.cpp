@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "libreyolo/errors.hpp"
+#include "core/device.hpp"
 #include "models/detector.hpp"
 
 namespace {
@@ -121,9 +122,6 @@ class AutocastScope {
   c10::ScalarType old_dtype_;
 };
 
-void sync(const torch::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize(d.index() < 0 ? -1 : d.index());
-}
 
 nlohmann::json run_one(const libreyolo::models::Family& family, const std::string& size,
                        int64_t batch, const Options& o, const torch::Device& device) {
@@ -141,13 +139,13 @@ nlohmann::json run_one(const libreyolo::models::Family& family, const std::strin
   AutocastScope autocast(device.type(), amp);
 
   for (int i = 0; i < o.warmup; ++i) model->predict_tensor(x);
-  sync(device);
+  libreyolo::synchronize(device);
   std::vector<double> ms;
   ms.reserve(o.iters);
   for (int i = 0; i < o.iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     auto y = model->predict_tensor(x);
-    sync(device);
+    libreyolo::synchronize(device);
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::vector<double> sorted = ms;

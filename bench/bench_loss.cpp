@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "core/device.hpp"
 #include "loss/yolo9_loss.hpp"
 
 #ifdef LIBREYOLO_CUDA
@@ -83,9 +84,6 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-void sync(const torch::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize(d.index() < 0 ? 0 : d.index());
-}
 
 // Random boxes of 2-60% of the image side, padded to 100 rows.
 torch::Tensor make_targets(int64_t B, int64_t gt, int nc) {
@@ -127,10 +125,10 @@ int main(int argc, char** argv) {
       };
       const auto time_ms = [&](bool backward) {
         for (int i = 0; i < o.warmup; ++i) step(backward);
-        sync(device);
+        libreyolo::synchronize(device);
         const auto t0 = std::chrono::steady_clock::now();
         for (int i = 0; i < o.iters; ++i) step(backward);
-        sync(device);
+        libreyolo::synchronize(device);
         const std::chrono::duration<double, std::milli> dt = std::chrono::steady_clock::now() - t0;
         return dt.count() / o.iters;
       };

@@ -21,6 +21,7 @@
 #endif
 
 #include "engine/step.hpp"
+#include "core/device.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/detector.hpp"
 
@@ -38,9 +39,6 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
-void sync(const torch::Device& d) {
-  if (d.is_cuda()) torch::cuda::synchronize(d.index());
-}
 
 // A batch that looks like training data: mosaic-like random images and 2-20 boxes per image.
 std::pair<torch::Tensor, torch::Tensor> make_batch(int64_t b, int64_t s, int nc) {
@@ -107,19 +105,7 @@ json profile_steps(const std::function<void()>& step, int n) {
 }
 
 int64_t count_kernels(const std::function<void()>& step) {
-  using namespace torch::autograd::profiler;
-  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<torch::profiler::impl::ActivityType> acts{torch::profiler::impl::ActivityType::CPU,
-                                                     torch::profiler::impl::ActivityType::CUDA};
-  prepareProfiler(cfg, acts);
-  enableProfiler(cfg, acts);
-  step();
-  torch::cuda::synchronize();
-  auto result = disableProfiler();
-  int64_t n = 0;
-  for (const auto& e : result->events())
-    if (e.deviceType() == c10::DeviceType::CUDA && e.activityType() == 5) ++n;  // CONCURRENT_KERNEL
-  return n;
+  return profile_steps(step, 1)["kernels_per_step"].get<int64_t>();
 }
 #endif
 
@@ -211,12 +197,12 @@ int main(int argc, char** argv) {
             diag["host_syncs"] = m.substr(0, std::min<size_t>(m.size(), 600));
           }
           c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-          sync(dev);
+          libreyolo::synchronize(dev);
           // Phase times with a synchronisation after each phase (host wall, median of 7).
           auto phase_loss = fam->make_loss(*model);
           std::map<std::string, std::vector<double>> ph;
           auto mark = [&](const char* name, std::chrono::steady_clock::time_point& t) {
-            sync(dev);
+            libreyolo::synchronize(dev);
             auto now = std::chrono::steady_clock::now();
             ph[name].push_back(std::chrono::duration<double, std::milli>(now - t).count());
             t = now;
@@ -246,7 +232,7 @@ int main(int argc, char** argv) {
         }
 #endif
         for (int i = 0; i < warmup; ++i) step();
-        sync(dev);
+        libreyolo::synchronize(dev);
 #ifdef LIBREYOLO_CUDA
         if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
 #endif
@@ -254,7 +240,7 @@ int main(int argc, char** argv) {
         for (int i = 0; i < steps; ++i) {
           auto t0 = std::chrono::steady_clock::now();
           step();
-          sync(dev);
+          libreyolo::synchronize(dev);
           ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
         }
         std::sort(ms.begin(), ms.end());

@@ -76,4 +76,12 @@ torch::Device resolve_device(const std::string& device) {
   return torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+void synchronize(const torch::Device& device) {
+#ifdef LIBREYOLO_CUDA
+  if (device.is_cuda()) torch::cuda::synchronize(device.index());
+#else
+  (void)device;
+#endif
+}
+
 }  // namespace libreyolo

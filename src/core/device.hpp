@@ -15,5 +15,7 @@ bool wants_distributed(const std::string& device);
 // One device. "auto" -> cuda:0 when CUDA is there, else cpu. A CUDA device that does not exist,
 // "mps", or a multi-device list -> UsageError (code device_not_available / config_conflict).
 torch::Device resolve_device(const std::string& device);
+// Waits for the device's queued work (CUDA); nothing on the CPU. For timings and host reads.
+void synchronize(const torch::Device& device);
 
 }  // namespace libreyolo

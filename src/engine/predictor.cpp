@@ -1,4 +1,5 @@
 #include "engine/predictor.hpp"
+#include "core/device.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -31,13 +32,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void sync(const torch::Device& d) {
-#ifdef LIBREYOLO_CUDA
-  if (d.is_cuda()) torch::cuda::synchronize(d.index());
-#else
-  (void)d;
-#endif
-}
 
 std::set<int> parse_classes(const std::string& text) {
   std::set<int> out;
@@ -113,7 +107,7 @@ std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfi
       AutocastGuard ac(dev, half, torch::kBFloat16);
       pred = model.predict_tensor(x).to(torch::kFloat);
     }
-    sync(dev);
+    libreyolo::synchronize(dev);
     double inf_ms = ms_since(t1);
 
     for (size_t i = 0; i < n; ++i) {

@@ -1,4 +1,5 @@
 #include "engine/validator.hpp"
+#include "core/device.hpp"
 
 #include <chrono>
 #include <cstdlib>
@@ -20,13 +21,6 @@ namespace libreyolo::engine {
 namespace {
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-void sync(const torch::Device& d) {
-#ifdef LIBREYOLO_CUDA
-  if (d.is_cuda()) torch::cuda::synchronize(d.index());
-#else
-  (void)d;
-#endif
 }
 }  // namespace
 
@@ -72,7 +66,7 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
       AutocastGuard ac(opt.device, opt.amp && opt.device.is_cuda(), opt.amp_dtype);
       pred = model.predict_tensor(x).to(torch::kFloat);
     }
-    sync(opt.device);
+    libreyolo::synchronize(opt.device);
     double t2 = now_ms();
     t_inf += t2 - t1;
     for (size_t i = 0; i < batch->indices.size(); ++i) {

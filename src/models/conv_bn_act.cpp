@@ -19,19 +19,19 @@
 namespace libreyolo::models {
 namespace {
 
+// On unless the environment variable says 0 or false.
+bool env_default_on(const char* name) {
+  const char* v = std::getenv(name);
+  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
+}
+
 std::atomic<bool>& fused_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("LIBREYOLO_FUSED_CONV");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
-  }()};
+  static std::atomic<bool> on{env_default_on("LIBREYOLO_FUSED_CONV")};
   return on;
 }
 
 std::atomic<bool>& kernels_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("LIBREYOLO_FUSED_CONV_KERNELS");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
-  }()};
+  static std::atomic<bool> on{env_default_on("LIBREYOLO_FUSED_CONV_KERNELS")};
   return on;
 }
 
@@ -51,38 +51,34 @@ bool kernel_dtype(at::ScalarType t, kernels::DType* out) {
   }
 }
 
-// One zeroed counter array per device, kept for the life of the process (never freed: a static
-// tensor would be destroyed after the CUDA caching allocator at exit). The kernels leave it zero.
-unsigned* counters_for(const at::Device& device) {
-  static std::mutex mutex;
-  static at::Tensor* buffers[64] = {};
-  const int index = device.index() < 0 ? 0 : device.index();
-  TORCH_CHECK(index < 64, "device index out of range");
-  std::lock_guard<std::mutex> lock(mutex);
-  if (!buffers[index]) {
-    buffers[index] = new at::Tensor(at::zeros({kernels::bn_act_max_counters()},
-                                              at::TensorOptions().dtype(at::kInt).device(device)));
-  }
-  return reinterpret_cast<unsigned*>(buffers[index]->data_ptr<int>());
-}
+// Per device, kept for the life of the process (never freed: a static tensor would be destroyed
+// after the CUDA caching allocator at exit):
+//  - the counters, zeroed once; the kernels leave them zero;
+//  - scratch for the partial sums, grown on demand and reused by every launch. The kernels run in
+//    stream order, so it is free again once the launch that used it has been queued behind.
+// Both assume one training per device at a time, on one stream.
+struct KernelBuffers {
+  unsigned* counters;
+  float* scratch;
+};
 
-// Scratch for the kernels' partial sums, one buffer per device, grown on demand and reused by
-// every launch: the kernels run in stream order, so a buffer is free again once the launch that
-// used it has been queued behind. (Like the counters, this assumes one training per device at a
-// time on one stream.)
-float* scratch_for(const at::Device& device, int64_t floats) {
+KernelBuffers kernel_buffers(const at::Device& device, int64_t scratch_floats) {
   static std::mutex mutex;
-  static at::Tensor* buffers[64] = {};
+  static std::pair<at::Tensor*, at::Tensor*> buffers[64] = {};
   const int index = device.index() < 0 ? 0 : device.index();
   TORCH_CHECK(index < 64, "device index out of range");
   std::lock_guard<std::mutex> lock(mutex);
-  at::Tensor*& b = buffers[index];
-  if (!b || b->numel() < floats) {
-    const int64_t size = std::max<int64_t>(floats, b ? 2 * b->numel() : (int64_t{1} << 16));
-    delete b;  // returned to the caching allocator in stream order
-    b = new at::Tensor(at::empty({size}, at::TensorOptions().dtype(at::kFloat).device(device)));
+  auto& [counters, scratch] = buffers[index];
+  if (!counters) {
+    counters = new at::Tensor(at::zeros({kernels::bn_act_max_counters()},
+                                        at::TensorOptions().dtype(at::kInt).device(device)));
   }
-  return b->data_ptr<float>();
+  if (!scratch || scratch->numel() < scratch_floats) {
+    const int64_t size = std::max<int64_t>(scratch_floats, scratch ? 2 * scratch->numel() : (int64_t{1} << 16));
+    delete scratch;  // returned to the caching allocator in stream order
+    scratch = new at::Tensor(at::empty({size}, at::TensorOptions().dtype(at::kFloat).device(device)));
+  }
+  return {reinterpret_cast<unsigned*>(counters->data_ptr<int>()), scratch->data_ptr<float>()};
 }
 
 bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
@@ -124,9 +120,6 @@ bool direct_cudnn(const at::Tensor& x, const at::Tensor& w, int64_t groups) {
          x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() < (int64_t{1} << 30);
 }
 
-bool pointwise_gemm(const at::Tensor& x, const ConvBnActParams& p) {
-  return p.pointwise && x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
-}
 
 // Adds g to t.grad, or makes g the gradient when there is none yet.
 void accumulate_grad(const at::Tensor& t, const at::Tensor& g) {
@@ -177,12 +170,10 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     const at::Tensor wc = weight.scalar_type() == ct                                  ? weight
                           : (p->weight_cast && p->weight_cast->scalar_type() == ct) ? *p->weight_cast
                                                                                     : weight.to(ct);
-    const bool gemm = pointwise_gemm(xc, *p);
+    const bool gemm = p->pointwise && conv1x1_gemm_applies(xc);
     at::Tensor z;
     if (gemm) {
-      z = at::mm(as_rows(xc), wc.view({wc.size(0), wc.size(1)}).t())
-              .view({xc.size(0), xc.size(2), xc.size(3), wc.size(0)})
-              .permute({0, 3, 1, 2});
+      z = conv1x1_gemm(xc, wc);
     } else if (direct_cudnn(xc, wc, p->groups)) {
       // What at::convolution would pick, without its dispatch layers and parameter checks.
       auto& ctx_ = at::globalContext();
@@ -198,7 +189,6 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                 z.sizes());
     auto& saved = ctx->saved_data;
     saved["p"] = c10::IValue(std::vector<int64_t>{p->stride, p->padding, p->groups, gemm ? 1 : 0, p->act ? 1 : 0});
-    saved["eps"] = p->eps;
     at::Tensor y;
 #ifdef LIBREYOLO_CUDA_KERNELS
     if (use_kernels(z, *p)) {
@@ -206,17 +196,18 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       const auto l = launch_for(z, p->act);
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       at::Tensor stats = at::empty({2, l.channels}, f32);
-      float* partials = scratch_for(z.device(), 3 * static_cast<int64_t>(l.row_blocks) * l.channels);
+      const KernelBuffers buf = kernel_buffers(z.device(), 3 * static_cast<int64_t>(l.row_blocks) * l.channels);
       y = at::empty_like(z);
       kernels::bn_act_forward(l, z.data_ptr(), p->gamma->data_ptr<float>(), p->beta->data_ptr<float>(),
                               p->running_mean->data_ptr<float>(), p->running_var->data_ptr<float>(),
                               static_cast<float>(p->momentum), static_cast<float>(p->eps),
-                              partials, counters_for(z.device()), stats.data_ptr<float>(),
+                              buf.scratch, buf.counters, stats.data_ptr<float>(),
                               stats.data_ptr<float>() + l.channels, y.data_ptr());
       ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta, weight});
       return y;
     }
 #endif
+    saved["eps"] = p->eps;  // for native_batch_norm_backward
     auto bn = at::native_batch_norm(z, *p->gamma, *p->beta, *p->running_mean, *p->running_var, true,
                                     p->momentum, p->eps);
     const at::Tensor& bn_out = std::get<0>(bn);
@@ -249,7 +240,9 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
       const auto l = launch_for(z, act);
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
-      float* partials = scratch_for(z.device(), 2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels);
+      const KernelBuffers buf =
+          kernel_buffers(z.device(), 2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels);
+      float* partials = buf.scratch;
       const at::Tensor& g_grad = gamma.grad();
       const at::Tensor& b_grad = beta.grad();
       // Both gradients already exist (accumulation over micro-batches): add in the kernel.
@@ -264,7 +257,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       float* dsum = partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
       kernels::bn_act_backward(
           l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
-          stats.data_ptr<float>(), stats.data_ptr<float>() + l.channels, partials, counters_for(z.device()),
+          stats.data_ptr<float>(), stats.data_ptr<float>() + l.channels, partials, buf.counters,
           dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr),
           in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr),
           in_place, dz.defined() ? dz.data_ptr() : nullptr);
@@ -310,6 +303,16 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
 };
 
 }  // namespace
+
+bool conv1x1_gemm_applies(const torch::Tensor& x) {
+  return x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
+}
+
+torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight) {
+  return at::mm(as_rows(x), weight.view({weight.size(0), weight.size(1)}).t())
+      .view({x.size(0), x.size(2), x.size(3), weight.size(0)})
+      .permute({0, 3, 1, 2});
+}
 
 DeferredWeightGrads::DeferredWeightGrads() {
   Deferred& d = deferred();

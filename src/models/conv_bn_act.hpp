@@ -36,6 +36,12 @@ struct ConvBnActParams {
   bool act = true;
 };
 
+// A 1x1, stride-1, single-group convolution over NHWC (channels_last) CUDA memory is one GEMM
+// [N*H*W, Cin] x [Cin, Cout] on views: same result, but cuBLAS costs the host a fraction of
+// cuDNN's per-call overhead, forward and backward. conv1x1_gemm_applies() says whether x allows it.
+bool conv1x1_gemm_applies(const torch::Tensor& x);
+torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight);
+
 // True when conv_bn_act_train() can take this block: autograd recording, and the node would be
 // recorded (the input or the convolution weight requires grad). Otherwise use the composed ops.
 bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p);

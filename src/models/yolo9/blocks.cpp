@@ -36,15 +36,8 @@ torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
     if (conv_bn_act_applicable(x, p)) return conv_bn_act_train(x, p);
   }
   torch::Tensor y;
-  if (pointwise_ && x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast)) {
-    // A 1x1 convolution over NHWC memory is one GEMM [N*H*W, Cin] x [Cin, Cout]. Same result,
-    // but cuBLAS costs the host a fraction of cuDNN's per-call overhead, forward and backward,
-    // and the step is bound by that overhead. Views only: no copies.
-    const int64_t n = x.size(0), h = x.size(2), w = x.size(3);
-    const auto& wt = conv->weight;
-    y = at::mm(x.permute({0, 2, 3, 1}).reshape({n * h * w, x.size(1)}), wt.view({wt.size(0), wt.size(1)}).t())
-            .view({n, h, w, wt.size(0)})
-            .permute({0, 3, 1, 2});
+  if (pointwise_ && conv1x1_gemm_applies(x)) {
+    y = conv1x1_gemm(x, conv->weight);  // the host-cheap form of a 1x1 convolution
   } else {
     y = conv->forward(x);
   }
