@@ -73,8 +73,8 @@ TEST(Yolo9LossGpu, CudaMatchesCpu) {
   const auto b = loss.compute(gpu, targets.cuda(), 320, 320);
   a.total.backward();
   b.total.backward();
-  for (auto [x, y] : {std::make_pair(a.total, b.total), std::make_pair(a.box, b.box),
-                      std::make_pair(a.dfl, b.dfl), std::make_pair(a.cls, b.cls)})
+  for (auto [x, y] : {std::make_pair(a.total, b.total), std::make_pair(a.term("box"), b.term("box")),
+                      std::make_pair(a.term("dfl"), b.term("dfl")), std::make_pair(a.term("cls"), b.term("cls"))})
     EXPECT_NEAR(val(y), val(x), 1e-5 * std::abs(val(x)));
   EXPECT_EQ(val(a.num_fg), val(b.num_fg));
   for (size_t l = 0; l < raw.size(); ++l)
@@ -91,8 +91,8 @@ TEST(Yolo9LossGpu, FixtureParity) {
   ll::Yolo9Loss loss(80);
   const auto out = loss.compute(raw, expect->get("targets")->tensor.cuda(), 320, 320);
   for (auto [name, got] :
-       {std::make_pair("total_loss", out.total), std::make_pair("box_loss", out.box),
-        std::make_pair("dfl_loss", out.dfl), std::make_pair("cls_loss", out.cls)}) {
+       {std::make_pair("total_loss", out.total), std::make_pair("box_loss", out.term("box")),
+        std::make_pair("dfl_loss", out.term("dfl")), std::make_pair("cls_loss", out.term("cls"))}) {
     const double want = expect->get(std::string("loss_") + name)->tensor.item<double>();
     EXPECT_NEAR(val(got), want, 1e-4 * std::abs(want)) << name;
   }
@@ -166,7 +166,7 @@ TEST(Yolo9LossGpu, ForwardAndBackwardCaptureInACudaGraph) {
   const auto eager = loss.compute(eager_in, fresh_targets.cuda(), 320, 320);
   eager.total.backward();
   EXPECT_NEAR(val(captured.total), val(eager.total), 1e-6 * std::abs(val(eager.total)));
-  EXPECT_NEAR(val(captured.box), val(eager.box), 1e-6 * std::abs(val(eager.box)));
+  EXPECT_NEAR(val(captured.term("box")), val(eager.term("box")), 1e-6 * std::abs(val(eager.term("box"))));
   EXPECT_EQ(val(captured.num_fg), val(eager.num_fg));
   for (size_t l = 0; l < raw.size(); ++l)
     EXPECT_LT(libreyolo::test::rel_err(raw[l].grad(), eager_in[l].grad()), 1e-5) << "level " << l;

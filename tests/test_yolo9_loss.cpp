@@ -297,9 +297,9 @@ Tensor make_targets(int64_t B, int64_t T,
 double val(const Tensor& t) { return t.to(torch::kDouble).item<double>(); }
 
 void expect_matches_ref(const libreyolo::LossOutput& out, const RefLoss& ref, double rel) {
-  EXPECT_NEAR(val(out.box), ref.box, rel * std::max(1e-3, std::abs(ref.box)));
-  EXPECT_NEAR(val(out.dfl), ref.dfl, rel * std::max(1e-3, std::abs(ref.dfl)));
-  EXPECT_NEAR(val(out.cls), ref.cls, rel * std::abs(ref.cls));
+  EXPECT_NEAR(val(out.term("box")), ref.box, rel * std::max(1e-3, std::abs(ref.box)));
+  EXPECT_NEAR(val(out.term("dfl")), ref.dfl, rel * std::max(1e-3, std::abs(ref.dfl)));
+  EXPECT_NEAR(val(out.term("cls")), ref.cls, rel * std::abs(ref.cls));
   EXPECT_NEAR(val(out.total), ref.total, rel * std::abs(ref.total));
   EXPECT_DOUBLE_EQ(val(out.num_fg), ref.num_fg);
 }
@@ -635,18 +635,18 @@ TEST(Yolo9Loss, NoGroundTruthGivesZeroBoxAndDflStillConnected) {
   for (auto& r : raw) r.requires_grad_(true);
   ll::Yolo9Loss loss(nc);
   const auto out = loss.compute(raw, make_targets(2, 100, {{}, {}}, torch::kFloat), 64, 64);
-  EXPECT_EQ(val(out.box), 0.0);
-  EXPECT_EQ(val(out.dfl), 0.0);
+  EXPECT_EQ(val(out.term("box")), 0.0);
+  EXPECT_EQ(val(out.term("dfl")), 0.0);
   EXPECT_EQ(val(out.num_fg), 0.0);
   // With N = 1 the class term is 0.5 * sum(softplus(logit)) over every anchor and class.
   double want = 0;
   for (const auto& r : raw)
     want +=
         torch::softplus(r.detach().narrow(1, 4 * kR, nc).to(torch::kDouble)).sum().item<double>();
-  EXPECT_NEAR(val(out.cls), 0.5 * want, 1e-5 * want);
+  EXPECT_NEAR(val(out.term("cls")), 0.5 * want, 1e-5 * want);
   EXPECT_NEAR(val(out.total), 0.5 * want, 1e-5 * want);
   ASSERT_TRUE(out.total.requires_grad());
-  EXPECT_FALSE(out.box.requires_grad());
+  EXPECT_FALSE(out.term("box").requires_grad());
   out.total.backward();
   for (const auto& r : raw) {
     ASSERT_TRUE(r.grad().defined());
@@ -670,11 +670,11 @@ TEST(Yolo9Loss, PaddingRowsAreIgnoredForAnyRowCount) {
   padded[1][50] =
       torch::tensor({-1.0f, 0.3f, 0.3f, 0.6f, 0.6f});  // padding with a real-looking box
   const auto many = loss.compute(raw, padded, 64, 64);
-  for (auto [x, y] : {std::make_pair(few.total, many.total), std::make_pair(few.box, many.box),
-                      std::make_pair(few.dfl, many.dfl), std::make_pair(few.cls, many.cls),
+  for (auto [x, y] : {std::make_pair(few.total, many.total), std::make_pair(few.term("box"), many.term("box")),
+                      std::make_pair(few.term("dfl"), many.term("dfl")), std::make_pair(few.term("cls"), many.term("cls")),
                       std::make_pair(few.num_fg, many.num_fg)})
     EXPECT_NEAR(val(x), val(y), 1e-6 * std::abs(val(y)));
-  EXPECT_GT(val(few.box), 0.0);
+  EXPECT_GT(val(few.term("box")), 0.0);
 }
 
 TEST(Yolo9Loss, GradientMatchesFiniteDifferencesForFixedAssignment) {
@@ -757,7 +757,7 @@ TEST(Yolo9Loss, Bf16InputsUnderAutocastComputeInFloat32) {
   at::autocast::clear_cache();
   EXPECT_EQ(got.total.scalar_type(), torch::kFloat);
   EXPECT_NEAR(val(got.total), val(want.total), 1e-6 * val(want.total));
-  EXPECT_NEAR(val(got.box), val(want.box), 1e-6 * val(want.box));
+  EXPECT_NEAR(val(got.term("box")), val(want.term("box")), 1e-6 * val(want.term("box")));
   EXPECT_EQ(val(got.num_fg), val(want.num_fg));
 }
 
@@ -769,12 +769,12 @@ TEST(Yolo9Loss, FixtureParity) {
   ll::Yolo9Loss loss(80);
   const auto out = loss.compute(raw, expect->get("targets")->tensor, 320, 320);
   for (auto [name, got] :
-       {std::make_pair("total_loss", out.total), std::make_pair("box_loss", out.box),
-        std::make_pair("dfl_loss", out.dfl), std::make_pair("cls_loss", out.cls)}) {
+       {std::make_pair("total_loss", out.total), std::make_pair("box_loss", out.term("box")),
+        std::make_pair("dfl_loss", out.term("dfl")), std::make_pair("cls_loss", out.term("cls"))}) {
     const double want = expect->get(std::string("loss_") + name)->tensor.item<double>();
     EXPECT_NEAR(val(got), want, 1e-4 * std::abs(want)) << name;
     EXPECT_EQ(got.dim(), 0) << name;
   }
   // The sum of the four weighted terms is the total, as in the reference's dict.
-  EXPECT_NEAR(val(out.box) + val(out.dfl) + val(out.cls), val(out.total), 1e-6 * val(out.total));
+  EXPECT_NEAR(val(out.term("box")) + val(out.term("dfl")) + val(out.term("cls")), val(out.total), 1e-6 * val(out.total));
 }

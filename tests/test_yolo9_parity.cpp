@@ -74,9 +74,9 @@ TEST(Yolo9Parity, FamilyLossAndGradients) {
   const auto x = f.expected("input");
   const auto out = loss->compute(f.model->forward_raw(x), f.expected("targets"), x.size(2), x.size(3));
   EXPECT_LE(rel_err(out.total.reshape({1}), f.expected("loss_total_loss")), 1e-4);
-  EXPECT_LE(rel_err(out.box.reshape({1}), f.expected("loss_box_loss")), 1e-4);
-  EXPECT_LE(rel_err(out.dfl.reshape({1}), f.expected("loss_dfl_loss")), 1e-4);
-  EXPECT_LE(rel_err(out.cls.reshape({1}), f.expected("loss_cls_loss")), 1e-4);
+  EXPECT_LE(rel_err(out.term("box").reshape({1}), f.expected("loss_box_loss")), 1e-4);
+  EXPECT_LE(rel_err(out.term("dfl").reshape({1}), f.expected("loss_dfl_loss")), 1e-4);
+  EXPECT_LE(rel_err(out.term("cls").reshape({1}), f.expected("loss_cls_loss")), 1e-4);
   out.total.backward();
   const auto params = f.model->named_parameters();
   int checked = 0;

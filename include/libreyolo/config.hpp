@@ -53,7 +53,7 @@ struct TrainConfig {
   double ema_decay = 0.9999;
   double ema_tau = 2000;
   bool val = true;
-  int eval_interval = 10;
+  int eval_interval = 1;         // validate every N epochs (the last epoch always)
   int patience = 50;
   int save_period = 10;
   bool save_plots = false;
@@ -72,7 +72,7 @@ struct PredictConfig {
   int max_det = 300;
   std::string classes;                  // "", or comma-separated class ids to keep
   std::string device = "auto";
-  bool half = false;                    // bfloat16 on CUDA
+  bool half = false;                    // float16 autocast on CUDA
   int batch = 1;
   bool save = false;                    // write annotated images
   std::string project = "runs/detect";
@@ -88,7 +88,7 @@ struct ValConfig {
   double conf = 0.001;
   double iou = 0.6;
   int max_det = 300;
-  bool half = false;
+  bool half = false;                    // float16 autocast on CUDA
   int workers = 4;
   std::string device = "auto";
   std::string project = "runs/val";

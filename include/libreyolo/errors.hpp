@@ -1,5 +1,5 @@
 // Exception types with the exit codes the CLI maps them to (LibreYOLO's convention):
-// 1 runtime, 2 usage, 3 data, 4 model.
+// 1 runtime, 2 usage, 3 data, 4 model; 130 interrupted (Ctrl-C), as shells report SIGINT.
 #pragma once
 #include <stdexcept>
 #include <string>
@@ -50,6 +50,12 @@ struct RuntimeError : Error {
   explicit RuntimeError(const std::string& message, std::string suggestion = "",
                         std::string code = "io_error")
       : Error(1, std::move(code), message, std::move(suggestion)) {}
+};
+
+// Training stopped by SIGINT/SIGTERM after saving what could be saved (exit 130).
+struct InterruptedError : Error {
+  explicit InterruptedError(const std::string& message, std::string suggestion = "")
+      : Error(130, "interrupted", message, std::move(suggestion)) {}
 };
 
 }  // namespace libreyolo

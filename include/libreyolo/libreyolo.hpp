@@ -14,6 +14,7 @@
 
 #include <libreyolo/config.hpp>
 #include <libreyolo/errors.hpp>
+#include <libreyolo/hooks.hpp>
 
 namespace libreyolo {
 
@@ -42,10 +43,13 @@ struct ValResult {
 struct EpochSummary {
   int epoch = 0;  // 1-based
   double seconds = 0;
-  double loss = 0, box_loss = 0, dfl_loss = 0, cls_loss = 0;
-  std::vector<double> lrs;  // per parameter group
+  double loss = 0;                                      // mean total loss over the epoch's batches
+  std::vector<std::pair<std::string, double>> losses;   // mean of each named term ("box", "cls", ...)
+  std::vector<double> lrs;                              // per parameter group, at the epoch's end
   bool validated = false, is_best = false;
   double map50 = 0, map50_95 = 0;
+  std::vector<std::pair<std::string, double>> metrics;  // validation metrics/* (when validated)
+  double loss_term(const std::string& name, double fallback = 0.0) const;
 };
 
 struct TrainResult {
@@ -90,8 +94,11 @@ class LibreYOLO {
   std::vector<PredictResult> predict(const std::string& source, const Kwargs& options = {});
   std::vector<PredictResult> predict(const PredictConfig& config);
 
-  TrainResult train(const Kwargs& options, const TrainCallbacks& callbacks = {});
-  TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks = {});
+  // `hooks` run after the built-in ones (see hooks.hpp).
+  TrainResult train(const Kwargs& options, const TrainCallbacks& callbacks = {},
+                    const std::vector<std::shared_ptr<TrainHook>>& hooks = {});
+  TrainResult train(const TrainConfig& config, const TrainCallbacks& callbacks = {},
+                    const std::vector<std::shared_ptr<TrainHook>>& hooks = {});
 
   ValResult val(const Kwargs& options);
   ValResult val(const ValConfig& config);
@@ -101,7 +108,6 @@ class LibreYOLO {
   ModelInfo info() const;
 
   struct Impl;
-  Impl& impl() { return *impl_; }
 
  private:
   explicit LibreYOLO(std::unique_ptr<Impl> impl);

@@ -177,7 +177,9 @@ int cmd_train(const ParsedArgs& a, std::ostream& out) {
   const bool dry_run = parse_bool("dry_run", kw_get(a.kwargs, "dry_run", "false"));
   TrainConfig cfg;
   train_schema().apply(cfg, kw_without(a.kwargs, {"model", "dry_run"}), "train");
-  if (cfg.data.empty())
+  // A resumed run takes data and every other option from its checkpoint's saved config.
+  const bool resuming = !cfg.resume.empty() && cfg.resume != "false" && cfg.resume != "False";
+  if (cfg.data.empty() && !resuming)
     throw UsageError("Missing option 'data'", "Pass data=<dataset.yaml> or data=builtin.", "config_required_key");
   validate(cfg);
   if (dry_run) {
@@ -189,7 +191,12 @@ int cmd_train(const ParsedArgs& a, std::ostream& out) {
       out << "Dry run — resolved config for " << model_name << ":\n" << to_yaml(train_schema(), cfg);
     return 0;
   }
-  if (!a.json) out << "Training " << model_name << " on " << cfg.data << " for " << cfg.epochs << " epochs...\n";
+  if (!a.json) {
+    if (resuming)
+      out << "Resuming " << model_name << "...\n";
+    else
+      out << "Training " << model_name << " on " << cfg.data << " for " << cfg.epochs << " epochs...\n";
+  }
   out.flush();
   LibreYOLO model(model_name, cfg.device);
   TrainResult r = model.train(kw_without(a.kwargs, {"model", "dry_run"}));

@@ -3,9 +3,13 @@
 #include <ftw.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <libreyolo/errors.hpp>
 
@@ -56,6 +60,25 @@ void write_file_atomic(const std::string& path, const std::string& content) {
     std::remove(tmp.c_str());
     throw RuntimeError("cannot rename " + tmp + " to " + path + ": " + ec.message());
   }
+}
+
+int remove_orphan_temp_files(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  // "<name>.tmp.<pid>" or ".<name>.tmp.<pid>.<n>"
+  static const std::regex pattern(R"(^(.+)\.tmp\.(\d+)(\.\d+)?$)");
+  int removed = 0;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, pattern)) continue;
+    const long pid = std::strtol(m[2].str().c_str(), nullptr, 10);
+    if (pid <= 0 || pid == static_cast<long>(::getpid())) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM) continue;  // its writer is still alive
+    if (fs::remove(e.path(), ec)) ++removed;
+  }
+  return removed;
 }
 
 }  // namespace libreyolo

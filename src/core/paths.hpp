@@ -11,4 +11,7 @@ std::string make_run_dir(const std::string& project, const std::string& name, bo
 void remove_tree(const std::string& path);
 // Writes `content` to `path` through a temporary file and a rename (never half-written).
 void write_file_atomic(const std::string& path, const std::string& content);
+// Removes the temporary files that an atomic write killed midway left in `dir` (`X.tmp.<pid>` and
+// `.X.tmp.<pid>.<n>`) whose process is gone. Returns how many it removed.
+int remove_orphan_temp_files(const std::string& dir);
 }  // namespace libreyolo

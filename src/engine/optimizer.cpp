@@ -1,5 +1,7 @@
 #include "engine/optimizer.hpp"
 
+#include "models/detector.hpp"
+
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
@@ -12,7 +14,7 @@ std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weigh
   weights.decay_group = true;
   auto visit = [&](const torch::nn::Module& mod) {
     auto own = mod.named_parameters(/*recurse=*/false);
-    const bool is_bn = mod.name().find("BatchNorm") != std::string::npos;
+    const bool is_bn = models::is_batchnorm(mod);
     if (auto* b = own.find("bias"); b && b->defined() && b->requires_grad()) biases.params.push_back(*b);
     if (auto* w = own.find("weight"); w && w->defined() && w->requires_grad())
       (is_bn ? bn_weights : weights).params.push_back(*w);

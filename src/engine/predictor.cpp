@@ -6,10 +6,10 @@
 #include <filesystem>
 #include <set>
 
-#include "api/model_impl.hpp"
+#include "models/loaded_model.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
-#include "engine/amp.hpp"
+#include "engine/inference.hpp"
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
 #include "ops/draw.hpp"
@@ -70,14 +70,18 @@ std::vector<std::string> resolve_sources(const std::string& source) {
                   "source_not_found");
 }
 
-std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfig& cfg) {
+std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg) {
   const auto sources = resolve_sources(cfg.source);
   const std::set<int> keep = parse_classes(cfg.classes);
   const int S = cfg.imgsz;
   const torch::Device dev = impl.device;
   auto& model = *impl.model;
   model.eval();
-  const bool half = cfg.half && dev.is_cuda();
+  InferenceOptions io_opt;
+  io_opt.device = dev;
+  io_opt.amp = cfg.half;  // float16 autocast on CUDA, as in validation
+  io_opt.amp_dtype = torch::kHalf;
+  InferenceRunner runner(model, *impl.family, io_opt);
   std::string out_dir;
   if (cfg.save) out_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
 
@@ -95,18 +99,11 @@ std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfi
       ratios.push_back(r);
       originals.push_back(img);
     }
-    // [B, S, S, 3] uint8 -> device -> float NCHW in [0,1].
-    torch::Tensor batch = torch::stack(canvases).to(dev, /*non_blocking=*/false);
-    torch::Tensor x = batch.permute({0, 3, 1, 2}).to(torch::kFloat).div_(255.0);
+    torch::Tensor batch = torch::stack(canvases);
     double pre_ms = ms_since(t0);
 
     auto t1 = std::chrono::steady_clock::now();
-    torch::Tensor pred;
-    {
-      torch::InferenceMode guard;
-      AutocastGuard ac(dev, half, torch::kBFloat16);
-      pred = model.predict_tensor(x).to(torch::kFloat);
-    }
+    torch::Tensor pred = runner.forward(batch);
     libreyolo::synchronize(dev);
     double inf_ms = ms_since(t1);
 
@@ -114,8 +111,7 @@ std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfi
       auto t2 = std::chrono::steady_clock::now();
       const auto& img = originals[i];
       const int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
-      ops::Detections det =
-          ops::postprocess_yolo(pred[static_cast<int64_t>(i)], cfg.conf, cfg.iou, cfg.max_det, ratios[i], h, w);
+      ops::Detections det = runner.postprocess(pred[static_cast<int64_t>(i)], {cfg.conf, cfg.iou, cfg.max_det, ratios[i], h, w});
       PredictResult r;
       r.source = sources[first + i];
       r.height = h;

@@ -8,12 +8,14 @@
 #include <libreyolo/config.hpp>
 #include <libreyolo/libreyolo.hpp>
 
+#include "models/loaded_model.hpp"
+
 namespace libreyolo::engine {
 
 // The image files a `source` names: a file, a directory (sorted, non-recursive), or
 // SAMPLE_IMAGE. Throws DataError (source_not_found) when there is nothing.
 std::vector<std::string> resolve_sources(const std::string& source);
 
-std::vector<PredictResult> run_predict(LibreYOLO::Impl& impl, const PredictConfig& cfg);
+std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg);
 
 }  // namespace libreyolo::engine

@@ -1,6 +1,7 @@
 #include "engine/step.hpp"
 
 #include "models/conv_bn_act.hpp"
+#include "models/input.hpp"
 
 namespace libreyolo::engine {
 
@@ -29,25 +30,30 @@ void StepRunner::set_global_step(int64_t s) {
 }
 
 torch::Tensor StepRunner::prepare_images(const torch::Tensor& images) const {
-  // The NCHW view of NHWC memory is channels_last-strided already: with channels_last the
-  // conversion to float is the only copy.
-  torch::Tensor x = images.to(cfg_.device, /*non_blocking=*/true).permute({0, 3, 1, 2});
-  x = x.to(torch::TensorOptions().dtype(torch::kFloat), false, false,
-           cfg_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous);
-  return x.div_(255.0);
+  return models::to_network_input(images, cfg_.input, cfg_.device, cfg_.channels_last);
 }
 
 LossOutput StepRunner::forward_backward(const torch::Tensor& images, const torch::Tensor& targets,
                                         double loss_divisor) {
   const int64_t S_h = images.size(1), S_w = images.size(2);
-  torch::Tensor x = prepare_images(images);
-  torch::Tensor t = targets.to(cfg_.device, /*non_blocking=*/true);
+  torch::Tensor x, t;
+  {
+    PhaseScope ps(phases_, Phase::ToDevice);
+    x = prepare_images(images);
+    t = targets.to(cfg_.device, /*non_blocking=*/true);
+  }
   LossOutput out;
   {
     AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype);
-    auto raw = model_->forward_raw(x);
+    std::vector<torch::Tensor> raw;
+    {
+      PhaseScope ps(phases_, Phase::Forward);
+      raw = model_->forward_raw(x);
+    }
+    PhaseScope ps(phases_, Phase::Loss);
     out = loss_->compute(raw, t, S_h, S_w);
   }
+  PhaseScope ps(phases_, Phase::Backward);
   torch::Tensor loss = loss_divisor != 1.0 ? out.total / loss_divisor : out.total;
   models::DeferredWeightGrads weight_grads;
   scaler_->scale(loss).backward();
@@ -57,6 +63,7 @@ LossOutput StepRunner::forward_backward(const torch::Tensor& images, const torch
 }
 
 void StepRunner::optimizer_step() {
+  PhaseScope ps(phases_, Phase::Optimizer);
   std::vector<torch::Tensor> grads = optimizer_->grads();
   std::optional<torch::Tensor> found_inf = scaler_->unscale(grads);
   if (cfg_.clip_max_norm > 0 && !grads.empty()) {

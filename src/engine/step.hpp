@@ -6,6 +6,8 @@
 
 #include <memory>
 
+#include <libreyolo/hooks.hpp>
+
 #include "engine/amp.hpp"
 #include "engine/ema.hpp"
 #include "engine/optimizer.hpp"
@@ -15,11 +17,38 @@
 
 namespace libreyolo::engine {
 
+// Receives the phases of each step (to_device, forward, loss, backward, optimizer). StepRunner
+// reports them only while an observer is set: nothing is done per phase otherwise.
+class PhaseObserver {
+ public:
+  virtual ~PhaseObserver() = default;
+  virtual void phase_begin(Phase p) = 0;
+  virtual void phase_end(Phase p) = 0;
+};
+
+// Reports one phase to an observer, if there is one, for the lifetime of the scope.
+class PhaseScope {
+ public:
+  PhaseScope(PhaseObserver* obs, Phase p) : obs_(obs), p_(p) {
+    if (obs_) obs_->phase_begin(p_);
+  }
+  ~PhaseScope() {
+    if (obs_) obs_->phase_end(p_);
+  }
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  PhaseObserver* obs_;
+  Phase p_;
+};
+
 struct StepConfig {
   torch::Device device{torch::kCPU};
   AmpPlan amp;
   bool channels_last = false;
   double clip_max_norm = 0.0;
+  models::InputSpec input;  // the family's input convention
 };
 
 class StepRunner {
@@ -41,7 +70,10 @@ class StepRunner {
   Optimizer& optimizer() { return *optimizer_; }
   GradScaler& scaler() { return *scaler_; }
   const StepConfig& config() const { return cfg_; }
-  // NHWC uint8 on any device -> float NCHW in [0,1] on the training device, in the step's layout.
+  void set_phase_observer(PhaseObserver* obs) { phases_ = obs; }
+  PhaseObserver* phase_observer() const { return phases_; }
+  DetectionLoss& loss() { return *loss_; }
+  // NHWC uint8 on any device -> the network's float NCHW input on the training device, in the step's layout.
   torch::Tensor prepare_images(const torch::Tensor& images) const;
 
  private:
@@ -53,6 +85,7 @@ class StepRunner {
   LrSchedule schedule_;
   StepConfig cfg_;
   int64_t global_step_ = 0;
+  PhaseObserver* phases_ = nullptr;
 };
 
 // Converts every 4-d parameter to channels_last in place (grads will follow that layout).

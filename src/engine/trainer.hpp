@@ -1,6 +1,7 @@
-// The training engine: the YOLOv9 recipe (yolo9.md §3) around a small step loop. Everything
-// that is not the step itself (progress display, results.csv, user callbacks, later the
-// profiler) hangs off a hook list, so it can be added and removed without touching the loop.
+// The training loop. Trainer::run is the whole loop: before_train, then per epoch before_epoch,
+// the steps (dataload, before_step, run_step, after_step) and after_epoch, then after_train.
+// Everything else (validation and best/patience, checkpoints, results.csv, summary.json, plots,
+// progress, user callbacks, the profiler) is a hook (engine/train_hooks.hpp), built in one place.
 #pragma once
 #include <torch/torch.h>
 
@@ -9,79 +10,89 @@
 #include <string>
 #include <vector>
 
+#include <libreyolo/hooks.hpp>
 #include <libreyolo/libreyolo.hpp>
 
 #include "core/options.hpp"
 #include "data/loader.hpp"
 #include "engine/step.hpp"
+#include "engine/train_loop.hpp"
+#include "models/loaded_model.hpp"
 
 namespace libreyolo::engine {
 
-class Trainer;
-
-// Per-step facts the hooks may read (device tensors are not synchronised).
-struct StepInfo {
-  int epoch = 0;              // 0-based
-  int64_t batch_index = 0;    // within the epoch
-  int64_t global_step = 0;    // optimizer steps taken so far
-  int64_t batch_images = 0;
-  bool optimizer_step = false;
+// The best validation result so far (restored on resume, kept by the evaluation hook).
+struct BestMetric {
+  double map50_95 = 0.0, map50 = 0.0;
+  int epoch = 0;  // 1-based; 0 = never validated
+  int patience_counter = 0;
 };
 
-class TrainHook {
+class Trainer : private EpochSteps {
  public:
-  virtual ~TrainHook() = default;
-  virtual void before_train(Trainer&) {}
-  virtual void before_epoch(Trainer&, int /*epoch*/) {}
-  virtual void before_step(Trainer&, const StepInfo&) {}
-  virtual void after_step(Trainer&, const StepInfo&) {}
-  virtual void after_epoch(Trainer&, const EpochSummary&) {}
-  virtual void after_train(Trainer&, const TrainResult&) {}
-  // A hook that returns true here is removed after the current call.
-  virtual bool finished() const { return false; }
-};
-
-class Trainer {
- public:
-  Trainer(LibreYOLO::Impl& impl, TrainConfig cfg, TrainCallbacks callbacks, const Kwargs& given);
-  ~Trainer();
+  Trainer(models::LoadedModel& lm, TrainConfig cfg, TrainCallbacks callbacks,
+          std::vector<std::shared_ptr<TrainHook>> user_hooks, Kwargs given);
+  ~Trainer() override;
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
   TrainResult run();
 
-  void add_hook(std::shared_ptr<TrainHook> hook) { hooks_.push_back(std::move(hook)); }
+  // Adds a hook to the running loop (it joins after the current hook call: the profiler
+  // installs itself so). Hooks given to the constructor run after the built-in ones.
+  void add_hook(std::shared_ptr<TrainHook> hook);
 
   // For hooks.
+  TrainState& state() { return state_; }
   const TrainConfig& config() const { return cfg_; }
-  const std::string& save_dir() const { return save_dir_; }
+  const std::string& save_dir() const { return state_.save_dir; }
+  models::LoadedModel& loaded() { return lm_; }
   models::Detector& model() { return *model_; }
+  models::Detector* ema_model() { return ema_model_.get(); }
+  ModelEMA* ema() { return ema_.get(); }
   const torch::Device& device() const { return device_; }
   const AmpPlan& amp() const { return amp_; }
-  Optimizer& optimizer() { return step_->optimizer(); }
   StepRunner& step_runner() { return *step_; }
   data::DataLoader& train_loader() { return *train_loader_; }
-  int64_t steps_per_epoch() const { return steps_per_epoch_; }
-  int epochs() const { return cfg_.epochs; }
-  // Sums of (total, box, dfl, cls) over this epoch's batches so far, on the device, and the count.
+  std::shared_ptr<const data::YoloDataset> train_set() const { return train_set_; }
+  std::shared_ptr<const data::YoloDataset> val_set() const { return val_set_; }
+  const std::vector<std::string>& names() const { return names_; }
+  int workers() const { return workers_; }
+  BestMetric& best() { return best_; }
+  TrainResult& result() { return result_; }
+  const io::PyValuePtr& resume_checkpoint() const { return resume_ckpt_; }
+  io::PyValuePtr config_dict() const;
+  // The batch of the current step (between before_step and after_step), else nullptr.
+  const data::Batch* current_batch() const { return current_batch_; }
+  // Per-term loss sums of this epoch so far (device tensor [1 + K]: total, then the named terms),
+  // the number of batches they cover, and the term names.
   const torch::Tensor& loss_sums() const { return loss_sums_; }
   int64_t batches_done() const { return batches_done_; }
+  const std::vector<std::string>& loss_names() const { return loss_names_; }
+  // Mean loss terms of this epoch so far (synchronises): ("loss", total), then each named term.
+  std::vector<std::pair<std::string, double>> mean_losses() const;
 
  private:
   void setup();
+  void setup_resume_config();
+  void setup_device();
   void setup_data();
   void setup_model();
   void setup_optimization();
   void resume();
   void apply_freeze();
-  EpochSummary train_epoch(int epoch);
-  std::vector<std::pair<std::string, double>> validate();
-  void save_checkpoint(int epoch, bool is_best, double epoch_loss);
-  io::PyValuePtr config_dict() const;
-  void run_hooks(const std::function<void(TrainHook&)>& fn);
+  // EpochSteps
+  void begin_epoch(TrainState& s) override;
+  bool next_batch(TrainState& s) override;
+  void run_step(TrainState& s) override;
+  EpochSummary end_epoch(TrainState& s) override;
 
-  LibreYOLO::Impl& impl_;
+  models::LoadedModel& lm_;
   TrainConfig cfg_;
   TrainCallbacks callbacks_;
   Kwargs given_;
-  std::vector<std::shared_ptr<TrainHook>> hooks_;
+  std::vector<std::shared_ptr<TrainHook>> user_hooks_;
+  TrainState state_;
+  TrainLoop loop_{state_};
 
   torch::Device device_{torch::kCPU};
   std::shared_ptr<models::Detector> model_;
@@ -95,26 +106,25 @@ class Trainer {
   std::unique_ptr<data::DataLoader> train_loader_;
   std::vector<std::string> names_;
 
-  std::string save_dir_;
   std::string resume_path_;
   io::PyValuePtr resume_ckpt_;
   int workers_ = 0;  // loader threads actually used (cfg_.workers, capped on CPU)
-  int start_epoch_ = 0;
   int accumulate_ = 1;
-  int64_t steps_per_epoch_ = 1;
+  int64_t steps_per_epoch_ = 1;  // optimizer steps
   int64_t batches_done_ = 0;
+  std::optional<data::Batch> batch_;  // the current step's batch
+  const data::Batch* current_batch_ = nullptr;
+  std::chrono::steady_clock::time_point epoch_start_;
   torch::Tensor loss_sums_;
-  std::vector<std::string> frozen_bn_prefixes_;
-
-  double best_map_ = 0.0, best_map50_ = 0.0;
-  int best_epoch_ = 0;
-  int patience_counter_ = 0;
+  std::vector<std::string> loss_names_;
+  std::vector<std::string> frozen_prefixes_;
+  BestMetric best_;
   TrainResult result_;
 };
 
-// Runs training on `impl`'s model. `given` are the options exactly as the caller wrote them
+// Runs training on `lm`'s model. `given` are the options exactly as the caller wrote them
 // (used on resume: the checkpoint's config is restored, then these override it).
-TrainResult run_training(LibreYOLO::Impl& impl, const TrainConfig& cfg, const TrainCallbacks& callbacks,
-                         const Kwargs& given = {});
+TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
+                         const std::vector<std::shared_ptr<TrainHook>>& hooks = {}, const Kwargs& given = {});
 
 }  // namespace libreyolo::engine

@@ -5,12 +5,12 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "api/model_impl.hpp"
+#include "models/loaded_model.hpp"
 #include "core/log.hpp"
 #include "data/dataset_yaml.hpp"
 #include "data/loader.hpp"
 #include "data/synthetic.hpp"
-#include "engine/amp.hpp"
+#include "engine/inference.hpp"
 #include "eval/coco_eval.hpp"
 #include "ops/postprocess.hpp"
 
@@ -35,6 +35,7 @@ std::string resolve_data_arg(const std::string& data) {
 }
 
 std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& model,
+                                                              const models::Family& family,
                                                               std::shared_ptr<const data::YoloDataset> dataset,
                                                               const EvalOptions& opt) {
   data::LoaderOptions lo;
@@ -48,6 +49,11 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
 
   const bool was_training = model.is_training();
   model.eval();
+  InferenceOptions io_opt;
+  io_opt.device = opt.device;
+  io_opt.amp = opt.amp;
+  io_opt.amp_dtype = opt.amp_dtype;
+  InferenceRunner runner(model, family, io_opt);
   eval::CocoEvaluator evaluator;
   double t_pre = 0, t_inf = 0, t_post = 0;
   int64_t images = 0;
@@ -58,14 +64,7 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
     if (!batch) break;
     double t1 = now_ms();
     t_pre += t1 - t0;
-    torch::Tensor pred;
-    {
-      torch::InferenceMode guard;
-      torch::Tensor x = batch->images.to(opt.device, /*non_blocking=*/true).permute({0, 3, 1, 2});
-      x = x.to(torch::kFloat).div_(255.0);
-      AutocastGuard ac(opt.device, opt.amp && opt.device.is_cuda(), opt.amp_dtype);
-      pred = model.predict_tensor(x).to(torch::kFloat);
-    }
+    torch::Tensor pred = runner.forward(batch->images);
     libreyolo::synchronize(opt.device);
     double t2 = now_ms();
     t_inf += t2 - t1;
@@ -73,8 +72,9 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
       const int64_t idx = batch->indices[i];
       const auto [h0, w0] = batch->orig_hw[i];
       const double ratio = std::min(static_cast<double>(S) / h0, static_cast<double>(S) / w0);
-      ops::Detections det =
-          ops::postprocess_yolo(pred[static_cast<int64_t>(i)], opt.conf, opt.iou, opt.max_det, ratio, h0, w0);
+      ops::Detections det = runner.postprocess(pred[static_cast<int64_t>(i)],
+                                               {opt.conf, opt.iou, opt.max_det, ratio, static_cast<int>(h0),
+                                                static_cast<int>(w0)});
       torch::Tensor gt = dataset->original_labels(idx);  // [N,5] x1,y1,x2,y2,cls
       evaluator.add_image(idx, h0, w0, gt.slice(1, 0, 4), gt.select(1, 4).to(torch::kLong),
                           det.boxes.to(torch::kCPU), det.scores.to(torch::kCPU), det.classes.to(torch::kCPU));
@@ -96,7 +96,7 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
   return metrics;
 }
 
-ValResult run_validation(LibreYOLO::Impl& impl, const ValConfig& cfg) {
+ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
   data::DatasetSpec spec = data::load_dataset_yaml(resolve_data_arg(cfg.data));
   data::DatasetOptions dopt;
   dopt.imgsz = cfg.imgsz;
@@ -114,7 +114,7 @@ ValResult run_validation(LibreYOLO::Impl& impl, const ValConfig& cfg) {
   eo.amp_dtype = torch::kHalf;
   log_info("Validating on " + std::to_string(ds->size()) + " images of split '" + cfg.split + "'");
   ValResult r;
-  r.metrics = evaluate_detector(*impl.model, ds, eo);
+  r.metrics = evaluate_detector(*impl.model, *impl.family, ds, eo);
   log_info(strfmt("Validation - mAP50: %.4f, mAP50-95: %.4f", r.get("metrics/mAP50"), r.get("metrics/mAP50-95")));
   return r;
 }

@@ -12,6 +12,7 @@
 
 #include "data/dataset.hpp"
 #include "models/detector.hpp"
+#include "models/loaded_model.hpp"
 
 namespace libreyolo::engine {
 
@@ -30,11 +31,12 @@ struct EvalOptions {
 
 // metrics/* keys (the 12 COCO stats and the precision/recall aliases) and speed/* keys.
 std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& model,
+                                                              const models::Family& family,
                                                               std::shared_ptr<const data::YoloDataset> dataset,
                                                               const EvalOptions& opt);
 
 // The `val` command / LibreYOLO::val.
-ValResult run_validation(LibreYOLO::Impl& impl, const ValConfig& cfg);
+ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg);
 
 // data=builtin -> the generated shapes dataset (made once under the cache directory); any other
 // value is returned unchanged.

@@ -3,16 +3,26 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <string>
 #include <vector>
 
 namespace libreyolo {
 
+// A loss value: the backpropagated total plus the family's named terms (YOLOv9: box, cls, dfl;
+// YOLOX: iou, obj, cls, l1). Sums, CSV columns (train/<name>_loss) and logs follow the names.
 struct LossOutput {
-  torch::Tensor total;   // scalar, backpropagated; already the weighted sum
-  torch::Tensor box;     // scalar, weighted (gain applied), detached
-  torch::Tensor dfl;     // scalar, weighted, detached
-  torch::Tensor cls;     // scalar, weighted, detached
+  torch::Tensor total;   // scalar, backpropagated; already the weighted sum of the terms
+  torch::Tensor terms;   // [K] float, weighted, detached, in the order of `names`
   torch::Tensor num_fg;  // scalar float: positives / batch size, detached
+  const std::vector<std::string>* names = nullptr;  // the loss's term_names(), owned by the loss
+
+  // One term by name, as a scalar tensor. Throws when the loss has no such term.
+  torch::Tensor term(const std::string& name) const {
+    if (names)
+      for (size_t i = 0; i < names->size(); ++i)
+        if ((*names)[i] == name) return terms[static_cast<int64_t>(i)];
+    throw std::out_of_range("loss has no term '" + name + "'");
+  }
 };
 
 class DetectionLoss {
@@ -23,6 +33,8 @@ class DetectionLoss {
   // img_h/img_w: the input tensor's spatial size.
   virtual LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                              int64_t img_h, int64_t img_w) = 0;
+  // Names of the terms in LossOutput::terms, fixed for the loss's lifetime.
+  virtual const std::vector<std::string>& term_names() const = 0;
 };
 
 }  // namespace libreyolo

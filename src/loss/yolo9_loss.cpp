@@ -335,9 +335,8 @@ LossOutput Yolo9Loss::loss_terms(const Decoded& d, const Assignment& a,
   LossOutput out;
   const auto box = l_box * kBoxGain, dfl = l_dfl * kDflGain, cls = l_cls * kClsGain;
   out.total = box + dfl + cls;
-  out.box = box.detach();
-  out.dfl = dfl.detach();
-  out.cls = cls.detach();
+  out.terms = at::stack({box, cls, dfl}).detach().to(torch::kFloat);
+  out.names = &term_names();
   out.num_fg = a.valid.sum().to(torch::kFloat) / static_cast<double>(B);
   return out;
 }

@@ -64,6 +64,11 @@ class Yolo9Loss : public DetectionLoss {
  public:
   explicit Yolo9Loss(int nc, std::vector<int64_t> strides = {8, 16, 32}, int reg_max = 16);
 
+  // box (CIoU), cls (BCE), dfl (distribution focal), each with its gain applied.
+  const std::vector<std::string>& term_names() const override {
+    static const std::vector<std::string> names = {"box", "cls", "dfl"};
+    return names;
+  }
   LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                      int64_t img_h, int64_t img_w) override;
 

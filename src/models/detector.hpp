@@ -1,5 +1,6 @@
-// The family interface: everything generic (trainer, predict, graphs, profiler, dist, CLI)
-// talks to a model only through Detector and Family. Adding a family touches its own folder
+// The family interface. The engine (trainer, predict, validation) and the CLI reach a model's
+// specifics only through Detector and Family: its sizes, weights rules, loss, recipe defaults,
+// per-epoch switches, input convention and postprocess. Adding a family touches its own folder
 // plus one registry line (models/registry.cpp).
 #pragma once
 #include <torch/torch.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "io/pickle.hpp"
+#include "ops/postprocess.hpp"
 
 namespace libreyolo {
 
@@ -39,6 +41,21 @@ class Detector : public torch::nn::Module {
   virtual std::vector<std::string> freeze_groups() const { return {}; }
 };
 
+// How a family wants its input: images arrive as NHWC uint8 RGB; the network gets float NCHW
+// `pixel / divisor`, channels reversed when `bgr` (YOLOX takes BGR 0-255: divisor 1).
+struct InputSpec {
+  bool bgr = false;
+  double divisor = 255.0;
+};
+
+// One image's decoded predictions [4+nc, A] -> detections in original-image pixels.
+struct PostprocessArgs {
+  double conf = 0.25, iou = 0.45;
+  int max_det = 300;
+  double ratio = 1.0;  // letterbox scale (input pixels per original pixel)
+  int orig_h = 0, orig_w = 0;
+};
+
 struct Family {
   std::string name;                // "yolo9"
   std::vector<std::string> sizes;  // {"t","s","m","c"}
@@ -63,6 +80,17 @@ struct Family {
   std::function<void(io::StateDict& sd)> normalize_keys;
   // The training loss for a model of this family.
   std::function<std::unique_ptr<DetectionLoss>(const Detector& model)> make_loss;
+
+  // Recipe: option values (TrainConfig keys) that differ from the YOLOv9 defaults of config.hpp,
+  // applied before the caller's own options.
+  std::vector<std::pair<std::string, std::string>> train_defaults;
+  // Per-epoch switch when mosaic closes (no_aug_epochs before the end), e.g. YOLOX's L1 loss.
+  // Returns true when it changed what the training step computes (captured graphs must go).
+  std::function<bool(Detector& model, DetectionLoss& loss)> on_close_mosaic;
+  InputSpec input;
+  std::function<ops::Detections(const torch::Tensor& pred, const PostprocessArgs& args)> postprocess;
+  // Postprocess thresholds of validation during training.
+  ops::PostprocessThresholds train_val_thresholds = ops::kTrainValThresholds;
 };
 
 // Registry.
@@ -76,6 +104,9 @@ struct LoadReport {
   std::vector<std::string> missing, unexpected, shape_mismatch;
 };
 LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bool strict);
+// BatchNorm layers (1-, 2- or 3-d): the one test used for the optimizer's groups and for freezing.
+bool is_batchnorm(const torch::nn::Module& m);
+
 // parameters + persistent buffers, in registration order, as LibreYOLO names them.
 io::StateDict state_dict(const torch::nn::Module& model);
 

@@ -118,4 +118,9 @@ io::StateDict state_dict(const torch::nn::Module& model) {
   return out;
 }
 
+bool is_batchnorm(const torch::nn::Module& m) {
+  return dynamic_cast<const torch::nn::BatchNorm2dImpl*>(&m) || dynamic_cast<const torch::nn::BatchNorm1dImpl*>(&m) ||
+         dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&m);
+}
+
 }  // namespace libreyolo::models

@@ -4,51 +4,6 @@
 
 namespace libreyolo::models::yolo9 {
 
-ConvImpl::ConvImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64_t groups, bool act)
-    : act_(act), pointwise_(k == 1 && s == 1 && groups == 1), stride_(s), padding_((k - 1) / 2), groups_(groups) {
-  conv = register_module(
-      "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(c1, c2, k)
-                                    .stride(s)
-                                    .padding((k - 1) / 2)
-                                    .groups(groups)
-                                    .bias(false)));
-  bn = register_module("bn",
-                       torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(c2).eps(1e-3).momentum(0.03)));
-}
-
-torch::Tensor ConvImpl::forward(const torch::Tensor& x) {
-  if (bn->is_training()) {
-    // Training with autograd: one fused node (models/conv_bn_act.hpp).
-    ConvBnActParams p;
-    p.weight = &conv->weight;
-    p.weight_cast = weight_cast_;
-    p.stride = stride_;
-    p.padding = padding_;
-    p.groups = groups_;
-    p.pointwise = pointwise_;
-    p.gamma = &bn->weight;
-    p.beta = &bn->bias;
-    p.running_mean = &bn->running_mean;
-    p.running_var = &bn->running_var;
-    p.momentum = bn->options.momentum().value();
-    p.eps = bn->options.eps();
-    p.act = act_;
-    if (conv_bn_act_applicable(x, p)) return conv_bn_act_train(x, p);
-  }
-  torch::Tensor y;
-  if (pointwise_ && conv1x1_gemm_applies(x)) {
-    y = conv1x1_gemm(x, conv->weight);  // the host-cheap form of a 1x1 convolution
-  } else {
-    y = conv->forward(x);
-  }
-  y = torch::batch_norm(y, bn->weight, bn->bias, bn->running_mean, bn->running_var, bn->is_training(),
-                        bn->options.momentum().value(), bn->options.eps(),
-                        at::globalContext().userEnabledCuDNN());
-  if (!act_) return y;
-  // In place only when no graph is recorded: SiLU's backward needs its input.
-  return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
-}
-
 RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
   conv1 = register_module("conv1", Conv(c1, c2, 3, 1, 1, false));
   conv2 = register_module("conv2", Conv(c1, c2, 1, 1, 1, false));

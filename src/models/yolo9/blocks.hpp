@@ -8,30 +8,13 @@
 
 #include <vector>
 
+#include "models/common/conv.hpp"
+
 namespace libreyolo::models::yolo9 {
 
-// Conv2d(bias=false) + BatchNorm2d(eps 1e-3, momentum 0.03) + optional SiLU.
-// bn.num_batches_tracked is NOT advanced here: the model advances all of them with one fused
-// kernel per training forward (Yolo9Model::forward_raw) instead of one tiny kernel per layer.
-class ConvImpl : public torch::nn::Module {
- public:
-  ConvImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1,
-           bool act = true);
-  torch::Tensor forward(const torch::Tensor& x);
-  // A copy of conv.weight in the autocast dtype for the next training forward (or nullptr);
-  // set and cleared by Yolo9Model::forward_raw around each forward.
-  void set_weight_cast(const torch::Tensor* w) { weight_cast_ = w; }
-
-  torch::nn::Conv2d conv{nullptr};
-  torch::nn::BatchNorm2d bn{nullptr};
-
- private:
-  bool act_;
-  bool pointwise_;
-  int64_t stride_, padding_, groups_;
-  const torch::Tensor* weight_cast_ = nullptr;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
-};
-TORCH_MODULE(Conv);
+// Conv2d(bias=false) + BatchNorm2d(eps 1e-3, momentum 0.03) + optional SiLU: the shared block.
+using ConvImpl = common::ConvBnActImpl;
+using Conv = common::ConvBnAct;
 
 // SiLU(Conv3x3(x) + Conv1x1(x)); both branches without activation, no identity branch.
 class RepConvNImpl : public torch::nn::Module {

@@ -6,6 +6,7 @@
 #include "libreyolo/errors.hpp"
 #include "loss/yolo9_loss.hpp"
 #include "models/yolo9/yolo9.hpp"
+#include "ops/postprocess.hpp"
 
 namespace libreyolo::models::yolo9 {
 
@@ -136,6 +137,11 @@ Family make_family() {
   f.infer_num_classes = infer_num_classes;
   f.normalize_keys = normalize_keys;
   f.make_loss = make_loss;
+  // The defaults of config.hpp are this family's recipe; mosaic closing changes nothing in the step.
+  f.input = InputSpec{false, 255.0};
+  f.postprocess = [](const torch::Tensor& pred, const PostprocessArgs& a) {
+    return ops::postprocess_yolo(pred, a.conf, a.iou, a.max_det, a.ratio, a.orig_h, a.orig_w);
+  };
   return f;
 }
 

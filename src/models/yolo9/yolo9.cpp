@@ -203,65 +203,10 @@ std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
     throw UsageError("YOLOv9 expects an input of shape [B, 3, H, W], got " +
                      c10::str(x.sizes()));
   }
-  if (is_training()) {
-    if (bn_counters_.empty())
-      for (const auto& m : modules(/*include_self=*/false))
-        if (auto* bn = dynamic_cast<torch::nn::BatchNorm2dImpl*>(m.get()))
-          bn_counters_.emplace_back(m, bn->num_batches_tracked);
-    // As BatchNorm2d's own forward would do layer by layer (frozen layers are in eval mode).
-    std::vector<torch::Tensor> live;
-    live.reserve(bn_counters_.size());
-    for (const auto& [m, counter] : bn_counters_)
-      if (m->is_training()) live.push_back(counter);
-    if (!live.empty()) {
-      torch::NoGradGuard ng;
-      at::_foreach_add_(live, 1);
-    }
-  }
+  if (is_training()) layers_.advance_bn_counters();
   if (!is_training() || !torch::GradMode::is_enabled()) return head_->forward(neck_->forward(backbone_->forward(x)));
-  prepare_weight_casts(x);
-  // The casts are valid for this forward only: clear the blocks' pointers on every exit.
-  struct Clear {
-    std::vector<ConvImpl*>& convs;
-    ~Clear() {
-      for (auto* c : convs) c->set_weight_cast(nullptr);
-    }
-  } clear{convs_};
+  auto casts = layers_.prepare_weight_casts(x);  // valid for this forward only
   return head_->forward(neck_->forward(backbone_->forward(x)));
-}
-
-// Under autocast each Conv block would cast its weight with its own kernel (and its own host
-// dispatch, ~220 per step). Instead all of them are cast here by one multi-tensor copy into
-// persistent buffers of the same sizes and strides, and each block is handed its copy.
-void Yolo9Model::prepare_weight_casts(const torch::Tensor& x) {
-  const auto dev = x.device().type();
-  if (!fused_conv_training() || !at::autocast::is_autocast_enabled(dev)) return;
-  const auto dtype = at::autocast::get_autocast_dtype(dev);
-  if (convs_.empty()) {
-    for (const auto& m : modules(/*include_self=*/false))
-      if (auto* c = dynamic_cast<ConvImpl*>(m.get())) convs_.push_back(c);
-  }
-  bool stale = cast_src_.size() != convs_.size();
-  for (size_t i = 0; !stale && i < convs_.size(); ++i) {
-    const auto& w = convs_[i]->conv->weight;
-    stale = !cast_src_[i].is_same(w) || cast_src_[i].data_ptr() != w.data_ptr() ||
-            cast_dst_[i].scalar_type() != dtype || cast_dst_[i].device() != w.device() ||
-            cast_dst_[i].strides() != w.strides();
-  }
-  if (stale) {
-    cast_src_.clear();
-    cast_dst_.clear();
-    for (auto* c : convs_) {
-      cast_src_.push_back(c->conv->weight);
-      cast_dst_.push_back(at::empty_like(c->conv->weight, c->conv->weight.options().dtype(dtype)));
-    }
-  }
-  if (convs_.empty() || cast_src_[0].device().type() != dev) return;
-  {
-    torch::NoGradGuard ng;
-    at::_foreach_copy_(cast_dst_, cast_src_);
-  }
-  for (size_t i = 0; i < convs_.size(); ++i) convs_[i]->set_weight_cast(&cast_dst_[i]);
 }
 
 void Yolo9Model::reset_num_classes(int nc) { head_->reset_num_classes(nc); }

@@ -138,12 +138,7 @@ class Yolo9Model : public Detector {
   Backbone backbone_{nullptr};
   Neck neck_{nullptr};
   Head head_{nullptr};
-  // Every BatchNorm's num_batches_tracked, with its module, advanced together per training forward.
-  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, torch::Tensor>> bn_counters_;
-  // Training under autocast: every Conv block's weight cast with one multi-tensor copy per forward.
-  std::vector<ConvImpl*> convs_;
-  std::vector<torch::Tensor> cast_src_, cast_dst_;
-  void prepare_weight_casts(const torch::Tensor& x);
+  common::BatchedLayerState layers_{*this};  // BN counters and weight casts, once per forward
   std::mutex grid_mutex_;
   std::vector<AnchorGrid> grids_;  // small, most recent last
 };

@@ -1,0 +1,67 @@
+// The Conv+BN+SiLU block shared by the Conv+BN families, and the per-forward work done once for
+// all such layers of a network instead of layer by layer.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+#include <utility>
+#include <vector>
+
+namespace libreyolo::models::common {
+
+// Conv2d(bias=false) + BatchNorm2d + optional SiLU, registered as "conv" and "bn" (LibreYOLO's
+// names in YOLOv9 and YOLOX alike). In training with autograd it is one fused node
+// (models/conv_bn_act.hpp). bn.num_batches_tracked is NOT advanced here: BatchedLayerState
+// advances all of them with one kernel per training forward instead of one per layer.
+class ConvBnActImpl : public torch::nn::Module {
+ public:
+  ConvBnActImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1, bool act = true,
+                double eps = 1e-3, double momentum = 0.03);
+  torch::Tensor forward(const torch::Tensor& x);
+  // A copy of conv.weight in the autocast dtype for the next training forward (or nullptr);
+  // set and cleared by BatchedLayerState around each forward.
+  void set_weight_cast(const torch::Tensor* w) { weight_cast_ = w; }
+
+  torch::nn::Conv2d conv{nullptr};
+  torch::nn::BatchNorm2d bn{nullptr};
+
+ private:
+  bool act_;
+  bool pointwise_;
+  int64_t stride_, padding_, groups_;
+  const torch::Tensor* weight_cast_ = nullptr;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
+};
+TORCH_MODULE(ConvBnAct);
+
+// Training forwards of a network of ConvBnAct/BatchNorm layers, batched across layers:
+//  - every BatchNorm's num_batches_tracked advanced by one fused add (as each BatchNorm2d would
+//    do for itself; frozen layers in eval mode are skipped);
+//  - under autocast with the fused node, every ConvBnAct weight cast to the autocast dtype by
+//    one multi-tensor copy into persistent buffers, each block handed its copy for this forward
+//    (each block would otherwise cast with its own kernel and host dispatch, ~220 per step).
+class BatchedLayerState {
+ public:
+  explicit BatchedLayerState(torch::nn::Module& root) : root_(root) {}
+  // Clears the blocks' casts when a training forward ends, however it ends.
+  class Scope {
+   public:
+    explicit Scope(BatchedLayerState* s) : s_(s) {}
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    BatchedLayerState* s_;
+  };
+  // Call at the start of a training forward (root in training mode).
+  void advance_bn_counters();
+  [[nodiscard]] Scope prepare_weight_casts(const torch::Tensor& x);
+
+ private:
+  torch::nn::Module& root_;
+  std::vector<std::pair<std::shared_ptr<torch::nn::Module>, torch::Tensor>> bn_counters_;
+  std::vector<ConvBnActImpl*> convs_;
+  std::vector<torch::Tensor> cast_src_, cast_dst_;
+};
+
+}  // namespace libreyolo::models::common
