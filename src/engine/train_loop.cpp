@@ -70,7 +70,7 @@ void TrainLoop::run(EpochSteps& steps, TrainResult& result, std::chrono::steady_
       s_.epoch = epoch;
       call([&](TrainHook& h) { h.before_epoch(s_); });
       steps.begin_epoch(s_);
-      while (true) {
+      while (steps.has_next(s_)) {
         bool more;
         {
           PhaseScope ps(observing_ ? this : nullptr, Phase::Dataload);

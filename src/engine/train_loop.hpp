@@ -24,8 +24,11 @@ class EpochSteps {
  public:
   virtual ~EpochSteps() = default;
   virtual void begin_epoch(TrainState& s) = 0;
+  // False once the epoch's batches are all done (asked before each fetch, so that a phase
+  // observer never sees a fetch that yields nothing).
+  virtual bool has_next(const TrainState& s) const = 0;
   // Fetches the next batch and fills s.batch_index / batch_images / optimizer_step / global_step;
-  // false when the epoch's data is exhausted.
+  // false when the data ran out early after all.
   virtual bool next_batch(TrainState& s) = 0;
   virtual void run_step(TrainState& s) = 0;
   virtual EpochSummary end_epoch(TrainState& s) = 0;

@@ -82,6 +82,7 @@ class Trainer : private EpochSteps {
   void apply_freeze();
   // EpochSteps
   void begin_epoch(TrainState& s) override;
+  bool has_next(const TrainState& s) const override { return s.batch_index + 1 < s.batches_per_epoch; }
   bool next_batch(TrainState& s) override;
   void run_step(TrainState& s) override;
   EpochSummary end_epoch(TrainState& s) override;
