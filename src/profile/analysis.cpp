@@ -136,7 +136,7 @@ double union_length(std::vector<std::pair<double, double>> iv) {
 Verdict decide(const VerdictInputs& in) {
   char buf[512];
   const long long mallocs = static_cast<long long>(in.cuda_mallocs_per_step);
-  if (in.cuda_mallocs_per_step >= 5 || in.util > 1.05) {
+  if (in.cuda_mallocs_per_step >= 5 || (!in.cpu && in.util > 1.05)) {
     std::string util_part;
     if (in.util > 1.05) {
       std::snprintf(buf, sizeof buf, "; util read %.0f%%", in.util * 100);
@@ -291,6 +291,7 @@ struct WindowSel {
   double w1 = std::numeric_limits<double>::infinity();
   int n_real = 1;
   double wall_us = 0;
+  bool has_markers = false;
   bool in(double ts) const { return ts >= w0 && ts < w1; }
 };
 
@@ -355,6 +356,7 @@ WindowSel select_window(const Parsed& p, const json* summary) {
   }
   w.n_real = std::max(1, n_real);
   w.wall_us = w.w1 - w.w0;
+  w.has_markers = true;
   return w;
 }
 
@@ -545,13 +547,17 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
   const auto dataload_frac = jnum(summary, "real", "dataload_frac");
   std::optional<double> img_per_s = jnum(summary, "real", "img_per_s");
   const double busy_ms = busy_us / 1000.0 / n_real;
-  const double util_raw = step_ms > 0 ? busy_ms / step_ms : 0;
+  // Utilisation compares busy time with the wall time of the SAME steps (the marker-delimited
+  // window); the headline step_ms is the mean over the whole unsynced half, which can differ
+  // when steps vary.
+  const double window_step_ms = w.has_markers ? w.wall_us / 1000.0 / n_real : step_ms;
+  const double util_raw = window_step_ms > 0 ? busy_ms / window_step_ms : 0;
   const double util = std::min(util_raw, 1.0);
   const long long mallocs_ps = mallocs / n_real;
-  const bool memory_pressure = mallocs_ps >= 5 || util_raw > 1.05;
+  const bool memory_pressure = mallocs_ps >= 5 || (!cpu && util_raw > 1.05);
   const long long kernels_ps = n_kern / n_real;
   const double mean_kernel_us = n_kern ? kern_sum / n_kern : 0;
-  const double host_ms = std::max(step_ms - busy_ms - dataload_ms.value_or(0), 0.0);
+  const double host_ms = std::max(window_step_ms - busy_ms - dataload_ms.value_or(0), 0.0);
   const long long ops_ps = n_ops / n_real;
 
   VerdictInputs vi;
@@ -574,6 +580,7 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
   out["lever"] = bound_lever(v.bound, cpu);
   out["busy_source"] = cpu ? "cpu_ops" : "gpu_kernels";
   out["step_ms"] = round_to(step_ms, 2);
+  out["window_step_ms"] = round_to(window_step_ms, 3);
   out["img_per_s"] = value_or_null(img_per_s);
   out["dataload_ms"] = value_or_null(dataload_ms);
   out["dataload_frac"] = value_or_null(dataload_frac);

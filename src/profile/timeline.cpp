@@ -141,10 +141,11 @@ function panel(){
   f.style.width=Math.min(100,c.pct)+"%";f.style.background=CAT[c.name]||"#888";tr.appendChild(f);var p=document.createElement("span");p.className="pct";p.textContent=fmt(c.pct,1)+"%";
   r.appendChild(n);r.appendChild(tr);r.appendChild(p);mix.appendChild(r);});
  if(!(A.categories||[]).length){mix.textContent=cpu?"no GPU kernels (CPU run)":"no kernels";}
+ if(!(A.top_kernels||[]).length){el("topk").previousElementSibling.style.display="none";}
  var tk=el("topk");(A.top_kernels||[]).forEach(function(k){var tr=document.createElement("tr");
   [[k.name||k.kernel,"k"],[fmt(k.ms!==undefined?k.ms:k.ms_per_step,2)+"ms","n"],[fmt(k.pct!==undefined?k.pct:k.pct_of_gpu,1)+"%","n"]].forEach(function(c){var td=document.createElement("td");td.className=c[1];td.textContent=c[0];td.title=k.raw_name||c[0];tr.appendChild(td);});tk.appendChild(tr);});
  var ph=el("phases");(A.phases||[]).forEach(function(p){var tr=document.createElement("tr");
-  [[p.phase,"k"],["wall "+fmt(p.wall_ms_per_step,2),"n"],["busy "+fmt(p.gpu_ms_per_step,2),"n"]].forEach(function(c){var td=document.createElement("td");td.className=c[1];td.textContent=c[0];tr.appendChild(td);});ph.appendChild(tr);});
+  [[p.phase,"k"],["wall "+fmt(p.wall_ms_per_step,2),"n"],cpu?["ops "+fmt(p.ops_per_step,0),"n"]:["gpu "+fmt(p.gpu_ms_per_step,2),"n"]].forEach(function(c){var td=document.createElement("td");td.className=c[1];td.textContent=c[0];tr.appendChild(td);});ph.appendChild(tr);});
 }
 panel();size();draw();
 status.textContent="drawn lanes="+lanes.length+" events="+D.events.length+" visible="+drawn;
