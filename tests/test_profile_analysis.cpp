@@ -335,6 +335,36 @@ TEST(ProfileWhatIf, HostAndComputeArithmetic) {
   EXPECT_THROW(lp::what_if(p, std::nullopt, std::nullopt), libreyolo::UsageError);
 }
 
+TEST(ProfileRepeat, AggregatesTrialsAndFeedsCompare) {
+  json a = lp::analyze_trace(synthetic_trace(), nullptr, "t0");
+  json b = a, c = a;
+  a["img_per_s"] = 100.0;
+  b["img_per_s"] = 104.0;
+  c["img_per_s"] = 102.0;
+  a["kernels_per_step"] = 10;
+  b["kernels_per_step"] = 12;
+  c["kernels_per_step"] = 14;
+  a["gpu_util"] = 0.5;
+  b["gpu_util"] = 0.6;
+  c["gpu_util"] = 0.7;
+  c["bound"] = "compute";
+  const json r = lp::aggregate_repeat({a, b, c}, {"p0/profile.json", "p1/profile.json", "p2/profile.json"});
+  EXPECT_DOUBLE_EQ(r["img_per_s"].get<double>(), 102.0);
+  EXPECT_DOUBLE_EQ(r["img_per_s_std"].get<double>(), 1.63);  // population std of 100, 104, 102
+  EXPECT_EQ(r["img_per_s_n"], 3);
+  EXPECT_EQ(r["metrics"]["img_per_s_n"], 3);
+  EXPECT_EQ(r["kernels_per_step"], 12);
+  EXPECT_TRUE(r["kernels_per_step"].is_number_integer());
+  EXPECT_DOUBLE_EQ(r["gpu_util"].get<double>(), 0.6);
+  EXPECT_EQ(r["bound"], "mixed");
+  EXPECT_EQ(r["aggregation"]["representative_profile"], "p2/profile.json");
+  EXPECT_EQ(r["schema"], lp::kSchema);
+  // Two repeat files compare with a significance call.
+  json r2 = r;
+  r2["img_per_s"] = 120.0;
+  EXPECT_EQ(lp::compare_profiles(r, r2, "a", "b")["img_per_s"]["significant"], true);
+}
+
 // ------------------------------------------------------------------ readers
 TEST(ProfileReaders, AcceptTheReferenceExampleProfile) {
   const auto ex = example_profile();

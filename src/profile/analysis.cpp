@@ -889,6 +889,69 @@ json what_if(const json& p, const std::optional<std::string>& remove_category,
   return out;
 }
 
+// ------------------------------------------------------------------ repeat
+json aggregate_repeat(const std::vector<json>& profiles, const std::vector<std::string>& paths) {
+  if (profiles.empty()) throw UsageError("no trials to aggregate");
+  json out = profiles.back();
+  if (!out.contains("metrics") || !out["metrics"].is_object()) out["metrics"] = json::object();
+  std::vector<double> ips;
+  for (const auto& p : profiles)
+    if (auto v = num_field(p, "img_per_s")) ips.push_back(*v);
+  if (!ips.empty()) {
+    double mean = 0;
+    for (double v : ips) mean += v;
+    mean /= static_cast<double>(ips.size());
+    double var = 0;
+    for (double v : ips) var += (v - mean) * (v - mean);
+    var /= static_cast<double>(ips.size());  // population std, as 1.6.0
+    out["img_per_s"] = round_to(mean, 2);
+    out["img_per_s_std"] = round_to(std::sqrt(var), 2);
+  } else {
+    out["img_per_s"] = nullptr;
+    out["img_per_s_std"] = nullptr;
+  }
+  out["img_per_s_n"] = ips.size();
+  out["img_per_s_trials"] = ips;
+  for (const char* k : {"img_per_s", "img_per_s_std", "img_per_s_n", "img_per_s_trials"}) out["metrics"][k] = out[k];
+  out["aggregation"] = {{"n", profiles.size()},
+                        {"profiles", paths},
+                        {"representative_profile", paths.empty() ? json(nullptr) : json(paths.back())},
+                        {"note", "scalar metrics are averaged; kernel lists and trace view use the final trial."}};
+  static const std::map<std::string, std::string> alias = {{"gpu_busy_ms_per_step", "gpu_busy_ms"},
+                                                           {"memcpy_ms_per_step", "memcpy_ms"},
+                                                           {"host_overhead_ms_per_step", "host_overhead_ms"}};
+  for (const char* k : {"step_ms", "gpu_util", "gpu_util_raw", "gpu_busy_ms_per_step", "mean_kernel_us",
+                        "kernels_per_step", "memcpy_ms_per_step", "host_overhead_ms_per_step", "launches_per_step",
+                        "dataload_ms", "dataload_frac", "tensorcore_pct", "cuda_mallocs_per_step"}) {
+    double sum = 0;
+    size_t n = 0;
+    bool all_int = true;
+    for (const auto& p : profiles)
+      if (p.contains(k) && p[k].is_number()) {
+        sum += p[k].get<double>();
+        all_int = all_int && p[k].is_number_integer();
+        ++n;
+      }
+    if (n == 0) continue;
+    const double mean = sum / static_cast<double>(n);
+    json v = all_int && std::fabs(mean - std::round(mean)) < 1e-9 ? json(static_cast<long long>(std::llround(mean)))
+                                                                   : json(round_to(mean, 3));
+    out[k] = v;
+    auto a = alias.find(k);
+    const std::string mk = a != alias.end() ? a->second : std::string(k);
+    if (out["metrics"].contains(mk) || a != alias.end()) out["metrics"][mk] = v;
+  }
+  std::set<std::string> bounds;
+  for (const auto& p : profiles)
+    if (p.contains("bound") && p["bound"].is_string()) bounds.insert(p["bound"].get<std::string>());
+  if (bounds.size() > 1) {
+    out["bound"] = "mixed";
+    out["bound_why"] = "repeat trials produced mixed bottleneck verdicts";
+    out["metrics"]["bound"] = "mixed";
+  }
+  return out;
+}
+
 // ------------------------------------------------------------------ loading
 json load_profile(const std::string& path) {
   std::error_code ec;

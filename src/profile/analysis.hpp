@@ -76,6 +76,11 @@ json compare_profiles(const json& before, const json& after, const std::string& 
 json what_if(const json& profile, const std::optional<std::string>& remove_category,
              const std::optional<long long>& remove_launches);
 
+// `profile run --repeat N`: profile_repeat.json from the trials' profiles (perf_tools.md §2.1): the
+// last trial's profile with img/s as the mean of the trials (plus std, n, trials), the scalar
+// figures averaged, and bound "mixed" when the trials disagree. `paths` name the trials' files.
+json aggregate_repeat(const std::vector<json>& profiles, const std::vector<std::string>& paths);
+
 // Loads what a reader is pointed at: a profile.json-like file is used as it is; anything else is
 // analysed as a raw trace (with a sibling profile_summary.json when present).
 // Missing file -> UsageError "not found: <path>" (exit 2); anything unreadable or not analysable

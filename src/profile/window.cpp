@@ -12,6 +12,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -319,6 +320,23 @@ std::string Window::round_to_accumulation(int& warmup, int& steps, int accum) {
 
 namespace {
 
+// Opens the page with the desktop's opener, in the background, only when a display exists.
+void open_in_browser(const std::string& path) {
+  const char* display = std::getenv("DISPLAY");
+  const char* wayland = std::getenv("WAYLAND_DISPLAY");
+  if (!(display && *display) && !(wayland && *wayland)) return;
+  std::string quoted = "'";
+  for (char c : fs::absolute(path).string()) {
+    if (c == '\'')
+      quoted += "'\\''";
+    else
+      quoted += c;
+  }
+  quoted += "'";
+  const std::string cmd = "(xdg-open " + quoted + " >/dev/null 2>&1 &)";
+  if (std::system(cmd.c_str()) != 0) log_debug("profiler: could not open the timeline in a browser");
+}
+
 std::string fmt_report(const json& summary, const json* prof, const Report& r) {
   std::ostringstream os;
   const std::string rule(64, '=');
@@ -506,6 +524,7 @@ Report Window::finish() {
       log_warn(std::string("profiler: analysing the trace failed: ") + e.what());
     }
   }
+  if (s.opts.open && !r.timeline_path.empty()) open_in_browser(r.timeline_path);
   const std::string summary_path = (dir / "profile_summary.json").string();
   if (write_json(summary_path, summary, 2)) r.summary_path = summary_path;
   r.text = fmt_report(summary, have_prof ? &prof : nullptr, r);

@@ -39,6 +39,7 @@ struct Meta {
 
 struct WindowOptions {
   bool trace = true;  // profile_trace: record the Kineto trace (without it only the summary is written)
+  bool open = false;  // profile_open: open timeline.html in a browser when a display exists
 };
 
 struct Report {
