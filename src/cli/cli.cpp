@@ -15,6 +15,7 @@
 #include "core/log.hpp"
 #include "engine/config_schema.hpp"
 #include "io/checkpoint.hpp"
+#include "profile/profile_cli.hpp"
 
 namespace libreyolo::cli {
 
@@ -107,6 +108,8 @@ std::vector<Command> commands() {
 void print_usage(std::ostream& os, const std::vector<Command>& cmds) {
   os << "Usage: libreyolo <command> [key=value ...] [--json] [--quiet] [--verbose]\n\nCommands:\n";
   for (const auto& c : cmds) os << "  " << std::left << std::setw(10) << c.name << c.summary << "\n";
+  os << "  " << std::left << std::setw(10) << "profile"
+     << "training profiler readers: libreyolo profile summary runs/prof/profile.json\n";
   os << "\nRun 'libreyolo <command> --help' for its options.\n";
 }
 
@@ -449,6 +452,9 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
     return args.empty() ? 2 : 0;
   }
   if (args[0] == "--version") args[0] = "version";
+  // `profile` has its own sub-app grammar (--name value, positional files): see src/profile/.
+  if (args[0] == "profile")
+    return profile::run_profile_command(std::vector<std::string>(args.begin() + 1, args.end()), out, err);
   const Command* cmd = nullptr;
   for (const auto& c : cmds)
     if (c.name == args[0]) cmd = &c;
