@@ -62,6 +62,14 @@ struct TrainConfig {
   bool exist_ok = false;
   bool sync_bn = true;
   bool verbose = true;  // progress lines
+
+  // Profiler (a window of real steps; the report and four files in the run dir).
+  bool profile = false;
+  int profile_warmup = 5;            // steps discarded before the window
+  int profile_steps = 20;            // steps measured: first half unsynced, second half synced per phase
+  bool profile_then_stop = false;    // end training when the window closes
+  bool profile_trace = true;         // record the Kineto trace (else the summary only)
+  bool profile_open = true;          // open timeline.html when a display exists
 };
 
 struct PredictConfig {

@@ -55,7 +55,13 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("name", &C::name, "run directory name")
         .add("exist_ok", &C::exist_ok, "reuse an existing run directory")
         .add("sync_bn", &C::sync_bn, "synchronised BatchNorm under multi-GPU training")
-        .add("verbose", &C::verbose, "print progress");
+        .add("verbose", &C::verbose, "print progress")
+        .add("profile", &C::profile, "profile a window of steps: verdict, report and files in the run dir")
+        .add("profile_warmup", &C::profile_warmup, "steps discarded before the profile window")
+        .add("profile_steps", &C::profile_steps, "steps measured by the profiler")
+        .add("profile_then_stop", &C::profile_then_stop, "stop training when the profile window closes")
+        .add("profile_trace", &C::profile_trace, "record the Kineto trace in the profile window")
+        .add("profile_open", &C::profile_open, "open timeline.html when a display exists");
     o.alias("mosaic", "mosaic_prob").alias("mixup", "mixup_prob");
     return o;
   }();
@@ -154,6 +160,8 @@ void validate(const TrainConfig& c) {
   if (c.ema_decay < 0 || c.ema_decay >= 1) range_error("ema_decay", "must be within [0, 1)");
   if (c.save_period < 0) range_error("save_period", "must be >= 0");
   if (c.patience < 0) range_error("patience", "must be >= 0");
+  if (c.profile_warmup < 0) range_error("profile_warmup", "must be >= 0");
+  if (c.profile_steps < 2) range_error("profile_steps", "must be at least 2 (an unsynced and a synced half)");
 }
 
 void validate(const PredictConfig& c) {

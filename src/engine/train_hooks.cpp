@@ -21,6 +21,7 @@
 #include "engine/trainer.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"
+#include "profile/window.hpp"
 
 namespace fs = std::filesystem;
 
@@ -490,6 +491,100 @@ class RestoreBestHook : public TrainHook {
   Trainer& t_;
 };
 
+// ------------------------------------------------------------------------------------------------
+// The profiler: a window of real steps (profile/window.hpp) fed with the loop's phases; prints its
+// report, writes its files and removes itself, then training goes on (or stops: profile_then_stop).
+class ProfilerHook : public TrainHook {
+ public:
+  explicit ProfilerHook(Trainer& t) : t_(t) {
+    const TrainConfig& c = t.config();
+    int warmup = c.profile_warmup, steps = c.profile_steps;
+    const std::string rounded = profile::Window::round_to_accumulation(warmup, steps, t.accumulate());
+    if (!rounded.empty()) log_info(rounded);
+    profile::Meta meta;
+    std::string family = t.loaded().family->name;
+    if (family.rfind("yolo", 0) == 0) family = "YOLO" + family.substr(4);
+    meta.model = family + "-" + t.model().size();
+    meta.device = t.device().str();
+    meta.batch = c.batch;
+    meta.imgsz = {c.imgsz};
+    meta.amp = c.amp;
+    meta.amp_dtype = c.amp_dtype == "bf16" ? "bfloat16" : c.amp_dtype == "fp16" ? "float16" : c.amp_dtype;
+    meta.workers = t.workers();
+    profile::WindowOptions wo;
+    wo.trace = c.profile_trace;
+    wo.open = c.profile_open;
+    win_ = std::make_unique<profile::Window>(warmup, steps, t.device(), meta, t.save_dir(), wo);
+    log_info(strfmt("Profiler: %d warm-up step(s), then %d measured (first half unsynced, second half synced per phase)",
+                    warmup, steps));
+  }
+  std::string name() const override { return "profiler"; }
+  bool observes_phases() const override { return !done_; }
+  bool finished() const override { return done_; }
+  void phase_begin(TrainState&, Phase p) override {
+    if (p == Phase::Dataload) {
+      win_->step_begin();
+      win_->dataload_begin();
+    } else {
+      win_->phase_begin(map(p));
+    }
+  }
+  void phase_end(TrainState&, Phase p) override {
+    if (p == Phase::Dataload)
+      win_->dataload_end();
+    else
+      win_->phase_end(map(p));
+  }
+  void after_step(TrainState& s) override {
+    win_->step_end();
+    s.status = win_->live_verdict();
+    if (!win_->finished()) return;
+    profile::Report r = win_->finish();
+    done_ = true;
+    s.status.clear();
+    for (const auto& line : split_lines(r.text)) log_info(line);
+    if (s.config->profile_then_stop) {
+      s.stop = true;
+      s.stop_reason = "Profile-only run (profile_then_stop=true): training stopped after the profile window; the "
+                      "partial epoch was not validated or checkpointed";
+    } else {
+      log_info("Profile window complete; training continues (profile_then_stop=true stops here instead)");
+    }
+  }
+  void after_train(TrainState& s, TrainResult&) override { abandon(s); }
+  void on_exception(TrainState& s, const std::exception&) override { abandon(s); }
+
+ private:
+  static profile::Phase map(Phase p) {
+    switch (p) {
+      case Phase::ToDevice: return profile::Phase::ToDevice;
+      case Phase::Forward: return profile::Phase::Forward;
+      case Phase::Loss: return profile::Phase::Loss;
+      case Phase::Backward: return profile::Phase::Backward;
+      default: return profile::Phase::Optimizer;
+    }
+  }
+  static std::vector<std::string> split_lines(const std::string& text) {
+    std::vector<std::string> out;
+    std::stringstream ss(text);
+    std::string line;
+    while (std::getline(ss, line)) out.push_back(line);
+    return out;
+  }
+  // Training ended before the window filled: stop the profiler, say so.
+  void abandon(TrainState& s) {
+    if (done_) return;
+    win_->finish();
+    done_ = true;
+    s.status.clear();
+    log_warn(strfmt("The profile window did not fill (%d warm-up + %d measured steps needed): no profile written",
+                    win_->warmup(), win_->steps()));
+  }
+  Trainer& t_;
+  std::unique_ptr<profile::Window> win_;
+  bool done_ = false;
+};
+
 }  // namespace
 
 std::string loss_column(const std::string& term) {
@@ -536,6 +631,12 @@ std::vector<std::shared_ptr<TrainHook>> build_hooks(Trainer& t, const TrainCallb
       std::make_shared<EpochActionsHook>(t), std::make_shared<EvalHook>(t),      std::make_shared<CheckpointHook>(t),
       std::make_shared<ResultsCsvHook>(t),   std::make_shared<ProgressHook>(t),  std::make_shared<SummaryHook>(t),
       std::make_shared<RestoreBestHook>(t),  std::make_shared<CallbacksHook>(callbacks)};
+  if (t.config().profile) {
+    if (t.state().world_size > 1)
+      log_warn("profile=true is ignored under distributed training.");
+    else
+      hooks.push_back(std::make_shared<ProfilerHook>(t));
+  }
   for (const auto& h : user)
     if (h) hooks.push_back(h);
   return hooks;

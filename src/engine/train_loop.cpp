@@ -87,6 +87,8 @@ void TrainLoop::run(EpochSteps& steps, TrainResult& result, std::chrono::steady_
         }
         if (s_.stop) break;
       }
+      // A stop in the middle of an epoch abandons it: no summary, validation or checkpoint.
+      if (s_.stop && steps.has_next(s_)) break;
       EpochSummary e = steps.end_epoch(s_);
       call([&](TrainHook& h) { h.after_epoch(s_, e); });
       result.epochs.push_back(e);

@@ -44,8 +44,9 @@ class TrainLoop : public PhaseObserver {
   // True while some hook observes phases (the step should report them to this loop then).
   bool observing_phases() const { return observing_; }
 
-  // Epochs s.start_epoch .. s.epochs-1, until a hook sets s.stop. Checks for Ctrl-C/SIGTERM after
-  // each step (InterruptedError). Fills result.epochs/final_loss and hands `result` to after_train.
+  // Epochs s.start_epoch .. s.epochs-1, until a hook sets s.stop (in the middle of an epoch: that
+  // epoch is abandoned, without after_epoch). Checks for Ctrl-C/SIGTERM after each step
+  // (InterruptedError). Fills result.epochs/final_loss and hands `result` to after_train.
   // result.total_seconds counts from `started`.
   void run(EpochSteps& steps, TrainResult& result, std::chrono::steady_clock::time_point started);
 

@@ -57,6 +57,7 @@ class Trainer : private EpochSteps {
   std::shared_ptr<const data::YoloDataset> val_set() const { return val_set_; }
   const std::vector<std::string>& names() const { return names_; }
   int workers() const { return workers_; }
+  int accumulate() const { return accumulate_; }
   BestMetric& best() { return best_; }
   TrainResult& result() { return result_; }
   const io::PyValuePtr& resume_checkpoint() const { return resume_ckpt_; }
