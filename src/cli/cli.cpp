@@ -13,6 +13,7 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "core/log.hpp"
+#include "core/strings.hpp"
 #include "engine/config_schema.hpp"
 #include "io/checkpoint.hpp"
 
@@ -21,11 +22,6 @@ namespace libreyolo::cli {
 using json = nlohmann::json;
 
 namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string norm_key(std::string k) {
   for (auto& c : k)

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "core/log.hpp"
+#include "core/strings.hpp"
 #include "io/pickle_detail.hpp"
 #include "libreyolo/errors.hpp"
 
@@ -58,11 +59,6 @@ uint64_t le(const std::string& b, size_t at, int bytes) {
   uint64_t v = 0;
   for (int k = bytes - 1; k >= 0; --k) v = (v << 8) | static_cast<unsigned char>(b[at + k]);
   return v;
-}
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 }  // namespace
