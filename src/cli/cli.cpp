@@ -12,9 +12,9 @@
 #include <libreyolo/errors.hpp>
 #include <libreyolo/libreyolo.hpp>
 
+#include "core/config_schema.hpp"
 #include "core/log.hpp"
 #include "core/strings.hpp"
-#include "engine/config_schema.hpp"
 #include "io/checkpoint.hpp"
 
 namespace libreyolo::cli {
