@@ -14,6 +14,7 @@
 #include "core/options.hpp"
 #include "data/loader.hpp"
 #include "engine/step.hpp"
+#include "io/py_value.hpp"
 
 namespace libreyolo::engine {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "io/pickle.hpp"
+#include "io/state_dict.hpp"
 
 namespace libreyolo {
 
