@@ -1,4 +1,5 @@
-// The yolo9 registry entry: building, recognising and sizing YOLOv9 weights (§1.8).
+// The yolo9 registry entry: building, recognising and sizing YOLOv9 weights
+// (../shared/reference/yolo9.md §1.8).
 
 #include "core/log.hpp"
 #include "core/strings.hpp"
