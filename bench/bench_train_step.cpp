@@ -109,163 +109,216 @@ int64_t count_kernels(const std::function<void()>& step) {
 }
 #endif
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  std::string device = "cpu", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto";
+struct Options {
+  std::string device = "cpu", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto", fused = "on";
   int steps = 24, warmup = 15, imgsz = 640;  // warm-up also lets cuDNN autotune and GPU clocks rise
-  bool ema_on = false, kernels = true, diagnose = false, cudnn_benchmark = false;
-  std::string fused = "on";
+  bool ema = false, kernels = true, diagnose = false, cudnn_benchmark = false;
+};
+
+// Reads the command line into `o`; false (after a message) on an unknown argument.
+bool parse_args(int argc, char** argv, Options& o) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string {
       if (i + 1 >= argc) throw std::runtime_error("missing value for " + a);
       return argv[++i];
     };
-    if (a == "--device") device = val();
-    else if (a == "--sizes") sizes = val();
-    else if (a == "--batches") batches = val();
-    else if (a == "--dtypes") dtypes = val();
-    else if (a == "--steps") steps = std::stoi(val());
-    else if (a == "--warmup") warmup = std::stoi(val());
-    else if (a == "--imgsz") imgsz = std::stoi(val());
-    else if (a == "--memory-format") memfmt = val();
-    else if (a == "--ema") ema_on = true;
-    else if (a == "--no-kernels") kernels = false;
-    else if (a == "--diagnose") diagnose = true;
-    else if (a == "--cudnn-benchmark") cudnn_benchmark = true;
-    else if (a == "--fused") fused = val();
+    if (a == "--device") o.device = val();
+    else if (a == "--sizes") o.sizes = val();
+    else if (a == "--batches") o.batches = val();
+    else if (a == "--dtypes") o.dtypes = val();
+    else if (a == "--steps") o.steps = std::stoi(val());
+    else if (a == "--warmup") o.warmup = std::stoi(val());
+    else if (a == "--imgsz") o.imgsz = std::stoi(val());
+    else if (a == "--memory-format") o.memfmt = val();
+    else if (a == "--ema") o.ema = true;
+    else if (a == "--no-kernels") o.kernels = false;
+    else if (a == "--diagnose") o.diagnose = true;
+    else if (a == "--cudnn-benchmark") o.cudnn_benchmark = true;
+    else if (a == "--fused") o.fused = val();
     else {
       std::cerr << "unknown argument " << a << "\n";
-      return 2;
+      return false;
     }
   }
-  torch::Device dev = device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
+  return true;
+}
+
+// One measured configuration.
+struct Config {
+  std::string size, dtype;
+  int64_t batch;
+  bool fused;
+};
+
+// Everything one configuration trains with: the model, its optional EMA copy, the step runner
+// and the batch on the device.
+struct Bench {
+  std::shared_ptr<models::Detector> model, ema_model;
+  std::unique_ptr<engine::ModelEMA> ema;
+  engine::StepConfig sc;
+  std::unique_ptr<engine::StepRunner> runner;
+  torch::Tensor images, targets;
+
+  void step() {
+    runner->forward_backward(images, targets);
+    runner->optimizer_step();
+  }
+};
+
+std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, const torch::Device& dev,
+                                  const Config& c) {
+  auto b = std::make_unique<Bench>();
+  b->model = fam.build(c.size, 80);
+  b->model->to(dev);
+  b->model->train();
+  b->sc.device = dev;
+  b->sc.amp = engine::plan_amp(c.dtype != "fp32", c.dtype == "bf16" ? "bfloat16" : "float16", dev);
+  b->sc.channels_last = o.memfmt == "channels_last" || (o.memfmt == "auto" && dev.is_cuda());
+  if (b->sc.channels_last) engine::to_channels_last(*b->model);
+  if (o.ema) {
+    b->ema_model = fam.build_like(models::state_dict(*b->model), 80);
+    b->ema_model->to(dev);
+    if (b->sc.channels_last) engine::to_channels_last(*b->ema_model);
+    b->ema = std::make_unique<engine::ModelEMA>(b->ema_model, *b->model);
+  }
+  engine::LrSchedule sched;
+  sched.warmup_iters = 0;
+  sched.total_iters = 1000000;
+  b->runner = std::make_unique<engine::StepRunner>(
+      b->model, fam.make_loss(*b->model), engine::make_optimizer(*b->model, {}),
+      std::make_unique<engine::GradScaler>(dev, b->sc.amp.scaler), b->ema.get(), sched, b->sc);
+  auto [images, targets] = make_batch(c.batch, o.imgsz, 80);
+  b->images = images.to(dev);
+  b->targets = targets.to(dev);
+  return b;
+}
+
+#ifdef LIBREYOLO_CUDA
+// --diagnose: host synchronisations inside a step, phase times with a synchronisation after each
+// phase (host wall, median of 7), and a profile of three steps.
+json diagnose(Bench& b, const models::Family& fam, const torch::Device& dev, int imgsz) {
+  json diag;
+  for (int i = 0; i < 3; ++i) b.step();
+  // Any host synchronisation inside the step?
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+  try {
+    b.step();
+    diag["host_syncs"] = "none";
+  } catch (const std::exception& e) {
+    std::string m = e.what();
+    diag["host_syncs"] = m.substr(0, std::min<size_t>(m.size(), 600));
+  }
+  c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
+  libreyolo::synchronize(dev);
+  auto phase_loss = fam.make_loss(*b.model);
+  std::map<std::string, std::vector<double>> ph;
+  auto mark = [&](const char* name, std::chrono::steady_clock::time_point& t) {
+    libreyolo::synchronize(dev);
+    auto now = std::chrono::steady_clock::now();
+    ph[name].push_back(std::chrono::duration<double, std::milli>(now - t).count());
+    t = now;
+  };
+  for (int i = 0; i < 7; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    torch::Tensor x = b.runner->prepare_images(b.images);
+    mark("prepare", t);
+    std::vector<torch::Tensor> raw;
+    {
+      engine::AutocastGuard ac(dev, b.sc.amp.enabled, b.sc.amp.dtype);
+      raw = b.model->forward_raw(x);
+      mark("forward", t);
+      auto out = phase_loss->compute(raw, b.targets, imgsz, imgsz);
+      mark("loss", t);
+      b.runner->scaler().scale(out.total).backward();
+    }
+    mark("backward", t);
+    b.runner->optimizer_step();
+    mark("optimizer", t);
+  }
+  for (auto& [k, v] : ph) {
+    std::sort(v.begin(), v.end());
+    diag["phase_ms_synced"][k] = v[v.size() / 2];
+  }
+  diag["profile"] = profile_steps([&] { b.step(); }, 3);
+  return diag;
+}
+#endif
+
+// Step times in ms after the warm-up, sorted. Peak memory statistics start after the warm-up.
+std::vector<double> time_steps(Bench& b, const torch::Device& dev, int warmup, int steps) {
+  for (int i = 0; i < warmup; ++i) b.step();
+  libreyolo::synchronize(dev);
+#ifdef LIBREYOLO_CUDA
+  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
+#endif
+  std::vector<double> ms;
+  for (int i = 0; i < steps; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    b.step();
+    libreyolo::synchronize(dev);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
+// Measures one configuration; returns its result object.
+json run_config(const Options& o, const models::Family& fam, const torch::Device& dev, const Config& c) {
+  models::set_fused_conv_training(c.fused);
+  auto b = make_bench(o, fam, dev, c);
+  json diag;
+#ifdef LIBREYOLO_CUDA
+  if (o.diagnose && dev.is_cuda()) diag = diagnose(*b, fam, dev, o.imgsz);
+#endif
+  const std::vector<double> ms = time_steps(*b, dev, o.warmup, o.steps);
+  const int64_t B = c.batch;
+  json r = {{"model", "yolo9" + c.size}, {"batch", B}, {"dtype", c.dtype}, {"channels_last", b->sc.channels_last},
+            {"fused_conv", c.fused}, {"cudnn_benchmark", o.cudnn_benchmark},
+            {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
+            {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
+#ifdef LIBREYOLO_CUDA
+  if (dev.is_cuda()) {
+    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    r["peak_allocated_gb"] = static_cast<double>(st.allocated_bytes[0].peak) / 1e9;
+    r["peak_reserved_gb"] = static_cast<double>(st.reserved_bytes[0].peak) / 1e9;
+    if (o.kernels) {
+      try {
+        r["kernels_per_step"] = count_kernels([&] { b->step(); });
+      } catch (const std::exception& e) {
+        r["kernels_per_step_error"] = e.what();
+      }
+    }
+  }
+#endif
+  if (!diag.is_null()) r["diagnose"] = diag;
+  return r;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse_args(argc, argv, o)) return 2;
+  torch::Device dev = o.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (dev.is_cuda() && !torch::cuda::is_available()) {
     std::cerr << "no CUDA device\n";
     return 1;
   }
   const models::Family* fam = models::find_family("yolo9");
-  at::globalContext().setBenchmarkCuDNN(cudnn_benchmark);
-  json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", imgsz}, {"steps", steps},
-              {"warmup", warmup}, {"ema", ema_on}, {"results", json::array()}};
-  for (const auto& size : split(sizes)) {
-    for (const auto& bs : split(batches)) {
-      for (const auto& dt : split(dtypes)) {
-       for (bool fused_on : fused == "both" ? std::vector<bool>{true, false} : std::vector<bool>{fused != "off"}) {
-        models::set_fused_conv_training(fused_on);
-        const int64_t B = std::stoll(bs);
-        auto model = fam->build(size, 80);
-        model->to(dev);
-        model->train();
-        engine::StepConfig sc;
-        sc.device = dev;
-        sc.amp = engine::plan_amp(dt != "fp32", dt == "bf16" ? "bfloat16" : "float16", dev);
-        sc.channels_last = memfmt == "channels_last" || (memfmt == "auto" && dev.is_cuda());
-        if (sc.channels_last) engine::to_channels_last(*model);
-        std::shared_ptr<models::Detector> ema_model;
-        std::unique_ptr<engine::ModelEMA> ema;
-        if (ema_on) {
-          ema_model = fam->build_like(models::state_dict(*model), 80);
-          ema_model->to(dev);
-          if (sc.channels_last) engine::to_channels_last(*ema_model);
-          ema = std::make_unique<engine::ModelEMA>(ema_model, *model);
+  at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark);
+  json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", o.imgsz}, {"steps", o.steps},
+              {"warmup", o.warmup}, {"ema", o.ema}, {"results", json::array()}};
+  const std::vector<bool> fused_modes =
+      o.fused == "both" ? std::vector<bool>{true, false} : std::vector<bool>{o.fused != "off"};
+  for (const auto& size : split(o.sizes)) {
+    for (const auto& bs : split(o.batches)) {
+      for (const auto& dt : split(o.dtypes)) {
+        for (bool fused_on : fused_modes) {
+          json r = run_config(o, *fam, dev, Config{size, dt, std::stoll(bs), fused_on});
+          out["results"].push_back(r);
+          std::cerr << r.dump() << "\n";
         }
-        engine::LrSchedule sched;
-        sched.warmup_iters = 0;
-        sched.total_iters = 1000000;
-        engine::StepRunner runner(model, fam->make_loss(*model), engine::make_optimizer(*model, {}),
-                                  std::make_unique<engine::GradScaler>(dev, sc.amp.scaler), ema.get(), sched, sc);
-        auto [images, targets] = make_batch(B, imgsz, 80);
-        images = images.to(dev);
-        targets = targets.to(dev);
-        auto step = [&] {
-          runner.forward_backward(images, targets);
-          runner.optimizer_step();
-        };
-        json diag;
-#ifdef LIBREYOLO_CUDA
-        if (diagnose && dev.is_cuda()) {
-          for (int i = 0; i < 3; ++i) step();
-          // Any host synchronisation inside the step?
-          c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
-          try {
-            step();
-            diag["host_syncs"] = "none";
-          } catch (const std::exception& e) {
-            std::string m = e.what();
-            diag["host_syncs"] = m.substr(0, std::min<size_t>(m.size(), 600));
-          }
-          c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_DISABLED);
-          libreyolo::synchronize(dev);
-          // Phase times with a synchronisation after each phase (host wall, median of 7).
-          auto phase_loss = fam->make_loss(*model);
-          std::map<std::string, std::vector<double>> ph;
-          auto mark = [&](const char* name, std::chrono::steady_clock::time_point& t) {
-            libreyolo::synchronize(dev);
-            auto now = std::chrono::steady_clock::now();
-            ph[name].push_back(std::chrono::duration<double, std::milli>(now - t).count());
-            t = now;
-          };
-          for (int i = 0; i < 7; ++i) {
-            auto t = std::chrono::steady_clock::now();
-            torch::Tensor x = runner.prepare_images(images);
-            mark("prepare", t);
-            std::vector<torch::Tensor> raw;
-            {
-              engine::AutocastGuard ac(dev, sc.amp.enabled, sc.amp.dtype);
-              raw = model->forward_raw(x);
-              mark("forward", t);
-              auto out = phase_loss->compute(raw, targets, imgsz, imgsz);
-              mark("loss", t);
-              runner.scaler().scale(out.total).backward();
-            }
-            mark("backward", t);
-            runner.optimizer_step();
-            mark("optimizer", t);
-          }
-          for (auto& [k, v] : ph) {
-            std::sort(v.begin(), v.end());
-            diag["phase_ms_synced"][k] = v[v.size() / 2];
-          }
-          diag["profile"] = profile_steps(step, 3);
-        }
-#endif
-        for (int i = 0; i < warmup; ++i) step();
-        libreyolo::synchronize(dev);
-#ifdef LIBREYOLO_CUDA
-        if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
-#endif
-        std::vector<double> ms;
-        for (int i = 0; i < steps; ++i) {
-          auto t0 = std::chrono::steady_clock::now();
-          step();
-          libreyolo::synchronize(dev);
-          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-        }
-        std::sort(ms.begin(), ms.end());
-        json r = {{"model", "yolo9" + size}, {"batch", B}, {"dtype", dt}, {"channels_last", sc.channels_last},
-                  {"fused_conv", fused_on}, {"cudnn_benchmark", cudnn_benchmark},
-                  {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
-                  {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
-#ifdef LIBREYOLO_CUDA
-        if (dev.is_cuda()) {
-          auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
-          r["peak_allocated_gb"] = static_cast<double>(st.allocated_bytes[0].peak) / 1e9;
-          r["peak_reserved_gb"] = static_cast<double>(st.reserved_bytes[0].peak) / 1e9;
-          if (kernels) {
-            try {
-              r["kernels_per_step"] = count_kernels(step);
-            } catch (const std::exception& e) {
-              r["kernels_per_step_error"] = e.what();
-            }
-          }
-        }
-#endif
-        if (!diag.is_null()) r["diagnose"] = diag;
-        out["results"].push_back(r);
-        std::cerr << r.dump() << "\n";
-       }
       }
     }
   }

@@ -18,7 +18,7 @@ TEST(Core, ErrorsCarryExitCodes) {
 
 #include "core/device.hpp"
 #include "core/options.hpp"
-#include "engine/config_schema.hpp"
+#include "core/config_schema.hpp"
 
 TEST(Device, ParsesTheReferenceTable) {
   using libreyolo::parse_device_list;

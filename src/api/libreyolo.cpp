@@ -5,7 +5,7 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
-#include "engine/config_schema.hpp"
+#include "core/config_schema.hpp"
 #include "engine/predictor.hpp"
 #include "engine/trainer.hpp"
 #include "engine/validator.hpp"

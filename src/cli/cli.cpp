@@ -12,8 +12,9 @@
 #include <libreyolo/errors.hpp>
 #include <libreyolo/libreyolo.hpp>
 
+#include "core/config_schema.hpp"
 #include "core/log.hpp"
-#include "engine/config_schema.hpp"
+#include "core/strings.hpp"
 #include "io/checkpoint.hpp"
 #include "profile/profile_cli.hpp"
 
@@ -22,11 +23,6 @@ namespace libreyolo::cli {
 using json = nlohmann::json;
 
 namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 std::string norm_key(std::string k) {
   for (auto& c : k)

@@ -6,17 +6,11 @@
 
 #include <libreyolo/errors.hpp>
 
+#include "core/strings.hpp"
+
 namespace libreyolo {
 
 namespace {
-std::string trim_lower(std::string s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.pop_back();
-  size_t i = 0;
-  while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
-  s = s.substr(i);
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 bool all_digits(const std::string& s) {
   if (s.empty() || s.size() > 6) return false;
   for (char c : s)
@@ -26,7 +20,7 @@ bool all_digits(const std::string& s) {
 }  // namespace
 
 std::vector<int> parse_device_list(const std::string& device) {
-  std::string s = trim_lower(device);
+  std::string s = lower(trim(device));
   if (s.size() >= 2 && s.front() == '[' && s.back() == ']') s = s.substr(1, s.size() - 2);
   if (s.empty() || s == "auto" || s == "cpu" || s == "mps") return {};
   std::vector<int> out;
@@ -34,7 +28,7 @@ std::vector<int> parse_device_list(const std::string& device) {
     size_t start = 0;
     while (start <= s.size()) {
       size_t end = s.find(',', start);
-      std::string part = trim_lower(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+      std::string part = trim(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
       if (all_digits(part)) out.push_back(std::stoi(part));
       if (end == std::string::npos) break;
       start = end + 1;
@@ -49,7 +43,7 @@ std::vector<int> parse_device_list(const std::string& device) {
 bool wants_distributed(const std::string& device) { return parse_device_list(device).size() > 1; }
 
 torch::Device resolve_device(const std::string& device) {
-  const std::string s = trim_lower(device);
+  const std::string s = lower(trim(device));
   if (s.empty() || s == "auto") return torch::cuda::is_available() ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (s == "cpu") return torch::Device(torch::kCPU);
   if (s == "mps")

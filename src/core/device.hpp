@@ -7,8 +7,8 @@
 
 namespace libreyolo {
 
-// CUDA indices the argument names (training.md §1.1): "0,1" -> {0,1}, "cuda:1" -> {1},
-// "3" -> {3}; "", auto, cpu, mps and anything else -> {}.
+// CUDA indices the argument names (../shared/reference/training.md §1.1): "0,1" -> {0,1}, "cuda:1"
+// -> {1}, "3" -> {3}; "", auto, cpu, mps and anything else -> {}.
 std::vector<int> parse_device_list(const std::string& device);
 // True when the argument asks for more than one CUDA device (multi-GPU training).
 bool wants_distributed(const std::string& device);

@@ -8,6 +8,8 @@
 
 #include <libreyolo/errors.hpp>
 
+#include "core/strings.hpp"
+
 namespace libreyolo {
 
 const char* option_type_name(OptionType t) {
@@ -18,11 +20,6 @@ const char* option_type_name(OptionType t) {
     case OptionType::String: return "str";
   }
   return "?";
-}
-
-static std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 bool parse_bool(const std::string& key, const std::string& value) {

@@ -1,7 +1,7 @@
 // Training augmentation and validation preprocessing of LibreYOLO's YOLOv9 recipe
-// (reference/yolo9.md §4.4-4.9): mosaic, HSV, horizontal flip, top-left letterbox, box filters,
-// normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on the
-// same picture in BGR order.
+// (../shared/reference/yolo9.md §4.4-4.9): mosaic, HSV, horizontal flip, top-left letterbox, box
+// filters, normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on
+// the same picture in BGR order.
 //
 // Every function writes one sample straight into caller-provided memory: an S x S x 3 uint8
 // image and a [max_labels, 5] float target block (rows class, x1, y1, x2, y2 in [0, 1];
@@ -51,7 +51,7 @@ MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size);
 // w > 2 and h > 2. Deterministic: all random choices are in the arguments.
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
 
-// ---- Per-sample transform (§4.5) -----------------------------------------------------------
+// ---- Per-sample transform (../shared/reference/yolo9.md §4.5) -------------------------------
 struct TransformParams {
   bool hsv = false;
   HsvGains gains;
@@ -69,7 +69,8 @@ void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int 
 // and, as in the reference, keeps only the mosaic's targets.
 void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
                        Rng& rng, uint8_t* image_out, float* targets_out);
-// Validation preprocessing (§4.9): the resized image letterboxed top-left, targets normalised.
+// Validation preprocessing (../shared/reference/yolo9.md §4.9): the resized image letterboxed
+// top-left, targets normalised.
 void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8_t* image_out,
                      float* targets_out);
 

@@ -5,6 +5,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
+#include "core/strings.hpp"
 
 namespace libreyolo::engine {
 
@@ -308,11 +309,6 @@ class Adam final : public Optimizer {
   bool decoupled_;
   std::vector<std::vector<torch::Tensor>> m_, v_, steps_;
 };
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 }  // namespace
 

@@ -12,7 +12,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "data/dataset_yaml.hpp"
-#include "engine/config_schema.hpp"
+#include "core/config_schema.hpp"
 #include "engine/train_hooks.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"

@@ -17,6 +17,7 @@
 #include "data/loader.hpp"
 #include "engine/step.hpp"
 #include "engine/train_loop.hpp"
+#include "io/py_value.hpp"
 #include "models/loaded_model.hpp"
 
 namespace libreyolo::engine {

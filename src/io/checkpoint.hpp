@@ -1,6 +1,6 @@
-// A generic view of LibreYOLO checkpoints (torch.save dicts, reference/yolo9.md §7.2): the state
-// dict and the metadata, with no model-family rules (key renames, size inference and the like
-// belong to each family).
+// A generic view of LibreYOLO checkpoints (torch.save dicts, ../shared/reference/yolo9.md §7.2):
+// the state dict and the metadata, with no model-family rules (key renames, size inference and the
+// like belong to each family).
 #pragma once
 #include <cstdint>
 #include <optional>

@@ -28,6 +28,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
+#include "core/strings.hpp"
 
 namespace libreyolo::io {
 namespace {
@@ -497,9 +498,7 @@ std::string lower_extension(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   const size_t dot = path.find_last_of('.');
   if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return "";
-  std::string ext = path.substr(dot + 1);
-  for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return ext;
+  return lower(path.substr(dot + 1));
 }
 
 torch::Tensor decode_any(const uint8_t* data, size_t size, const std::string& name,

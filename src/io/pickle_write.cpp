@@ -13,8 +13,8 @@
 #include <unordered_map>
 
 #include "core/log.hpp"
+#include "io/io_detail.hpp"
 #include "io/pickle.hpp"
-#include "io/pickle_detail.hpp"
 #include "libreyolo/errors.hpp"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the writer stores tensors as little-endian");

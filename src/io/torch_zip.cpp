@@ -12,7 +12,8 @@
 #include <cstring>
 
 #include "core/log.hpp"
-#include "io/pickle_detail.hpp"
+#include "core/strings.hpp"
+#include "io/io_detail.hpp"
 #include "libreyolo/errors.hpp"
 
 namespace libreyolo::io::detail {
@@ -60,9 +61,122 @@ uint64_t le(const std::string& b, size_t at, int bytes) {
   return v;
 }
 
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
+// The archive's bytes as ZipIndex reads them: bounded reads, and every failure is "not a
+// torch.save zip archive".
+class ArchiveBytes {
+ public:
+  ArchiveBytes(const caffe2::serialize::ReadAdapterInterface& in, const std::string& name)
+      : in_(in), size_(in.size()), name_(name) {}
+  uint64_t size() const { return size_; }
+  [[noreturn]] void bad(const std::string& what) const {
+    throw_corrupt(name_, "not a torch.save zip archive: " + what);
+  }
+  std::string read(uint64_t pos, uint64_t n) const {
+    if (pos > size_ || n > size_ - pos) bad("a zip structure points past the end of the file");
+    std::string b(static_cast<size_t>(n), '\0');
+    if (n > 0 && in_.read(pos, b.data(), b.size()) != b.size()) bad("read error");
+    return b;
+  }
+
+ private:
+  const caffe2::serialize::ReadAdapterInterface& in_;
+  uint64_t size_;
+  const std::string& name_;
+};
+
+// Where the central directory lies and how many entries it holds.
+struct CentralDirectory {
+  uint64_t entries, size, offset;
+};
+
+// From the end of central directory record (the last signature with room for its 22 bytes, as
+// miniz finds it) or, when a zip64 locator sits right before it, from the zip64 record.
+CentralDirectory locate_central_directory(const ArchiveBytes& in) {
+  constexpr uint64_t kEocd = 22;
+  const uint64_t size = in.size();
+  if (size < kEocd) in.bad("too small");
+  const uint64_t tail_at = size - std::min<uint64_t>(size, 0xFFFF + kEocd);
+  const std::string tail = in.read(tail_at, size - tail_at);
+  size_t eocd = std::string::npos;
+  for (size_t k = tail.size() - kEocd + 1; k-- > 0;) {
+    if (le(tail, k, 4) == 0x06054b50) {
+      eocd = k;
+      break;
+    }
+  }
+  if (eocd == std::string::npos) in.bad("no end of central directory");
+  CentralDirectory dir{le(tail, eocd + 10, 2), le(tail, eocd + 12, 4), le(tail, eocd + 16, 4)};
+  const uint64_t eocd_at = tail_at + eocd;
+  if (eocd_at >= 20) {
+    const std::string loc = in.read(eocd_at - 20, 20);
+    if (le(loc, 0, 4) == 0x07064b50) {
+      const std::string z64 = in.read(le(loc, 8, 8), 56);
+      if (le(z64, 0, 4) != 0x06064b50) in.bad("bad zip64 end of central directory");
+      dir = {le(z64, 32, 8), le(z64, 40, 8), le(z64, 48, 8)};
+    }
+  }
+  if (dir.entries == 0) in.bad("no entries");
+  if (dir.size > (uint64_t(256) << 20)) in.bad("central directory larger than 256 MiB");
+  return dir;
+}
+
+// The central directory entry at `p` of `cdir`; moves `p` past it.
+ZipIndex::Entry parse_entry(const ArchiveBytes& in, const std::string& cdir, size_t& p) {
+  if (p + 46 > cdir.size() || le(cdir, p, 4) != 0x02014b50) in.bad("bad central directory entry");
+  ZipIndex::Entry e;
+  e.flags = static_cast<uint32_t>(le(cdir, p + 8, 2));
+  e.method = static_cast<uint32_t>(le(cdir, p + 10, 2));
+  e.comp_size = le(cdir, p + 20, 4);
+  e.size = le(cdir, p + 24, 4);
+  const size_t name_len = le(cdir, p + 28, 2), extra_len = le(cdir, p + 30, 2), comment_len = le(cdir, p + 32, 2);
+  e.external_attr = le(cdir, p + 38, 4);
+  e.local_offset = le(cdir, p + 42, 4);
+  if (p + 46 + name_len + extra_len + comment_len > cdir.size()) in.bad("bad central directory entry");
+  e.name = cdir.substr(p + 46, name_len);
+  // Zip64 extra field: the saturated 32-bit values, in this order.
+  const size_t extra_end = p + 46 + name_len + extra_len;
+  for (size_t x = p + 46 + name_len; x + 4 <= extra_end;) {
+    const uint64_t id = le(cdir, x, 2), len = le(cdir, x + 2, 2);
+    if (x + 4 + len > extra_end) break;
+    if (id == 1) {
+      size_t f = x + 4;
+      for (uint64_t* field : {&e.size, &e.comp_size, &e.local_offset}) {
+        if (*field != 0xFFFFFFFF) continue;
+        if (f + 8 > x + 4 + len) in.bad("bad zip64 extra field");
+        *field = le(cdir, f, 8);
+        f += 8;
+      }
+    }
+    x += 4 + len;
+  }
+  p += 46 + name_len + extra_len + comment_len;
+  return e;
+}
+
+// The bytes of a stored (uncompressed, unencrypted) entry of at most max_size bytes.
+std::string stored_contents(const ArchiveBytes& in, const ZipIndex::Entry& e, uint64_t max_size) {
+  if (e.method != 0) in.bad("compressed '" + printable(e.name, 100) + "' record");
+  if (e.flags & 0x2061) in.bad("encrypted or patched '" + printable(e.name, 100) + "' record");
+  if (e.size > max_size) in.bad("oversized '" + printable(e.name, 100) + "' record");
+  const std::string header = in.read(e.local_offset, 30);
+  if (le(header, 0, 4) != 0x04034b50) in.bad("bad local header for '" + printable(e.name, 100) + "'");
+  return in.read(e.local_offset + 30 + le(header, 26, 2) + le(header, 28, 2), e.size);
+}
+
+// Throws ModelError unless the version record's text is a version PyTorchStreamReader reads.
+void check_version(const std::string& text, const std::string& name) {
+  size_t k = 0;
+  while (k < text.size() && std::isspace(static_cast<unsigned char>(text[k]))) ++k;
+  uint64_t v = 0;
+  size_t digits = 0;
+  for (; k < text.size() && std::isdigit(static_cast<unsigned char>(text[k])) && digits < 19; ++k, ++digits) {
+    v = v * 10 + (text[k] - '0');
+  }
+  if (digits == 0 || v < caffe2::serialize::kMinSupportedFileFormatVersion ||
+      v > caffe2::serialize::kMaxSupportedFileFormatVersion) {
+    throw ModelError(strfmt("checkpoint '%s' has an unsupported archive version '%s'", name.c_str(),
+                            printable(text, 20).c_str()));
+  }
 }
 
 }  // namespace
@@ -83,118 +197,36 @@ std::shared_ptr<caffe2::serialize::ReadAdapterInterface> file_adapter(const std:
 }
 
 ZipIndex ZipIndex::check(const caffe2::serialize::ReadAdapterInterface& in, const std::string& name) {
+  const ArchiveBytes bytes(in, name);
+  const CentralDirectory dir = locate_central_directory(bytes);
+  const std::string cdir = bytes.read(dir.offset, dir.size);
+  if (dir.entries > cdir.size() / 46) bytes.bad("central directory too short");
+
   ZipIndex index;
   index.name_ = name;
-  const uint64_t size = in.size();
-  auto bad = [&](const std::string& what) { throw_corrupt(name, "not a torch.save zip archive: " + what); };
-  auto read = [&](uint64_t pos, uint64_t n) {
-    if (pos > size || n > size - pos) bad("a zip structure points past the end of the file");
-    std::string b(static_cast<size_t>(n), '\0');
-    if (n > 0 && in.read(pos, b.data(), b.size()) != b.size()) bad("read error");
-    return b;
-  };
-
-  // End of central directory: the last signature with room for its 22 bytes, as miniz finds it.
-  constexpr uint64_t kEocd = 22;
-  if (size < kEocd) bad("too small");
-  const uint64_t tail_at = size - std::min<uint64_t>(size, 0xFFFF + kEocd);
-  const std::string tail = read(tail_at, size - tail_at);
-  size_t eocd = std::string::npos;
-  for (size_t k = tail.size() - kEocd + 1; k-- > 0;) {
-    if (le(tail, k, 4) == 0x06054b50) {
-      eocd = k;
-      break;
-    }
-  }
-  if (eocd == std::string::npos) bad("no end of central directory");
-  uint64_t entries = le(tail, eocd + 10, 2);
-  uint64_t cdir_size = le(tail, eocd + 12, 4);
-  uint64_t cdir_at = le(tail, eocd + 16, 4);
-  // A zip64 locator right before it points to the zip64 record, whose counts then apply.
-  const uint64_t eocd_at = tail_at + eocd;
-  if (eocd_at >= 20) {
-    const std::string loc = read(eocd_at - 20, 20);
-    if (le(loc, 0, 4) == 0x07064b50) {
-      const std::string z64 = read(le(loc, 8, 8), 56);
-      if (le(z64, 0, 4) != 0x06064b50) bad("bad zip64 end of central directory");
-      entries = le(z64, 32, 8);
-      cdir_size = le(z64, 40, 8);
-      cdir_at = le(z64, 48, 8);
-    }
-  }
-  if (entries == 0) bad("no entries");
-  if (cdir_size > (uint64_t(256) << 20)) bad("central directory larger than 256 MiB");
-  const std::string cdir = read(cdir_at, cdir_size);
-  if (entries > cdir.size() / 46) bad("central directory too short");
-
-  std::vector<Entry>& list = index.entries_;
-  list.reserve(static_cast<size_t>(entries));
+  index.entries_.reserve(static_cast<size_t>(dir.entries));
   size_t p = 0;
-  for (uint64_t k = 0; k < entries; ++k) {
-    if (p + 46 > cdir.size() || le(cdir, p, 4) != 0x02014b50) bad("bad central directory entry");
-    Entry e;
-    e.flags = static_cast<uint32_t>(le(cdir, p + 8, 2));
-    e.method = static_cast<uint32_t>(le(cdir, p + 10, 2));
-    e.comp_size = le(cdir, p + 20, 4);
-    e.size = le(cdir, p + 24, 4);
-    const size_t name_len = le(cdir, p + 28, 2), extra_len = le(cdir, p + 30, 2), comment_len = le(cdir, p + 32, 2);
-    e.external_attr = le(cdir, p + 38, 4);
-    e.local_offset = le(cdir, p + 42, 4);
-    if (p + 46 + name_len + extra_len + comment_len > cdir.size()) bad("bad central directory entry");
-    e.name = cdir.substr(p + 46, name_len);
-    // Zip64 extra field: the saturated 32-bit values, in this order.
-    for (size_t x = p + 46 + name_len; x + 4 <= p + 46 + name_len + extra_len;) {
-      const uint64_t id = le(cdir, x, 2), len = le(cdir, x + 2, 2);
-      if (x + 4 + len > p + 46 + name_len + extra_len) break;
-      if (id == 1) {
-        size_t f = x + 4;
-        for (uint64_t* field : {&e.size, &e.comp_size, &e.local_offset}) {
-          if (*field != 0xFFFFFFFF) continue;
-          if (f + 8 > x + 4 + len) bad("bad zip64 extra field");
-          *field = le(cdir, f, 8);
-          f += 8;
-        }
-      }
-      x += 4 + len;
-    }
-    auto [it, inserted] = index.by_name_.emplace(lower(e.name), list.size());
+  for (uint64_t k = 0; k < dir.entries; ++k) {
+    Entry e = parse_entry(bytes, cdir, p);
+    auto [it, inserted] = index.by_name_.emplace(lower(e.name), index.entries_.size());
     if (!inserted) it->second = std::string::npos;
-    list.push_back(std::move(e));
-    p += 46 + name_len + extra_len + comment_len;
+    index.entries_.push_back(std::move(e));
   }
 
   // The archive folder is the first entry's directory.
-  const size_t slash = list.front().name.find('/');
-  if (slash == std::string::npos) bad("entries are not in an archive folder");
-  index.root_ = list.front().name.substr(0, slash + 1);
+  const size_t slash = index.entries_.front().name.find('/');
+  if (slash == std::string::npos) bytes.bad("entries are not in an archive folder");
+  index.root_ = index.entries_.front().name.substr(0, slash + 1);
 
   // The records the reader's constructor reads.
   auto contents = [&](const std::string& record, uint64_t max_size) {
     index.check_readable(record);
-    const Entry& e = *index.find(record);
-    if (e.method != 0) bad("compressed '" + printable(e.name, 100) + "' record");
-    if (e.flags & 0x2061) bad("encrypted or patched '" + printable(e.name, 100) + "' record");
-    if (e.size > max_size) bad("oversized '" + printable(e.name, 100) + "' record");
-    const std::string header = read(e.local_offset, 30);
-    if (le(header, 0, 4) != 0x04034b50) bad("bad local header for '" + printable(e.name, 100) + "'");
-    return read(e.local_offset + 30 + le(header, 26, 2) + le(header, 28, 2), e.size);
+    return stored_contents(bytes, *index.find(record), max_size);
   };
   if (index.find(".data/serialization_id")) contents(".data/serialization_id", 1 << 20);
   const char* version = index.find(".data/version") ? ".data/version" : "version";
-  if (!index.find(version)) bad("no version record");
-  const std::string text = contents(version, 64);
-  size_t k = 0;
-  while (k < text.size() && std::isspace(static_cast<unsigned char>(text[k]))) ++k;
-  uint64_t v = 0;
-  size_t digits = 0;
-  for (; k < text.size() && std::isdigit(static_cast<unsigned char>(text[k])) && digits < 19; ++k, ++digits) {
-    v = v * 10 + (text[k] - '0');
-  }
-  if (digits == 0 || v < caffe2::serialize::kMinSupportedFileFormatVersion ||
-      v > caffe2::serialize::kMaxSupportedFileFormatVersion) {
-    throw ModelError(strfmt("checkpoint '%s' has an unsupported archive version '%s'", name.c_str(),
-                            printable(text, 20).c_str()));
-  }
+  if (!index.find(version)) bytes.bad("no version record");
+  check_version(contents(version, 64), name);
   return index;
 }
 

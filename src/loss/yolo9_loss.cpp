@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/log.hpp"
+#include "ops/dfl.hpp"
 
 namespace libreyolo::loss {
 namespace {
@@ -141,32 +142,26 @@ const AnchorGrid& Yolo9Loss::anchor_grid(const std::vector<std::array<int64_t, 2
     throw UsageError(strfmt("Yolo9Loss: %zu levels given, the loss has %zu strides",
                             level_hw.size(), strides_.size()));
   // Built with device kernels only (no host-to-device copy), so it is safe during a capture.
-  const auto lopt = torch::TensorOptions().dtype(torch::kLong).device(device);
   const auto fopt = torch::TensorOptions().dtype(torch::kFloat).device(device);
   AnchorGrid g;
   g.device = device;
   g.level_hw = level_hw;
-  std::vector<torch::Tensor> xs, ys, ss, col_x, col_s, row_y, row_s;
+  g.points = ops::make_anchor_points(level_hw, strides_, reg_max_, device);
+  std::vector<torch::Tensor> col_x, col_s, row_y, row_s;
   for (size_t l = 0; l < level_hw.size(); ++l) {
     const int64_t s = strides_[l], h = level_hw[l][0], w = level_hw[l][1];
-    auto x = (torch::arange(w, lopt) * s + s / 2).to(torch::kFloat);
-    auto y = (torch::arange(h, lopt) * s + s / 2).to(torch::kFloat);
-    xs.push_back(x.unsqueeze(0).expand({h, w}).reshape(-1));
-    ys.push_back(y.unsqueeze(1).expand({h, w}).reshape(-1));
-    ss.push_back(torch::full({h * w}, static_cast<double>(s), fopt));
+    col_x.push_back(ops::cell_centres(w, s, device));
+    row_y.push_back(ops::cell_centres(h, s, device));
     col_s.push_back(torch::full({w}, static_cast<double>(s), fopt));
     row_s.push_back(torch::full({h}, static_cast<double>(s), fopt));
-    col_x.push_back(std::move(x));
-    row_y.push_back(std::move(y));
   }
   g.col_x = torch::cat(col_x);
   g.col_stride = torch::cat(col_s);
   g.row_y = torch::cat(row_y);
   g.row_stride = torch::cat(row_s);
-  g.xy = torch::stack({torch::cat(xs), torch::cat(ys)}, 0);
-  g.stride = torch::cat(ss);
+  g.xy = g.points.xy;
+  g.stride = g.points.stride;
   g.xy_grid = g.xy / g.stride;
-  g.bins = torch::arange(reg_max_, fopt).view({1, 1, reg_max_, 1});
   if (grids_.size() >= kMaxCachedGrids) grids_.pop_front();
   grids_.push_back(std::move(g));
   return grids_.back();
@@ -214,8 +209,7 @@ Decoded Yolo9Loss::decode(const std::vector<torch::Tensor>& raw, const AnchorGri
   Decoded d;
   d.box_logits = x.narrow(1, 0, 4 * R).view({B, 4, R, A});
   d.cls_logits = x.narrow(1, 4 * R, nc_);
-  const auto ltrb = (at::softmax(d.box_logits, 2) * grid.bins).sum(2) * grid.stride;
-  d.boxes = at::cat({grid.xy - ltrb.narrow(1, 0, 2), grid.xy + ltrb.narrow(1, 2, 2)}, 1);
+  d.boxes = ops::dfl_boxes(d.box_logits, grid.points);
   return d;
 }
 

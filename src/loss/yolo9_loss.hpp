@@ -1,5 +1,5 @@
-// YOLOv9 training loss (reference/yolo9.md §2): the MIT-YOLO task-aligned assigner, CIoU box
-// loss, distribution focal loss and BCE class loss, gains 7.5 / 1.5 / 0.5.
+// YOLOv9 training loss (../shared/reference/yolo9.md §2): the MIT-YOLO task-aligned assigner, CIoU
+// box loss, distribution focal loss and BCE class loss, gains 7.5 / 1.5 / 0.5.
 //
 // Everything is computed densely on the device with fixed shapes, so a step that contains it
 // can be captured in a CUDA graph: no .item(), no boolean-mask indexing, no nonzero(). Anchors
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "loss/loss.hpp"
+#include "ops/dfl.hpp"
 
 namespace libreyolo::loss {
 
@@ -34,13 +35,13 @@ torch::Tensor dfl_per_anchor(const torch::Tensor& logits, const torch::Tensor& t
 struct AnchorGrid {
   torch::Device device{torch::kCPU};
   std::vector<std::array<int64_t, 2>> level_hw;  // per level (H, W)
-  torch::Tensor xy;                              // [2, A] anchor centres in input pixels (float32)
-  torch::Tensor stride;                          // [A] stride of each anchor's level (float32)
+  ops::AnchorPoints points;                      // centres, strides and DFL bins (ops/dfl.hpp)
+  torch::Tensor xy;      // [2, A] anchor centres in input pixels (float32, = points.xy)
+  torch::Tensor stride;  // [A] stride of each anchor's level (float32, = points.stride)
   torch::Tensor xy_grid;  // [2, A] centres in grid units of their level (gx + 0.5, gy + 0.5)
   // Per axis, all levels concatenated: column centres x [sum W] and row centres y [sum H],
   // each with its level's stride.
   torch::Tensor col_x, col_stride, row_y, row_stride;
-  torch::Tensor bins;  // [1, 1, R, 1] bin values 0..R-1
 };
 
 // The assigner's result, one entry per anchor.

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "io/pickle.hpp"
+#include "io/state_dict.hpp"
 #include "ops/postprocess.hpp"
 
 namespace libreyolo {

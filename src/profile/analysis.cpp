@@ -1,4 +1,5 @@
 #include "profile/analysis.hpp"
+#include "core/strings.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -15,6 +16,8 @@
 
 namespace libreyolo::profile {
 
+using libreyolo::lower;
+
 namespace fs = std::filesystem;
 
 double round_to(double v, int digits) {
@@ -24,11 +27,6 @@ double round_to(double v, int digits) {
 }
 
 namespace {
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
 
 bool contains(const std::string& s, const char* sub) { return s.find(sub) != std::string::npos; }
 

@@ -15,8 +15,11 @@
 #include <libreyolo/errors.hpp>
 
 #include "profile/analysis.hpp"
+#include "core/strings.hpp"
 
 namespace libreyolo::profile {
+
+using libreyolo::lower;
 
 namespace {
 
@@ -28,11 +31,6 @@ std::string fmt(const char* f, ...) {
   std::vsnprintf(buf, sizeof buf, f, ap);
   va_end(ap);
   return buf;
-}
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
 }
 
 // --------------------------------------------------------------- arguments

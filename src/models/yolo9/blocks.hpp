@@ -1,5 +1,5 @@
-// YOLOv9 building blocks (reference/yolo9.md §1.1). Every submodule is registered under the
-// name LibreYOLO gives it, so that the recursive parameter/buffer names equal its state_dict
+// YOLOv9 building blocks (../shared/reference/yolo9.md §1.1). Every submodule is registered under
+// the name LibreYOLO gives it, so that the recursive parameter/buffer names equal its state_dict
 // keys. Sequential/ModuleList containers of the Python model are modules whose children are
 // registered as "0", "1", ...; the typed holders are kept alongside so that forward() calls
 // them directly instead of going through a type-erased Sequential.

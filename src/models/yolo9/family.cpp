@@ -1,8 +1,8 @@
-// The yolo9 registry entry: building, recognising and sizing YOLOv9 weights (§1.8).
-#include <algorithm>
-#include <cctype>
+// The yolo9 registry entry: building, recognising and sizing YOLOv9 weights
+// (../shared/reference/yolo9.md §1.8).
 
 #include "core/log.hpp"
+#include "core/strings.hpp"
 #include "libreyolo/errors.hpp"
 #include "loss/yolo9_loss.hpp"
 #include "models/yolo9/yolo9.hpp"
@@ -11,10 +11,6 @@
 namespace libreyolo::models::yolo9 {
 
 namespace {
-
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
 
 // The key as LibreYOLO names it today: without DDP's "module." prefix, with the legacy
 // "detect." head prefix renamed to "head.".
@@ -39,11 +35,6 @@ std::optional<int64_t> out_channels(const io::StateDict& sd, const std::string& 
   const torch::Tensor* t = find(sd, key);
   if (!t || !t->defined() || t->dim() < 1) return std::nullopt;
   return t->size(0);
-}
-
-std::string lower(std::string s) {
-  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
-  return s;
 }
 
 bool can_load(const io::StateDict& sd) {

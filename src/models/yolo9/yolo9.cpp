@@ -219,8 +219,7 @@ std::vector<std::string> Yolo9Model::freeze_groups() const {
           "head"};
 }
 
-Yolo9Model::AnchorGrid Yolo9Model::anchor_grid(const std::vector<torch::Tensor>& raw,
-                                               c10::ScalarType dtype) {
+ops::AnchorPoints Yolo9Model::anchor_points(const std::vector<torch::Tensor>& raw) {
   std::array<int64_t, 6> hw{};
   for (int i = 0; i < 3; ++i) {
     hw[2 * i] = raw[i].size(2);
@@ -229,23 +228,15 @@ Yolo9Model::AnchorGrid Yolo9Model::anchor_grid(const std::vector<torch::Tensor>&
   const c10::Device device = raw[0].device();
   std::lock_guard<std::mutex> lock(grid_mutex_);
   for (const auto& g : grids_) {
-    if (g.hw == hw && g.device == device && g.dtype == dtype) return g;
+    if (g.hw == hw && g.device == device) return g.points;
   }
-  const auto opts = torch::TensorOptions().dtype(dtype).device(device);
-  std::vector<torch::Tensor> points, strides;
-  for (int i = 0; i < 3; ++i) {
-    const int64_t h = hw[2 * i], w = hw[2 * i + 1];
-    auto ys = torch::arange(h, opts).add_(0.5).view({h, 1}).expand({h, w});
-    auto xs = torch::arange(w, opts).add_(0.5).view({1, w}).expand({h, w});
-    points.push_back(torch::stack({xs.reshape({-1}), ys.reshape({-1})}, 0));
-    strides.push_back(torch::full({h * w}, static_cast<double>(HeadImpl::kStrides[i]), opts));
-  }
-  AnchorGrid g{hw, device, dtype, torch::cat(points, 1).unsqueeze(0),
-               torch::cat(strides, 0).view({1, 1, -1}), torch::arange(kRegMax, opts)};
+  const std::vector<int64_t> strides(HeadImpl::kStrides.begin(), HeadImpl::kStrides.end());
+  AnchorGrid g{hw, device,
+               ops::make_anchor_points({{hw[0], hw[1]}, {hw[2], hw[3]}, {hw[4], hw[5]}}, strides, kRegMax, device)};
   // A training run sees one or two shapes; the bound only guards against unbounded growth.
   if (grids_.size() >= 8) grids_.erase(grids_.begin());
   grids_.push_back(g);
-  return g;
+  return g.points;
 }
 
 torch::Tensor Yolo9Model::decode(const std::vector<torch::Tensor>& raw) {
@@ -269,13 +260,7 @@ torch::Tensor Yolo9Model::decode(const std::vector<torch::Tensor>& raw) {
   for (const auto& r : raw) flat.push_back(r.reshape({batch, channels, -1}));
   auto x = torch::cat(flat, 2).to(dtype);  // [B, C, A], level-major, row-major inside a level
   const int64_t anchors = x.size(2);
-  const AnchorGrid g = anchor_grid(raw, dtype);
-
-  // DFL: expectation of the softmax over the 16 bins of each side -> [B, 4, A] in grid units.
-  auto prob = torch::softmax(x.narrow(1, 0, 4 * kRegMax).view({batch, 4, kRegMax, anchors}), 2);
-  auto dist = torch::matmul(g.bins, prob);
-  auto box = torch::cat({g.points - dist.narrow(1, 0, 2), g.points + dist.narrow(1, 2, 2)}, 1)
-                 .mul_(g.strides);
+  const auto box = ops::dfl_boxes(x.narrow(1, 0, 4 * kRegMax).view({batch, 4, kRegMax, anchors}), anchor_points(raw));
   return torch::cat({box, torch::sigmoid(x.narrow(1, 4 * kRegMax, nc))}, 1);
 }
 

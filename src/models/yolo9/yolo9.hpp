@@ -1,4 +1,5 @@
-// YOLOv9 detect model (t/s/m/c), LibreYOLO-compatible parameter names (reference/yolo9.md §1).
+// YOLOv9 detect model (t/s/m/c), LibreYOLO-compatible parameter names (../shared/reference/yolo9.md
+// §1).
 #pragma once
 #include <torch/torch.h>
 
@@ -10,12 +11,13 @@
 
 #include "models/detector.hpp"
 #include "models/yolo9/blocks.hpp"
+#include "ops/dfl.hpp"
 
 namespace libreyolo::models::yolo9 {
 
 constexpr int64_t kRegMax = 16;
 
-// Per-size widths (YOLO9_CONFIGS, §1.2).
+// Per-size widths (YOLO9_CONFIGS, ../shared/reference/yolo9.md §1.2).
 struct SizeConfig {
   const char* size;
   int64_t conv0, conv1;
@@ -124,15 +126,13 @@ class Yolo9Model : public Detector {
   int64_t class_hidden() const { return head_->hc; }
 
  private:
-  // Anchor centres in grid units [1, 2, A] and per-anchor strides [1, 1, A] plus the DFL bin
-  // values [16], for one set of level sizes on one device and dtype.
+  // The anchor points of the raw maps' level sizes on their device (cached).
   struct AnchorGrid {
     std::array<int64_t, 6> hw;
     c10::Device device;
-    c10::ScalarType dtype;
-    torch::Tensor points, strides, bins;
+    ops::AnchorPoints points;
   };
-  AnchorGrid anchor_grid(const std::vector<torch::Tensor>& raw, c10::ScalarType dtype);
+  ops::AnchorPoints anchor_points(const std::vector<torch::Tensor>& raw);
 
   std::string size_;
   Backbone backbone_{nullptr};

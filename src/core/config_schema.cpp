@@ -1,4 +1,4 @@
-#include "engine/config_schema.hpp"
+#include "core/config_schema.hpp"
 
 #include <set>
 

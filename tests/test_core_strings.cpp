@@ -1,0 +1,29 @@
+// core/strings.hpp: the one lower/trim/starts_with of the library.
+#include "core/strings.hpp"
+#include "support.hpp"
+
+namespace {
+
+TEST(Strings, LowerChangesOnlyAsciiCapitals) {
+  EXPECT_EQ(libreyolo::lower("AdamW"), "adamw");
+  EXPECT_EQ(libreyolo::lower("CUDA:0 [1,2]"), "cuda:0 [1,2]");
+  EXPECT_EQ(libreyolo::lower(""), "");
+  // Bytes outside ASCII (here UTF-8 for "É") pass through unchanged.
+  EXPECT_EQ(libreyolo::lower("\xC3\x89X"), "\xC3\x89x");
+}
+
+TEST(Strings, TrimRemovesSurroundingWhitespaceOnly) {
+  EXPECT_EQ(libreyolo::trim("  cuda:1\t\n"), "cuda:1");
+  EXPECT_EQ(libreyolo::trim("a b"), "a b");
+  EXPECT_EQ(libreyolo::trim(" \r\v\f "), "");
+  EXPECT_EQ(libreyolo::trim(""), "");
+}
+
+TEST(Strings, StartsWith) {
+  EXPECT_TRUE(libreyolo::starts_with("module.head", "module."));
+  EXPECT_TRUE(libreyolo::starts_with("abc", ""));
+  EXPECT_FALSE(libreyolo::starts_with("mod", "module."));
+  EXPECT_FALSE(libreyolo::starts_with("Module.x", "module."));
+}
+
+}  // namespace
