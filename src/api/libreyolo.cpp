@@ -7,7 +7,7 @@
 #include "core/options.hpp"
 #include "core/config_schema.hpp"
 #include "engine/predictor.hpp"
-#include "engine/trainer.hpp"
+#include "engine/train.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"
 #include "models/loaded_model.hpp"

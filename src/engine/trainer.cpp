@@ -8,12 +8,10 @@
 #include <thread>
 
 #include "core/device.hpp"
-#include "core/interrupt.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "data/dataset_yaml.hpp"
 #include "core/config_schema.hpp"
-#include "engine/train_hooks.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"
 #include "models/coco_names.hpp"
@@ -68,10 +66,8 @@ std::string saved_option_text(const io::PyValue& v) {
 
 // ------------------------------------------------------------------------------------------------
 
-Trainer::Trainer(models::LoadedModel& lm, TrainConfig cfg, TrainCallbacks callbacks,
-                 std::vector<std::shared_ptr<TrainHook>> user_hooks, Kwargs given)
-    : lm_(lm), cfg_(std::move(cfg)), callbacks_(std::move(callbacks)), given_(std::move(given)),
-      user_hooks_(std::move(user_hooks)) {
+Trainer::Trainer(models::LoadedModel& lm, TrainConfig cfg, Kwargs given)
+    : lm_(lm), cfg_(std::move(cfg)), given_(std::move(given)) {
   state_.config = &cfg_;
 }
 
@@ -104,6 +100,7 @@ std::vector<std::pair<std::string, double>> Trainer::mean_losses() const {
 // ------------------------------------------------------------------------------------------------ set-up
 
 void Trainer::setup() {
+  started_ = Clock::now();
   setup_resume_config();
   setup_device();
   setup_data();
@@ -115,7 +112,6 @@ void Trainer::setup() {
   state_.epochs = cfg_.epochs;
   state_.batches_per_epoch = train_loader_->size();
   result_.save_dir = state_.save_dir;
-  for (auto& h : build_hooks(*this, callbacks_, user_hooks_)) add_hook(std::move(h));
 }
 
 // resume=true / resume=<path>: the checkpoint's config becomes the run's config and the caller's
@@ -454,17 +450,8 @@ EpochSummary Trainer::end_epoch(TrainState& s) {
 }
 
 TrainResult Trainer::run() {
-  const auto started = Clock::now();
-  InterruptGuard interrupts;
-  setup();
-  loop_.run(*this, result_, started);
+  loop_.run(*this, result_, started_);
   return result_;
-}
-
-TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
-                         const std::vector<std::shared_ptr<TrainHook>>& hooks, const Kwargs& given) {
-  Trainer t(lm, cfg, callbacks, hooks, given);
-  return t.run();
 }
 
 }  // namespace libreyolo::engine

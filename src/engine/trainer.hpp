@@ -1,7 +1,7 @@
-// The training loop. Trainer::run is the whole loop: before_train, then per epoch before_epoch,
-// the steps (dataload, before_step, run_step, after_step) and after_epoch, then after_train.
-// Everything else (validation and best/patience, checkpoints, results.csv, summary.json, plots,
-// progress, user callbacks, the profiler) is a hook (engine/train_hooks.hpp), built in one place.
+// The Trainer: set-up (resume, device, data, model, optimizer, step) and the steps of each epoch,
+// driven by the train loop (engine/train_loop.hpp). Everything around the steps (validation and
+// best/patience, checkpoints, results.csv, summary.json, plots, progress, user callbacks, the
+// profiler) is a hook (engine/train_hooks.hpp); engine/train.hpp puts the pieces together.
 #pragma once
 #include <torch/torch.h>
 
@@ -31,15 +31,19 @@ struct BestMetric {
 
 class Trainer : private EpochSteps {
  public:
-  Trainer(models::LoadedModel& lm, TrainConfig cfg, TrainCallbacks callbacks,
-          std::vector<std::shared_ptr<TrainHook>> user_hooks, Kwargs given);
+  // `given` are the options exactly as the caller wrote them (on resume the checkpoint's config
+  // is restored, then these override it).
+  Trainer(models::LoadedModel& lm, TrainConfig cfg, Kwargs given = {});
   ~Trainer() override;
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
+  // Resolves the configuration (resume), device, data, model, run directory, optimizer and step.
+  void setup();
+  // The loop (setup() first). Hooks are added between the two.
   TrainResult run();
 
-  // Adds a hook to the running loop (it joins after the current hook call: the profiler
-  // installs itself so). Hooks given to the constructor run after the built-in ones.
+  // Adds a hook; during the run it joins after the current hook call (the profiler could
+  // install itself so).
   void add_hook(std::shared_ptr<TrainHook> hook);
 
   // For hooks.
@@ -74,7 +78,6 @@ class Trainer : private EpochSteps {
   std::vector<std::pair<std::string, double>> mean_losses() const;
 
  private:
-  void setup();
   void setup_resume_config();
   void setup_device();
   void setup_data();
@@ -91,9 +94,7 @@ class Trainer : private EpochSteps {
 
   models::LoadedModel& lm_;
   TrainConfig cfg_;
-  TrainCallbacks callbacks_;
   Kwargs given_;
-  std::vector<std::shared_ptr<TrainHook>> user_hooks_;
   TrainState state_;
   TrainLoop loop_{state_};
 
@@ -117,7 +118,7 @@ class Trainer : private EpochSteps {
   int64_t batches_done_ = 0;
   std::optional<data::Batch> batch_;  // the current step's batch
   const data::Batch* current_batch_ = nullptr;
-  std::chrono::steady_clock::time_point epoch_start_;
+  std::chrono::steady_clock::time_point started_, epoch_start_;
   torch::Tensor loss_sums_;
   std::vector<std::string> loss_names_;
   std::vector<std::string> frozen_prefixes_;
@@ -125,9 +126,5 @@ class Trainer : private EpochSteps {
   TrainResult result_;
 };
 
-// Runs training on `lm`'s model. `given` are the options exactly as the caller wrote them
-// (used on resume: the checkpoint's config is restored, then these override it).
-TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
-                         const std::vector<std::shared_ptr<TrainHook>>& hooks = {}, const Kwargs& given = {});
 
 }  // namespace libreyolo::engine

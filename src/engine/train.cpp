@@ -1,0 +1,18 @@
+#include "engine/train.hpp"
+
+#include "core/interrupt.hpp"
+#include "engine/train_hooks.hpp"
+#include "engine/trainer.hpp"
+
+namespace libreyolo::engine {
+
+TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
+                         const std::vector<std::shared_ptr<TrainHook>>& hooks, const Kwargs& given) {
+  InterruptGuard interrupts;
+  Trainer t(lm, cfg, given);
+  t.setup();
+  for (auto& h : build_hooks(t, callbacks, hooks)) t.add_hook(std::move(h));
+  return t.run();
+}
+
+}  // namespace libreyolo::engine

@@ -1,0 +1,20 @@
+// Training as the API runs it: a Trainer set up, the built-in hooks and the caller's, the loop.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include <libreyolo/hooks.hpp>
+#include <libreyolo/libreyolo.hpp>
+
+#include "core/options.hpp"
+#include "models/loaded_model.hpp"
+
+namespace libreyolo::engine {
+
+// Runs training on `lm`'s model. `given` are the options exactly as the caller wrote them
+// (used on resume: the checkpoint's config is restored, then these override it). Ctrl-C or
+// SIGTERM ends the run after the current step (InterruptedError).
+TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
+                         const std::vector<std::shared_ptr<TrainHook>>& hooks = {}, const Kwargs& given = {});
+
+}  // namespace libreyolo::engine
