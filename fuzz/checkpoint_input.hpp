@@ -1,5 +1,5 @@
 // How fuzz_checkpoint turns its input into a checkpoint and what it checks. Shared with the
-// regression-corpus test (tests/test_pickle_corpus.cpp) so both read tests/data/pickle_corpus
+// regression-corpus test (tests/test_io_pickle_corpus.cpp) so both read tests/data/pickle_corpus
 // the same way.
 //
 // Input starting with "PK" is a torch.save archive as is. Any other input is a bare pickle, so

@@ -1,7 +1,7 @@
 """Checks a C++-written torch.save file with torch.load(weights_only=True).
 
-usage: check_cpp_file.py varied FILE        FILE holds the content built by test_pickle_write.cpp
-       check_cpp_file.py lean FILE          FILE is a lean LibreYOLO checkpoint (test_checkpoint.cpp)
+usage: check_cpp_file.py varied FILE        FILE holds the content built by test_io_pickle_write.cpp
+       check_cpp_file.py lean FILE          FILE is a lean LibreYOLO checkpoint (test_io_checkpoint.cpp)
        check_cpp_file.py same FILE ORIGINAL FILE equals ORIGINAL (types, order, dtypes, values)
 Prints OK, or fails with an AssertionError saying what differs.
 """

@@ -1,4 +1,4 @@
-"""pycocotools' COCOeval (bbox) on data sets written by tests/test_coco_eval.cpp.
+"""pycocotools' COCOeval (bbox) on data sets written by tests/test_eval_coco.cpp.
 
 Input JSON: {"sets": [{"images": [id...], "categories": [id...],
                        "gt": [[image_id, category, x, y, w, h, area]...],
