@@ -1,12 +1,9 @@
 // The profiler's trace analysis, verdict rules, categoriser, compare / what-if arithmetic, the
-// `libreyolo profile` readers, and timeline.html in a real headless browser. Synthetic traces;
-// no LibTorch needed here (the Window test is test_profile_window.cpp).
+// `libreyolo profile` readers, and timeline.html in a real headless browser, on synthetic traces
+// (the Window with real torch ops is test_profile_window.cpp). Temporary directories come from
+// support's temp_dir: std::filesystem::remove_all must not be called (libtorch.so's copy wins).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <array>
-#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +15,7 @@
 #include "profile/analysis.hpp"
 #include "profile/profile_cli.hpp"
 #include "profile/timeline.hpp"
+#include "support.hpp"
 
 namespace fs = std::filesystem;
 using nlohmann::json;
@@ -25,28 +23,13 @@ namespace lp = libreyolo::profile;
 
 namespace {
 
-std::string scratch(const std::string& tag) {
-  fs::path d = fs::temp_directory_path() / ("libreyolo_prof_" + tag + "_" + std::to_string(::getpid()));
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d.string();
-}
+std::string scratch(const std::string& tag) { return libreyolo::test::temp_dir("prof_" + tag); }
 
 void write_file(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-int sh(const std::string& cmd, std::string* output) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  std::array<char, 4096> buf{};
-  std::string out;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
-  const int st = pclose(p);
-  if (output) *output = out;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+int sh(const std::string& cmd, std::string* output) { return libreyolo::test::run_command(cmd, output); }
 
 json X(const std::string& cat, const std::string& name, double ts, double dur, long long tid = 1,
        long long corr = -1) {
@@ -441,7 +424,6 @@ TEST(ProfileReaders, ExitCodesAndRawTraces) {
   // JSON errors go to stdout with --json.
   EXPECT_EQ(cli({"get", d + "/profile.json", "nope", "--json"}, &out, &err), 2);
   EXPECT_EQ(json::parse(out)["message"].get<std::string>().rfind("unknown metric", 0), 0u);
-  fs::remove_all(d);
 }
 
 // ------------------------------------------------------------------ timeline in a browser
@@ -505,5 +487,4 @@ TEST(ProfileTimeline, DrawsInHeadlessChromium) {
          " --window-size=1400,900 file://" + page,
      &shot_log);
   EXPECT_TRUE(fs::exists(logs / "timeline_screenshot.png")) << shot_log;
-  fs::remove_all(d);
 }
