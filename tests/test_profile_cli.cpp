@@ -1,13 +1,21 @@
-// `libreyolo profile ...` reached through the main command line.
+// `libreyolo profile ...` reached through the main command line, and `profile run` for real on
+// the CPU: a profile-only training run, its files, the readers on them, and --repeat.
+#include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli/cli.hpp"
+#include "data/synthetic.hpp"
 #include "support.hpp"
+
+namespace fs = std::filesystem;
 
 TEST(ProfileCli, DispatchedFromTheMainCommand) {
   std::ostringstream out, err;
-  EXPECT_EQ(libreyolo::cli::run({"profile", "run", "data.yaml"}, out, err), 2);
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer"}, out, err), 2);
   EXPECT_NE(err.str().find("not yet in this build"), std::string::npos) << err.str();
+  EXPECT_EQ(libreyolo::cli::run({"profile", "run", "--help"}, out, err), 0);
+  EXPECT_NE(out.str().find("--repeat"), std::string::npos);
   EXPECT_EQ(libreyolo::cli::run({"profile", "--help"}, out, err), 0);
   EXPECT_NE(out.str().find("what-if"), std::string::npos);
   out.str("");
@@ -16,4 +24,49 @@ TEST(ProfileCli, DispatchedFromTheMainCommand) {
   out.str("");
   EXPECT_EQ(libreyolo::cli::run({"profile", "summary", "/no/such/profile.json", "--json"}, out, err), 2);
   EXPECT_NE(out.str().find("not found: /no/such/profile.json"), std::string::npos) << out.str();
+  out.str("");
+  err.str("");
+  EXPECT_EQ(libreyolo::cli::run({"profile", "run", "data.yaml", "--stpes", "3"}, out, err), 2);
+  EXPECT_NE(err.str().find("Unknown option --stpes"), std::string::npos) << err.str();
+}
+
+TEST(ProfileCli, RunProfilesATrainingWindowOnTheCpu) {
+  libreyolo::data::SyntheticOptions o;
+  o.train_images = 24;
+  o.val_images = 4;
+  o.width = o.height = 64;
+  o.num_classes = 2;
+  o.threads = 1;
+  const std::string yaml = libreyolo::data::generate_synthetic_dataset(libreyolo::test::temp_dir("prof_run_ds"), o);
+  const std::string project = libreyolo::test::temp_dir("prof_run");
+  std::ostringstream out, err;
+  const std::vector<std::string> base = {"profile", "run",     yaml,      "--imgsz", "64",       "--batch",
+                                         "8",       "--steps", "4",       "--warmup", "1",       "--workers",
+                                         "0",       "--device", "cpu",    "--project", project};
+  std::vector<std::string> args = base;
+  args.push_back("--json");
+  ASSERT_EQ(libreyolo::cli::run(args, out, err), 0) << err.str();
+  auto j = nlohmann::json::parse(out.str());
+  const std::string profile = j["profile"].get<std::string>();
+  EXPECT_EQ(profile, (fs::path(project) / "prof" / "profile.json").string());
+  for (const char* f : {"profile.json", "profile_summary.json", "profile_trace.json", "timeline.html"})
+    EXPECT_TRUE(fs::exists(fs::path(project) / "prof" / f)) << f;
+  const std::string bound = j["bound"].get<std::string>();
+  EXPECT_TRUE(bound == "dataloader" || bound == "host / launch" || bound == "compute" || bound == "memory-pressure")
+      << bound;
+  EXPECT_GT(j["img_per_s"].get<double>(), 0.0);
+  // The readers take the file the run wrote.
+  out.str("");
+  EXPECT_EQ(libreyolo::cli::run({"profile", "phases", profile, "--json"}, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("loss"), std::string::npos) << out.str();
+
+  // --repeat 2: two trials and their aggregate.
+  out.str("");
+  args = base;
+  args.insert(args.end(), {"--repeat", "2"});
+  ASSERT_EQ(libreyolo::cli::run(args, out, err), 0) << err.str();
+  EXPECT_TRUE(fs::exists(fs::path(project) / "prof_0" / "profile.json"));
+  EXPECT_TRUE(fs::exists(fs::path(project) / "prof_1" / "profile.json"));
+  ASSERT_TRUE(fs::exists(fs::path(project) / "profile_repeat.json"));
+  EXPECT_NE(out.str().find("(n=2)"), std::string::npos) << out.str();
 }

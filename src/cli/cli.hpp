@@ -24,6 +24,9 @@ struct ParsedArgs {
 // that a bare `flag`, `--flag` and `--no-flag` become flag=true/false. Throws UsageError.
 ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& bool_keys);
 
+// `libreyolo profile run <data> [--options]` (cli/profile_run.cpp). Throws libreyolo::Error.
+int cmd_profile_run(const std::vector<std::string>& args, std::ostream& out);
+
 // Runs a command line; output to `out` (results) and `err` (messages). Returns the exit code.
 int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

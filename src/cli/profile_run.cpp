@@ -1,0 +1,154 @@
+// `libreyolo profile run <data>`: a profile-only training run (SPEC P5). It trains with the
+// profiler on, mosaic closing never (no_aug_epochs=0), and stops when the window closes; with
+// --repeat N it runs N trials (prof_0..prof_{N-1}) and writes <project>/profile_repeat.json.
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include <libreyolo/errors.hpp>
+#include <libreyolo/libreyolo.hpp>
+
+#include "cli/cli.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "profile/analysis.hpp"
+
+namespace fs = std::filesystem;
+
+namespace libreyolo::cli {
+
+namespace {
+
+struct RunArgs {
+  std::string data, weights, size = "t", device = "auto", project = "runs/profile";
+  int batch = 16, imgsz = 640, workers = 8, steps = 20, warmup = 5, repeat = 1;
+  bool amp = true, json = false;
+};
+
+int to_int(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const long long x = std::stoll(v, &used);
+    if (used != v.size() || x < -1 || x > 1000000) throw std::out_of_range(v);
+    return static_cast<int>(x);
+  } catch (const std::exception&) {
+    throw UsageError("Invalid value for --" + flag + ": '" + v + "'", "Pass a whole number.", "config_type_error");
+  }
+}
+
+RunArgs parse(const std::vector<std::string>& args) {
+  RunArgs r;
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string a = args[i];
+    if (a == "--json") {
+      r.json = true;
+      continue;
+    }
+    if (a == "--amp" || a == "--no-amp") {
+      r.amp = a == "--amp";
+      continue;
+    }
+    if (a.rfind("--", 0) != 0) {
+      positional.push_back(a);
+      continue;
+    }
+    std::string key = a.substr(2), value;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) throw UsageError("--" + key + " requires a value", "", "config_type_error");
+      value = args[++i];
+    }
+    if (key == "weights") r.weights = value;
+    else if (key == "size") r.size = value;
+    else if (key == "device") r.device = value;
+    else if (key == "project") r.project = value;
+    else if (key == "batch") r.batch = to_int(key, value);
+    else if (key == "imgsz") r.imgsz = to_int(key, value);
+    else if (key == "workers") r.workers = to_int(key, value);
+    else if (key == "steps") r.steps = to_int(key, value);
+    else if (key == "warmup") r.warmup = to_int(key, value);
+    else if (key == "repeat") r.repeat = to_int(key, value);
+    else
+      throw UsageError("Unknown option --" + key + " for 'profile run'",
+                       "Options: --weights --size --batch --imgsz --workers --amp/--no-amp --steps --warmup --repeat "
+                       "--device --project --json",
+                       "config_unknown_key");
+  }
+  if (positional.size() != 1)
+    throw UsageError("profile run takes one dataset: libreyolo profile run <data.yaml|builtin> [options]", "",
+                     "config_required_key");
+  r.data = positional[0];
+  if (r.repeat < 1) throw UsageError("--repeat must be at least 1", "", "config_range_error");
+  return r;
+}
+
+}  // namespace
+
+int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
+  const RunArgs a = parse(raw);
+  // Without --weights: a fresh model of the size (this build downloads nothing).
+  const std::string model_arg = a.weights.empty() ? "yolo9" + a.size : a.weights;
+  std::vector<nlohmann::json> profiles;
+  std::vector<std::string> paths;
+  for (int i = 0; i < a.repeat; ++i) {
+    const std::string name = a.repeat > 1 ? "prof_" + std::to_string(i) : "prof";
+    LibreYOLO model(model_arg, a.device);
+    Kwargs kw = {{"data", a.data},
+                 {"batch", std::to_string(a.batch)},
+                 {"imgsz", std::to_string(a.imgsz)},
+                 {"workers", std::to_string(a.workers)},
+                 {"amp", a.amp ? "true" : "false"},
+                 {"device", a.device},
+                 {"epochs", std::to_string(a.warmup + a.steps + 5)},
+                 {"profile", "true"},
+                 {"profile_then_stop", "true"},
+                 {"profile_steps", std::to_string(a.steps)},
+                 {"profile_warmup", std::to_string(a.warmup)},
+                 {"profile_open", "false"},
+                 {"no_aug_epochs", "0"},
+                 {"project", a.project},
+                 {"name", name},
+                 {"exist_ok", "true"}};
+    TrainResult r = model.train(kw);
+    const std::string path = (fs::path(r.save_dir) / "profile.json").string();
+    if (!fs::exists(path))
+      throw DataError(strfmt("no profile produced for run %d: the window (warmup %d + steps %d) never filled", i,
+                             a.warmup, a.steps),
+                      "Use a larger dataset, fewer --steps, or a smaller --batch.", "profile_not_produced");
+    profiles.push_back(profile::load_profile(path));
+    paths.push_back(path);
+  }
+  nlohmann::json result = profiles.back();
+  std::string shown = paths.back();
+  if (a.repeat > 1) {
+    result = profile::aggregate_repeat(profiles, paths);
+    shown = (fs::path(a.project) / "profile_repeat.json").string();
+    write_file_atomic(shown, result.dump() + "\n");
+  }
+  const auto num = [&](const char* k) { return result.contains(k) ? result[k] : nlohmann::json(nullptr); };
+  const std::string trace = (fs::path(paths.back()).parent_path() / "profile_trace.json").string();
+  if (a.json) {
+    out << nlohmann::json{{"profile", shown},
+                          {"trace", fs::exists(trace) ? nlohmann::json(trace) : nlohmann::json(nullptr)},
+                          {"img_per_s", num("img_per_s")},
+                          {"img_per_s_std", num("img_per_s_std")},
+                          {"img_per_s_n", a.repeat > 1 ? num("img_per_s_n") : nlohmann::json(1)},
+                          {"bound", num("bound")},
+                          {"gpu_util", num("gpu_util")}}
+               .dump()
+        << "\n";
+    return 0;
+  }
+  out << "img/s: " << (result["img_per_s"].is_number() ? strfmt("%.2f", result["img_per_s"].get<double>()) : "?");
+  if (a.repeat > 1 && result.contains("img_per_s_std") && result["img_per_s_std"].is_number())
+    out << strfmt(" +/- %.2f (n=%d)", result["img_per_s_std"].get<double>(), a.repeat);
+  out << "  |  " << (result.contains("bound") && result["bound"].is_string() ? result["bound"].get<std::string>() : "?")
+      << "\nprofile: " << shown << "\nnext:    libreyolo profile summary " << shown << "\n";
+  return 0;
+}
+
+}  // namespace libreyolo::cli
