@@ -158,24 +158,28 @@ int main(int argc, char** argv) {
         auto model = fam->build(size, 80);
         model->to(dev);
         model->train();
-        engine::StepConfig sc;
-        sc.device = dev;
-        sc.amp = engine::plan_amp(dt != "fp32", dt == "bf16" ? "bfloat16" : "float16", dev);
-        sc.channels_last = memfmt == "channels_last" || (memfmt == "auto" && dev.is_cuda());
-        if (sc.channels_last) engine::to_channels_last(*model);
+        const engine::AmpPlan amp = engine::plan_amp(dt != "fp32", dt == "bf16" ? "bfloat16" : "float16", dev);
+        const bool channels_last = memfmt == "channels_last" || (memfmt == "auto" && dev.is_cuda());
+        if (channels_last) engine::to_channels_last(*model);
         std::shared_ptr<models::Detector> ema_model;
         std::unique_ptr<engine::ModelEMA> ema;
         if (ema_on) {
           ema_model = fam->build_like(models::state_dict(*model), 80);
           ema_model->to(dev);
-          if (sc.channels_last) engine::to_channels_last(*ema_model);
+          if (channels_last) engine::to_channels_last(*ema_model);
           ema = std::make_unique<engine::ModelEMA>(ema_model, *model);
         }
-        engine::LrSchedule sched;
-        sched.warmup_iters = 0;
-        sched.total_iters = 1000000;
-        engine::StepRunner runner(model, fam->make_loss(*model), engine::make_optimizer(*model, {}),
-                                  std::make_unique<engine::GradScaler>(dev, sc.amp.scaler), ema.get(), sched, sc);
+        // The recipe's optimizer (SGD, lr0 0.01) at a constant-looking rate: no warm-up, no
+        // accumulation, a linear decay over a million steps.
+        TrainConfig tc;
+        tc.batch = static_cast<int>(B);
+        tc.nbs = 0;
+        tc.warmup_epochs = 0;
+        tc.epochs = 1000000;
+        engine::StepSetup setup = engine::make_step_runner(tc, model, fam->make_loss(*model), ema.get(), dev, amp,
+                                                           channels_last, /*batches_per_epoch=*/1);
+        engine::StepRunner& runner = *setup.runner;
+        const engine::StepConfig& sc = runner.config();
         auto [images, targets] = make_batch(B, imgsz, 80);
         images = images.to(dev);
         targets = targets.to(dev);
