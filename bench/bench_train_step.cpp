@@ -182,12 +182,16 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
     if (b->sc.channels_last) engine::to_channels_last(*b->ema_model);
     b->ema = std::make_unique<engine::ModelEMA>(b->ema_model, *b->model);
   }
-  engine::LrSchedule sched;
-  sched.warmup_iters = 0;
-  sched.total_iters = 1000000;
-  b->runner = std::make_unique<engine::StepRunner>(
-      b->model, fam.make_loss(*b->model), engine::make_optimizer(*b->model, {}),
-      std::make_unique<engine::GradScaler>(dev, b->sc.amp.scaler), b->ema.get(), sched, b->sc);
+  // The recipe's optimizer (SGD, lr0 0.01) at a constant-looking rate: no warm-up, no
+  // accumulation, a linear decay over a million steps.
+  TrainConfig tc;
+  tc.batch = static_cast<int>(c.batch);
+  tc.nbs = 0;
+  tc.warmup_epochs = 0;
+  tc.epochs = 1000000;
+  b->runner = engine::make_step_runner(tc, b->model, fam.make_loss(*b->model), b->ema.get(), dev, b->sc.amp,
+                                       b->sc.channels_last, /*batches_per_epoch=*/1, fam.input)
+                  .runner;
   auto [images, targets] = make_batch(c.batch, o.imgsz, 80);
   b->images = images.to(dev);
   b->targets = targets.to(dev);

@@ -167,4 +167,77 @@ TEST(ConvBnAct, SingleValuePerChannelIsAClearError) {
   }
 }
 
+// The SyncBN seam: a statistics sync that plays a second process (its batch b, and the gradient
+// at its output) makes the node on batch a compute what BatchNorm over the concatenated batch
+// computes for a's rows: output, input gradient, running statistics. Each hook runs once.
+TEST(ConvBnAct, StatsSyncNormalisesWithTheGlobalBatch) {
+  using namespace libreyolo::models;
+  struct OtherProcess : BnStatsSync {
+    torch::Tensor zb, gb, gamma, beta, mean, invstd;
+    double eps = 0;
+    bool act = false;
+    int stats_calls = 0, grad_calls = 0;
+    void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) override {
+      sum.add_(zb.sum({0, 2, 3}));
+      sumsq.add_(zb.square().sum({0, 2, 3}));
+      count.add_(static_cast<double>(zb.numel() / zb.size(1)));
+      mean = sum / count;
+      invstd = (sumsq / count - mean.square() + eps).rsqrt();
+      ++stats_calls;
+    }
+    void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) override {
+      auto v = [](const torch::Tensor& t) { return t.view({1, -1, 1, 1}); };
+      const auto xmu = zb - v(mean);
+      const auto g = act ? at::silu_backward(gb, xmu * v(invstd * gamma) + v(beta)) : gb;
+      sum_dy.add_(g.sum({0, 2, 3}));
+      sum_dy_xmu.add_((g * xmu).sum({0, 2, 3}));
+      ++grad_calls;
+    }
+  };
+  for (bool act : {false, true}) {
+    torch::manual_seed(11);
+    const auto a = torch::randn({2, 4, 6, 5}), b = torch::randn({3, 4, 6, 5});
+    const auto ga = torch::randn({2, 6, 6, 5}), gb = torch::randn({3, 6, 6, 5});
+    auto make_conv = [&] {
+      torch::manual_seed(12);
+      yolo9::Conv c(4, 6, 3, 1, 1, act);
+      torch::NoGradGuard ng;
+      c->bn->weight.uniform_(0.5, 1.5);
+      c->bn->bias.uniform_(-0.5, 0.5);
+      c->train();
+      return c;
+    };
+    set_fused_conv_training(false);  // reference: the composed ops over both batches
+    auto ref = make_conv();
+    auto x = torch::cat({a, b}).set_requires_grad(true);
+    auto y_ref = ref->forward(x);
+    y_ref.backward(torch::cat({ga, gb}));
+
+    set_fused_conv_training(true);
+    auto conv = make_conv();
+    auto sync = std::make_shared<OtherProcess>();
+    {
+      torch::NoGradGuard ng;
+      sync->zb = torch::conv2d(b, conv->conv->weight, {}, 1, 1);
+    }
+    sync->gb = gb;
+    sync->gamma = conv->bn->weight.detach();
+    sync->beta = conv->bn->bias.detach();
+    sync->eps = conv->bn->options.eps();
+    sync->act = act;
+    set_bn_stats_sync(sync);
+    auto xa = a.clone().set_requires_grad(true);
+    auto ya = conv->forward(xa);
+    ya.backward(ga);
+    set_bn_stats_sync(nullptr);
+    EXPECT_NE(ya.grad_fn()->name().find("ConvBnActFn"), std::string::npos) << ya.grad_fn()->name();
+    EXPECT_EQ(sync->stats_calls, 1);
+    EXPECT_EQ(sync->grad_calls, 1);
+    EXPECT_LT(rel_err(ya, y_ref.slice(0, 0, 2)), 1e-4) << "act " << act;
+    EXPECT_LT(rel_err(xa.grad(), x.grad().slice(0, 0, 2)), 1e-4) << "act " << act;
+    EXPECT_LT(rel_err(conv->bn->running_mean, ref->bn->running_mean), 1e-5);
+    EXPECT_LT(rel_err(conv->bn->running_var, ref->bn->running_var), 1e-5);
+  }
+}
+
 }  // namespace

@@ -51,6 +51,10 @@ class GradScaler {
   // Updates the scale from the found_inf of the last unscale().
   void update();
   double current_scale() const;  // host sync: for logs and tests only
+  // The persistent device tensors (scale, growth tracker, found_inf); none when disabled.
+  std::vector<torch::Tensor> state_tensors() const {
+    return enabled_ ? std::vector<torch::Tensor>{scale_, growth_tracker_, found_inf_} : std::vector<torch::Tensor>{};
+  }
   io::PyValuePtr state_dict() const;
   void load_state_dict(const io::PyValue& sd);
 

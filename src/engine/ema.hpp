@@ -1,6 +1,7 @@
 // Exponential moving average of a model's floating-point state (parameters and BN running
 // statistics), decay d(n) = decay * (1 - exp(-n / tau)) after n updates (yolo9.md §3.5).
-// One fused lerp over all tensors per update.
+// The update reads its weight (1 - d) from a device tensor written before it, so the part that
+// touches the model's tensors (apply()) can be captured and replayed.
 #pragma once
 #include <torch/torch.h>
 
@@ -16,7 +17,13 @@ class ModelEMA {
            double decay = 0.9999, double tau = 2000.0, long long updates = 0);
   // `model` must be the module given to the constructor: its tensor list is cached there, so an
   // update costs one fused kernel and no name lookups.
+  // Equals stage(); apply(model); then counts the update.
   void update(const torch::nn::Module& model);
+  // Writes 1 - decay_at(updates() + 1) into weight() (an in-place fill, outside any capture).
+  void stage();
+  // ema <- lerp(ema, model, weight()) over every floating-point tensor. Touches no host state.
+  void apply(const torch::nn::Module& model);
+  const torch::Tensor& weight() const { return weight_; }
   double decay_at(long long updates) const;
   long long updates() const { return updates_; }
   void set_updates(long long n) { updates_ = n; }
@@ -29,6 +36,8 @@ class ModelEMA {
   long long updates_;
   const torch::nn::Module* source_;
   std::vector<torch::Tensor> ema_state_, source_state_;
+  torch::Tensor weight_;                // 0-dim float32 on the model's device
+  std::vector<torch::Tensor> weights_;  // weight_ once per tensor (the CPU lerp's argument)
 };
 
 }  // namespace libreyolo::engine

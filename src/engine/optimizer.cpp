@@ -30,12 +30,27 @@ std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weigh
   return groups;
 }
 
+Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr) : groups_(std::move(groups)), lr_(lr) {
+  torch::Device device(torch::kCPU);
+  for (const auto& g : groups_)
+    if (!g.params.empty()) {
+      device = g.params[0].device();
+      break;
+    }
+  lr_t_ = torch::full({}, lr, torch::TensorOptions().dtype(device.is_cpu() ? torch::kDouble : torch::kFloat).device(device));
+}
+
+void Optimizer::set_lr(double lr) {
+  lr_ = lr;
+  lr_t_.fill_(lr);
+}
+
 void Optimizer::zero_grad() {
-  // Set to none (torch's default): the next backward then hands its gradient tensors over
-  // instead of adding them into zeroed ones, one kernel and one dispatch fewer per parameter.
-  for (auto& g : groups_)
-    for (auto& p : g.params)
-      if (p.grad().defined()) p.mutable_grad().reset();
+  // In place, not set to none: a captured step keeps writing into the same gradient tensors, and
+  // the step allocates nothing once the first backward has created them. (Autograd and the fused
+  // node's deferred flush then add into these zeros: 0 + g == g, the same values as a fresh grad.)
+  std::vector<torch::Tensor> grads = this->grads();
+  if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
 std::vector<torch::Tensor> Optimizer::grads() const {
@@ -104,7 +119,16 @@ class SGD final : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, const OptimizerOptions& o)
       : Optimizer(std::move(groups), o.lr), momentum_(o.momentum), nesterov_(o.nesterov) {
-    for (const auto& g : groups_) bufs_.emplace_back(g.params.size());
+    // Momentum buffers exist from the start, zero: the first step is then the same kernel call
+    // as every other (momentum * 0 + grad == grad, what torch.optim.SGD's first step stores).
+    // has_state_ says which of them torch.optim would have (those that took part in a step).
+    torch::NoGradGuard ng;
+    for (const auto& g : groups_) {
+      bufs_.emplace_back();
+      has_state_.emplace_back(g.params.size(), false);
+      if (momentum_ != 0.0)
+        for (const auto& p : g.params) bufs_.back().push_back(torch::zeros_like(p, at::MemoryFormat::Preserve));
+    }
   }
 
   void step(const std::optional<torch::Tensor>& found_inf) override {
@@ -114,31 +138,18 @@ class SGD final : public Optimizer {
       if (l.params.empty()) continue;
       const double wd = groups_[gi].weight_decay;
       if (momentum_ == 0.0) {
-        at::_fused_sgd_(l.params, l.grads, {}, wd, 0.0, lr_, 0.0, nesterov_, false, false, std::nullopt,
+        at::_fused_sgd_(l.params, l.grads, {}, wd, 0.0, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
                         found_inf);
         continue;
       }
-      // Parameters whose momentum buffer exists, and those stepping for the first time (their
-      // buffer starts as the gradient, as torch.optim.SGD does): one fused call for each set.
-      Live seen, fresh;
-      std::vector<torch::Tensor> seen_bufs, fresh_bufs;
-      for (size_t k = 0; k < l.params.size(); ++k) {
-        auto& b = bufs_[gi][l.index[k]];
-        const bool is_new = !b.defined();
-        // Zeros, not garbage: if an AMP-skipped step leaves it untouched, the next
-        // step (momentum * 0 + grad) still starts the buffer at the gradient.
-        if (is_new) b = torch::zeros_like(l.params[k], at::MemoryFormat::Preserve);
-        Live& dst = is_new ? fresh : seen;
-        dst.params.push_back(l.params[k]);
-        dst.grads.push_back(l.grads[k]);
-        (is_new ? fresh_bufs : seen_bufs).push_back(b);
+      std::vector<torch::Tensor> bufs;
+      bufs.reserve(l.index.size());
+      for (size_t i : l.index) {
+        bufs.push_back(bufs_[gi][i]);
+        has_state_[gi][i] = true;
       }
-      if (!seen.params.empty())
-        at::_fused_sgd_(seen.params, seen.grads, seen_bufs, wd, momentum_, lr_, 0.0, nesterov_, false,
-                        false, std::nullopt, found_inf);
-      if (!fresh.params.empty())
-        at::_fused_sgd_(fresh.params, fresh.grads, fresh_bufs, wd, momentum_, lr_, 0.0, nesterov_, false,
-                        true, std::nullopt, found_inf);
+      at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
+                      found_inf);
     }
   }
 
@@ -149,10 +160,9 @@ class SGD final : public Optimizer {
     size_t base = 0;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        const auto& b = bufs_[gi][i];
-        if (!b.defined()) continue;
+        if (momentum_ == 0.0 || !has_state_[gi][i]) continue;
         auto s = PyValue::new_dict();
-        s->set("momentum_buffer", PyValue::from_tensor(b));
+        s->set("momentum_buffer", PyValue::from_tensor(bufs_[gi][i]));
         state->set(PyValue::from_int(static_cast<int64_t>(base + i)), s);
       }
       auto g = PyValue::new_dict();
@@ -182,30 +192,52 @@ class SGD final : public Optimizer {
       for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
         const auto& p = groups_[gi].params[i];
         torch::Tensor t = state ? state_tensor(*state, base + i, "momentum_buffer", p) : torch::Tensor();
-        bufs_[gi][i] = t.defined() ? t.to(p.device(), p.scalar_type()).clone() : torch::Tensor();
+        has_state_[gi][i] = t.defined() && momentum_ != 0.0;
+        if (momentum_ == 0.0) continue;
+        torch::NoGradGuard ng;
+        // Into the existing buffers: they stay the tensors a captured step writes.
+        if (t.defined())
+          bufs_[gi][i].copy_(t);
+        else
+          bufs_[gi][i].zero_();
       }
       base += groups_[gi].params.size();
     }
     if (auto pg = sd.get("param_groups"); pg && !pg->items.empty())
-      if (auto lr = pg->items[0]->get("lr")) lr_ = lr->as_float("lr");
+      if (auto lr = pg->items[0]->get("lr")) set_lr(lr->as_float("lr"));
   }
 
   std::string name() const override { return "SGD"; }
+  std::vector<torch::Tensor> state_tensors() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto& g : bufs_) out.insert(out.end(), g.begin(), g.end());
+    return out;
+  }
 
  private:
   double momentum_;
   bool nesterov_;
-  std::vector<std::vector<torch::Tensor>> bufs_;
+  std::vector<std::vector<torch::Tensor>> bufs_;  // empty when momentum is 0
+  std::vector<std::vector<bool>> has_state_;
 };
 
 class Adam final : public Optimizer {
  public:
   Adam(std::vector<ParamGroup> groups, const OptimizerOptions& o, bool decoupled)
       : Optimizer(std::move(groups), o.lr), decoupled_(decoupled) {
+    // All state exists from the start (zeros, as torch.optim creates it lazily), so every step
+    // is the same kernel calls on the same tensors.
+    torch::NoGradGuard ng;
     for (auto& g : groups_) {
-      m_.emplace_back(g.params.size());
-      v_.emplace_back(g.params.size());
-      steps_.emplace_back(g.params.size());
+      m_.emplace_back();
+      v_.emplace_back();
+      steps_.emplace_back();
+      has_state_.emplace_back(g.params.size(), false);
+      for (const auto& p : g.params) {
+        m_.back().push_back(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        v_.back().push_back(torch::zeros_like(p, at::MemoryFormat::Preserve));
+        steps_.back().push_back(torch::zeros({}, p.options().dtype(torch::kFloat)));
+      }
     }
   }
 
@@ -215,26 +247,21 @@ class Adam final : public Optimizer {
       Live l = live_params(groups_[gi]);
       if (l.params.empty()) continue;
       std::vector<torch::Tensor> m, v, s;
-      for (size_t k = 0; k < l.params.size(); ++k) {
-        size_t i = l.index[k];
-        if (!m_[gi][i].defined()) {
-          m_[gi][i] = torch::zeros_like(l.params[k], at::MemoryFormat::Preserve);
-          v_[gi][i] = torch::zeros_like(l.params[k], at::MemoryFormat::Preserve);
-          steps_[gi][i] = torch::zeros({}, l.params[k].options().dtype(torch::kFloat));
-        }
+      for (size_t i : l.index) {
         m.push_back(m_[gi][i]);
         v.push_back(v_[gi][i]);
         s.push_back(steps_[gi][i]);
+        has_state_[gi][i] = true;
       }
       double wd = groups_[gi].weight_decay;
       // The fused kernels read the step count after it was advanced (bias correction), as
       // torch.optim does; a step skipped for inf/NaN gradients gives the count back.
       at::_foreach_add_(s, 1.0);
       if (decoupled_)
-        at::_fused_adamw_(l.params, l.grads, m, v, {}, s, lr_, kBeta1, kBeta2, wd, kEps, false, false,
+        at::_fused_adamw_(l.params, l.grads, m, v, {}, s, lr_t_, kBeta1, kBeta2, wd, kEps, false, false,
                           std::nullopt, found_inf);
       else
-        at::_fused_adam_(l.params, l.grads, m, v, {}, s, lr_, kBeta1, kBeta2, wd, kEps, false, false,
+        at::_fused_adam_(l.params, l.grads, m, v, {}, s, lr_t_, kBeta1, kBeta2, wd, kEps, false, false,
                          std::nullopt, found_inf);
       if (found_inf) at::_foreach_sub_(s, std::vector<torch::Tensor>(s.size(), *found_inf));
     }
@@ -247,7 +274,7 @@ class Adam final : public Optimizer {
     size_t base = 0;
     for (size_t gi = 0; gi < groups_.size(); ++gi) {
       for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        if (!m_[gi][i].defined()) continue;
+        if (!has_state_[gi][i]) continue;
         auto s = PyValue::new_dict();
         s->set("step", PyValue::from_tensor(steps_[gi][i]));
         s->set("exp_avg", PyValue::from_tensor(m_[gi][i]));
@@ -288,26 +315,38 @@ class Adam final : public Optimizer {
           v = state_tensor(*state, base + i, "exp_avg_sq", p);
           s = state_tensor(*state, base + i, "step", p);
         }
-        if (m.defined() && v.defined() && s.defined()) {
-          m_[gi][i] = m.to(p.device(), p.scalar_type()).clone();
-          v_[gi][i] = v.to(p.device(), p.scalar_type()).clone();
-          steps_[gi][i] = s.to(p.device(), torch::kFloat).reshape({}).clone();
+        // Into the existing tensors: they stay the ones a captured step writes.
+        torch::NoGradGuard ng;
+        has_state_[gi][i] = m.defined() && v.defined() && s.defined();
+        if (has_state_[gi][i]) {
+          m_[gi][i].copy_(m);
+          v_[gi][i].copy_(v);
+          steps_[gi][i].copy_(s.reshape({}));
         } else {
-          m_[gi][i] = v_[gi][i] = steps_[gi][i] = torch::Tensor();
+          m_[gi][i].zero_();
+          v_[gi][i].zero_();
+          steps_[gi][i].zero_();
         }
       }
       base += groups_[gi].params.size();
     }
     if (auto pg = sd.get("param_groups"); pg && !pg->items.empty())
-      if (auto lr = pg->items[0]->get("lr")) lr_ = lr->as_float("lr");
+      if (auto lr = pg->items[0]->get("lr")) set_lr(lr->as_float("lr"));
   }
 
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
+  std::vector<torch::Tensor> state_tensors() const override {
+    std::vector<torch::Tensor> out;
+    for (const auto* s : {&m_, &v_, &steps_})
+      for (const auto& g : *s) out.insert(out.end(), g.begin(), g.end());
+    return out;
+  }
 
  private:
   static constexpr double kBeta1 = 0.9, kBeta2 = 0.999, kEps = 1e-8;
   bool decoupled_;
   std::vector<std::vector<torch::Tensor>> m_, v_, steps_;
+  std::vector<std::vector<bool>> has_state_;
 };
 
 }  // namespace

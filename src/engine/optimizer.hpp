@@ -29,10 +29,19 @@ class Optimizer {
   // Applies one update. found_inf (a 0-dim float tensor on the device), when given, makes the
   // kernels skip the update on every parameter if it is non-zero (AMP step skipping) without a
   // host synchronisation.
+  // The step takes the same path every time (no lazy state, no first-step variant): the state
+  // tensors exist from construction and are updated in place, so it can be captured.
   virtual void step(const std::optional<torch::Tensor>& found_inf = std::nullopt) = 0;
-  void zero_grad();  // sets the gradients to none
-  void set_lr(double lr) { lr_ = lr; }
+  // Zeroes the existing gradients in place (they stay the same tensors, which a captured step
+  // needs); gradients that do not exist yet are left undefined.
+  void zero_grad();
+  // Sets the host value and writes it into lr_tensor() (an in-place fill, outside any capture).
+  void set_lr(double lr);
   double lr() const { return lr_; }
+  // 0-dim device tensor the fused kernels read the learning rate from: float64 on the CPU (the
+  // CPU kernels read it as a double, so results equal a double lr), float32 on CUDA (what the
+  // CUDA kernels read).
+  const torch::Tensor& lr_tensor() const { return lr_t_; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // All gradients in group order (undefined grads are skipped).
   std::vector<torch::Tensor> grads() const;
@@ -42,11 +51,14 @@ class Optimizer {
   // Restores from such a dict; throws ModelError when the groups or shapes do not match.
   virtual void load_state_dict(const io::PyValue& sd) = 0;
   virtual std::string name() const = 0;
+  // Every state tensor (momentum buffers; Adam's moments and step counts), for tests and capture.
+  virtual std::vector<torch::Tensor> state_tensors() const = 0;
 
  protected:
-  explicit Optimizer(std::vector<ParamGroup> groups, double lr) : groups_(std::move(groups)), lr_(lr) {}
+  Optimizer(std::vector<ParamGroup> groups, double lr);
   std::vector<ParamGroup> groups_;
   double lr_;
+  torch::Tensor lr_t_;
 };
 
 struct OptimizerOptions {

@@ -1,10 +1,23 @@
 // One training step (forward, loss, backward and, at the end of an accumulation window, the
 // optimizer step, loss-scale update, EMA update and learning-rate update). Shared by the trainer
 // and the step benchmark; the CUDA-graph and profiler work wraps this class.
+//
+// The step is a function of static buffers, so that it can be captured in a CUDA graph and
+// replayed: each call first *stages* its host-side inputs into tensors that live as long as the
+// runner (images and targets copied into persistent device buffers; the loss divisor, learning
+// rate and EMA weight written into 0-dim device tensors with in-place fills), then runs the
+// device work on those tensors only. The staging calls are the part a graph replay repeats
+// eagerly; forward_backward_staged() and apply_update() are the parts it can capture. After the
+// first backward has created the gradients, nothing in a step allocates a persistent tensor:
+// gradients are zeroed in place, optimizer state exists from construction, the fused kernels'
+// scratch is allocated once at its largest size.
 #pragma once
 #include <torch/torch.h>
 
 #include <memory>
+#include <vector>
+
+#include <libreyolo/config.hpp>
 
 #include <libreyolo/hooks.hpp>
 
@@ -51,6 +64,23 @@ struct StepConfig {
   models::InputSpec input;  // the family's input convention
 };
 
+// Gradient synchronisation of data-parallel training: StepRunner calls after_backward() once per
+// optimizer step, after the last backward of the accumulation window (the gradients are then
+// complete for this process) and before the loss scaler unscales them and checks for inf/NaN, so
+// every process unscales, clips and steps the same (averaged, still scaled) gradients. An
+// implementation all-reduces `grads` in place (e.g. bucketed NCCL all-reduce, then divide by the
+// world size); it must not replace the tensors. The default does nothing (one process).
+class GradSync {
+ public:
+  virtual ~GradSync() = default;
+  virtual void after_backward(std::vector<torch::Tensor>& grads) = 0;
+};
+
+class NoGradSync final : public GradSync {
+ public:
+  void after_backward(std::vector<torch::Tensor>&) override {}
+};
+
 class StepRunner {
  public:
   StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<DetectionLoss> loss,
@@ -60,10 +90,21 @@ class StepRunner {
   // images: [B, S, S, 3] uint8 (host, ideally pinned, or already on the device);
   // targets: [B, T, 5] float. loss_divisor: accumulation window size.
   // Returns the loss terms (device tensors, no synchronisation).
+  // Equals stage(images, targets, loss_divisor) then forward_backward_staged().
   LossOutput forward_backward(const torch::Tensor& images, const torch::Tensor& targets, double loss_divisor = 1.0);
   // Optimizer step (skipped on the device when AMP found inf/NaN), scaler update, zero grads,
-  // EMA update, lr <- schedule(global_step + 1).
+  // EMA update, lr <- schedule(global_step + 1). Equals the EMA's stage(), apply_update(), then
+  // the host bookkeeping (EMA update count, global step, next learning rate).
   void optimizer_step();
+
+  // Copies the batch into the persistent input buffers (reallocated only when a shape changes;
+  // targets keep the loader's padding to a fixed box count) and writes the loss divisor.
+  void stage(const torch::Tensor& images, const torch::Tensor& targets, double loss_divisor = 1.0);
+  // Forward, loss and backward on the staged buffers; gradients are added into .grad.
+  LossOutput forward_backward_staged();
+  // The device part of optimizer_step(): gradient sync, unscale + inf check, clipping, optimizer
+  // step, scaler update, gradients zeroed in place, EMA lerp. No host state changes.
+  void apply_update();
 
   int64_t global_step() const { return global_step_; }
   void set_global_step(int64_t s);  // also sets the lr to schedule(s)
@@ -73,10 +114,22 @@ class StepRunner {
   void set_phase_observer(PhaseObserver* obs) { phases_ = obs; }
   PhaseObserver* phase_observer() const { return phases_; }
   DetectionLoss& loss() { return *loss_; }
-  // NHWC uint8 on any device -> the network's float NCHW input on the training device, in the step's layout.
-  torch::Tensor prepare_images(const torch::Tensor& images) const;
+  // Replaces the gradient synchronisation (nullptr: back to NoGradSync).
+  void set_grad_sync(std::unique_ptr<GradSync> sync);
+  // Stages `images` (NHWC uint8, any device) and returns the network's float NCHW input buffer
+  // (the family's input convention) on the training device, in the step's layout. The buffer is overwritten by the next stage().
+  torch::Tensor prepare_images(const torch::Tensor& images);
+
+  // The persistent buffers (for tests and for graph capture): uint8 NHWC images on the device,
+  // the float network input, the targets, the 0-dim loss divisor.
+  const torch::Tensor& staged_images() const { return images_; }
+  const torch::Tensor& staged_input() const { return input_; }
+  const torch::Tensor& staged_targets() const { return targets_; }
+  const torch::Tensor& loss_divisor() const { return divisor_; }
 
  private:
+  void stage_images(const torch::Tensor& images);
+
   std::shared_ptr<models::Detector> model_;
   std::unique_ptr<DetectionLoss> loss_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -84,9 +137,29 @@ class StepRunner {
   ModelEMA* ema_;
   LrSchedule schedule_;
   StepConfig cfg_;
+  std::unique_ptr<GradSync> grad_sync_;
   int64_t global_step_ = 0;
   PhaseObserver* phases_ = nullptr;
+  torch::Tensor images_, input_, targets_, divisor_;
 };
+
+// The one mapping from TrainConfig to a ready step (used by the trainer, the step benchmark and
+// the tests): the optimizer over the model's parameter groups (optimizer, lr0, momentum,
+// weight_decay, nesterov), the accumulation window round(nbs / batch) (1 when nbs is 0), the
+// learning-rate schedule (scheduler, lr0, warmup_epochs, warmup_lr_start, min_lr_ratio, epochs,
+// counted in optimizer steps), the loss scaler (from `amp`) and clip_max_norm.
+// batches_per_epoch: loader batches per epoch. The model must already be on `device` (and in
+// channels_last when `channels_last`).
+struct StepSetup {
+  std::unique_ptr<StepRunner> runner;
+  int accumulate = 1;           // micro-batches per optimizer step
+  int64_t steps_per_epoch = 1;  // optimizer steps per epoch: ceil(batches_per_epoch / accumulate)
+  LrSchedule schedule;
+};
+StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detector> model,
+                           std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
+                           const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
+                           const models::InputSpec& input = {});
 
 // Converts every 4-d parameter to channels_last in place (grads will follow that layout).
 void to_channels_last(torch::nn::Module& m);

@@ -26,12 +26,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Python's round(): half to even.
-long long round_half_even(double x) {
-  double r = std::nearbyint(x);  // default rounding mode is to-nearest-even
-  return static_cast<long long>(r);
-}
-
 
 io::PyValuePtr typed_value(OptionType type, const std::string& text) {
   switch (type) {
@@ -323,35 +317,16 @@ void Trainer::apply_freeze() {
 }
 
 void Trainer::setup_optimization() {
-  OptimizerOptions oo;
-  oo.name = cfg_.optimizer;
-  oo.lr = cfg_.lr0;
-  oo.momentum = cfg_.momentum;
-  oo.weight_decay = cfg_.weight_decay;
-  oo.nesterov = cfg_.nesterov;
-  auto optimizer = make_optimizer(*model_, oo);
-  const auto& g = optimizer->groups();
+  StepSetup setup = make_step_runner(cfg_, model_, lm_.family->make_loss(*model_), ema_.get(), device_, amp_,
+                                     channels_last_, static_cast<int64_t>(train_loader_->size()), lm_.family->input);
+  step_ = std::move(setup.runner);
+  accumulate_ = setup.accumulate;
+  steps_per_epoch_ = setup.steps_per_epoch;
+  const auto& g = step_->optimizer().groups();
   log_info(strfmt("Optimizer: %s lr0=%g momentum=%g, groups %zu/%zu/%zu (BN weights / decayed weights / biases)",
-                  optimizer->name().c_str(), cfg_.lr0, cfg_.momentum, g.size() > 0 ? g[0].params.size() : 0,
+                  step_->optimizer().name().c_str(), cfg_.lr0, cfg_.momentum, g.size() > 0 ? g[0].params.size() : 0,
                   g.size() > 1 ? g[1].params.size() : 0, g.size() > 2 ? g[2].params.size() : 0));
-  accumulate_ = cfg_.nbs > 0 ? static_cast<int>(std::max(1LL, round_half_even(static_cast<double>(cfg_.nbs) / cfg_.batch))) : 1;
   if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg_.nbs));
-  steps_per_epoch_ = std::max<int64_t>(1, (train_loader_->size() + accumulate_ - 1) / accumulate_);
-  LrSchedule schedule;
-  schedule.kind = cfg_.scheduler;
-  schedule.lr0 = cfg_.lr0;
-  schedule.warmup_lr_start = cfg_.warmup_lr_start;
-  schedule.min_lr_ratio = cfg_.min_lr_ratio;
-  schedule.warmup_iters = static_cast<long long>(std::llround(cfg_.warmup_epochs * steps_per_epoch_));
-  schedule.total_iters = static_cast<long long>(steps_per_epoch_) * cfg_.epochs;
-  StepConfig sc;
-  sc.device = device_;
-  sc.amp = amp_;
-  sc.channels_last = channels_last_;
-  sc.clip_max_norm = cfg_.clip_max_norm;
-  sc.input = lm_.family->input;
-  step_ = std::make_unique<StepRunner>(model_, lm_.family->make_loss(*model_), std::move(optimizer),
-                                       std::make_unique<GradScaler>(device_, amp_.scaler), ema_.get(), schedule, sc);
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
   loss_names_ = step_->loss().term_names();
   loss_sums_ = torch::zeros({1 + static_cast<int64_t>(loss_names_.size())},

@@ -4,6 +4,7 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -52,11 +53,19 @@ bool kernel_dtype(at::ScalarType t, kernels::DType* out) {
 }
 
 // Per device, kept for the life of the process (never freed: a static tensor would be destroyed
-// after the CUDA caching allocator at exit):
+// after the CUDA caching allocator at exit), both allocated once at their largest size, so no
+// launch allocates or moves them (a captured step keeps their addresses):
 //  - the counters, zeroed once; the kernels leave them zero;
-//  - scratch for the partial sums, grown on demand and reused by every launch. The kernels run in
-//    stream order, so it is free again once the launch that used it has been queued behind.
+//  - scratch for the partial sums, reused by every launch. The kernels run in stream order, so
+//    it is free again once the launch that used it has been queued behind.
 // Both assume one training per device at a time, on one stream.
+//
+// Scratch bound: a launch needs 3*P*C floats (forward) or 2*P*C + 2*C (backward), P the
+// row-blocks. bn_act_row_blocks() gives P <= max(1, 1024 / channel_blocks) with at most 32
+// channels per block, so P*C <= max(1024 * 32, C); use_kernels() admits C <= 32 * max_counters.
+constexpr int64_t kMaxChannels = int64_t{32} * kernels::bn_act_max_counters();
+constexpr int64_t kScratchFloats = 4 * std::max<int64_t>(1024 * 32, kMaxChannels);
+
 struct KernelBuffers {
   unsigned* counters;
   float* scratch;
@@ -67,16 +76,14 @@ KernelBuffers kernel_buffers(const at::Device& device, int64_t scratch_floats) {
   static std::pair<at::Tensor*, at::Tensor*> buffers[64] = {};
   const int index = device.index() < 0 ? 0 : device.index();
   TORCH_CHECK(index < 64, "device index out of range");
+  TORCH_CHECK(scratch_floats <= kScratchFloats, "fused BatchNorm kernels: scratch bound exceeded (",
+              scratch_floats, " > ", kScratchFloats, ")");
   std::lock_guard<std::mutex> lock(mutex);
   auto& [counters, scratch] = buffers[index];
   if (!counters) {
-    counters = new at::Tensor(at::zeros({kernels::bn_act_max_counters()},
-                                        at::TensorOptions().dtype(at::kInt).device(device)));
-  }
-  if (!scratch || scratch->numel() < scratch_floats) {
-    const int64_t size = std::max<int64_t>(scratch_floats, scratch ? 2 * scratch->numel() : (int64_t{1} << 16));
-    delete scratch;  // returned to the caching allocator in stream order
-    scratch = new at::Tensor(at::empty({size}, at::TensorOptions().dtype(at::kFloat).device(device)));
+    const auto opts = at::TensorOptions().device(device);
+    counters = new at::Tensor(at::zeros({kernels::bn_act_max_counters()}, opts.dtype(at::kInt)));
+    scratch = new at::Tensor(at::empty({kScratchFloats}, opts.dtype(at::kFloat)));
   }
   return {reinterpret_cast<unsigned*>(counters->data_ptr<int>()), scratch->data_ptr<float>()};
 }
@@ -88,7 +95,7 @@ bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
          p.beta->scalar_type() == at::kFloat && p.running_mean->scalar_type() == at::kFloat &&
          p.running_var->scalar_type() == at::kFloat && p.gamma->is_contiguous() &&
          p.beta->is_contiguous() && p.running_mean->is_contiguous() && p.running_var->is_contiguous() &&
-         z.size(1) <= 32 * kernels::bn_act_max_counters();
+         z.size(1) <= kMaxChannels;
 }
 
 kernels::BnActLaunch launch_for(const at::Tensor& z, bool act) {
@@ -129,6 +136,46 @@ void accumulate_grad(const at::Tensor& t, const at::Tensor& g) {
   } else {
     grad = g;
   }
+}
+
+// ---------------------------------------------------------------- SyncBN statistics
+std::mutex& sync_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::atomic<bool>& sync_installed() {  // lets the common case (none) skip the lock
+  static std::atomic<bool> on{false};
+  return on;
+}
+std::shared_ptr<BnStatsSync>& sync_slot() {
+  static std::shared_ptr<BnStatsSync>* s = new std::shared_ptr<BnStatsSync>();  // never destroyed
+  return *s;
+}
+
+at::Tensor per_channel(const at::Tensor& v) { return v.view({1, -1, 1, 1}); }
+
+struct SyncedBn {
+  at::Tensor out, mean, invstd, count;
+};
+
+// Training-mode BatchNorm with the global batch's statistics (see BnStatsSync), in float32.
+SyncedBn synced_batch_norm(const at::Tensor& z, const ConvBnActParams& p, BnStatsSync& sync) {
+  const at::Tensor zf = z.to(at::kFloat);
+  at::Tensor sum = zf.sum({0, 2, 3});
+  at::Tensor sumsq = zf.square().sum({0, 2, 3});
+  at::Tensor count = at::full({1}, static_cast<double>(z.numel() / z.size(1)), sum.options());
+  sync.all_reduce_stats(sum, sumsq, count);
+  SyncedBn r;
+  r.count = count;
+  r.mean = sum / count;
+  const at::Tensor var = (sumsq / count - r.mean.square()).clamp_min(0.0);
+  r.invstd = (var + p.eps).rsqrt();
+  const double m = p.momentum;
+  p.running_mean->mul_(1.0 - m).add_(r.mean, m);
+  p.running_var->mul_(1.0 - m).add_(var * (count / (count - 1.0)), m);
+  const at::Tensor scale = r.invstd * *p.gamma;
+  r.out = ((zf - per_channel(r.mean)) * per_channel(scale) + per_channel(*p.beta)).to(z.scalar_type());
+  return r;
 }
 
 // ---------------------------------------------------------------- deferred weight gradients
@@ -190,8 +237,9 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     auto& saved = ctx->saved_data;
     saved["p"] = c10::IValue(std::vector<int64_t>{p->stride, p->padding, p->groups, gemm ? 1 : 0, p->act ? 1 : 0});
     at::Tensor y;
+    const std::shared_ptr<BnStatsSync> sync = bn_stats_sync();
 #ifdef LIBREYOLO_CUDA_KERNELS
-    if (use_kernels(z, *p)) {
+    if (!sync && use_kernels(z, *p)) {
       c10::cuda::CUDAGuard guard(z.device());
       const auto l = launch_for(z, p->act);
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
@@ -208,6 +256,13 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     }
 #endif
     saved["eps"] = p->eps;  // for native_batch_norm_backward
+    if (sync) {  // SyncBN: the statistics of the global batch (BnStatsSync)
+      SyncedBn bn = synced_batch_norm(z, *p, *sync);
+      y = p->act ? at::silu(bn.out) : bn.out;
+      ctx->save_for_backward({xc, wc, z, at::stack({bn.mean, bn.invstd}), *p->gamma, *p->beta, weight,
+                              p->act ? bn.out : at::Tensor(), bn.count});
+      return y;
+    }
     auto bn = at::native_batch_norm(z, *p->gamma, *p->beta, *p->running_mean, *p->running_var, true,
                                     p->momentum, p->eps);
     const at::Tensor& bn_out = std::get<0>(bn);
@@ -268,6 +323,26 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       done = true;
     }
 #endif
+    if (!done && saved.size() == 9) {  // forward used synchronised statistics
+      const at::Tensor& bn_out = saved[7];
+      const at::Tensor dbn = (act ? at::silu_backward(dy, bn_out) : dy).to(at::kFloat);
+      const at::Tensor xmu = z.to(at::kFloat) - per_channel(stats[0]);
+      at::Tensor sum_dy = dbn.sum({0, 2, 3});
+      at::Tensor sum_dy_xmu = (dbn * xmu).sum({0, 2, 3});
+      // This process's own weight and bias gradients, from the sums before the all-reduce.
+      if (need_g) accumulate_grad(gamma, sum_dy_xmu * stats[1]);
+      if (need_b) accumulate_grad(beta, sum_dy.clone());
+      if (need_x || need_w) {
+        if (auto sync = bn_stats_sync()) sync->all_reduce_grad_sums(sum_dy, sum_dy_xmu);
+        const at::Tensor& count = saved[8];
+        const at::Tensor mean_dy = sum_dy / count, mean_dy_xmu = sum_dy_xmu / count;
+        const at::Tensor invstd = stats[1];
+        dz = ((dbn - per_channel(mean_dy) - xmu * per_channel(invstd.square() * mean_dy_xmu)) *
+              per_channel(invstd * gamma))
+                 .to(z.scalar_type());
+      }
+      done = true;
+    }
     if (!done) {
       const at::Tensor& bn_out = saved[7];
       const at::Tensor dbn = act ? at::silu_backward(dy, bn_out) : dy;
@@ -340,9 +415,10 @@ void DeferredWeightGrads::flush() {
     grads.swap(d.grads);
   }
   torch::NoGradGuard ng;
-  // Fresh gradients: take the tensor itself when it already has the parameter's dtype and
-  // strides (as AccumulateGrad would), else convert all of them with one multi-tensor copy.
-  // Existing gradients (accumulation over micro-batches): one multi-tensor add.
+  // Existing gradients (every step after the first: the optimizer zeroes them in place; and
+  // accumulation over micro-batches): one multi-tensor add into them. Fresh gradients (the first
+  // backward): take the tensor itself when it already has the parameter's dtype and strides (as
+  // AccumulateGrad would), else convert all of them with one multi-tensor copy.
   std::vector<at::Tensor> copy_dst, copy_src, add_dst, add_src;
   for (size_t i = 0; i < params.size(); ++i) {
     at::Tensor& g = params[i].mutable_grad();
@@ -359,10 +435,29 @@ void DeferredWeightGrads::flush() {
   }
   if (!copy_dst.empty()) at::_foreach_copy_(copy_dst, copy_src);
   if (!add_dst.empty()) {
-    for (size_t i = 0; i < add_src.size(); ++i)
-      if (add_src[i].scalar_type() != add_dst[i].scalar_type()) add_src[i] = add_src[i].to(add_dst[i].scalar_type());
+    // Sources in the autocast dtype: converted with one multi-tensor copy, then one add.
+    std::vector<at::Tensor> cast_dst, cast_src;
+    for (size_t i = 0; i < add_src.size(); ++i) {
+      if (add_src[i].scalar_type() == add_dst[i].scalar_type()) continue;
+      cast_dst.push_back(at::empty_like(add_dst[i]));
+      cast_src.push_back(add_src[i]);
+      add_src[i] = cast_dst.back();
+    }
+    if (!cast_dst.empty()) at::_foreach_copy_(cast_dst, cast_src);
     at::_foreach_add_(add_dst, add_src);
   }
+}
+
+void set_bn_stats_sync(std::shared_ptr<BnStatsSync> sync) {
+  std::lock_guard<std::mutex> lock(sync_mutex());
+  sync_installed().store(sync != nullptr);
+  sync_slot() = std::move(sync);
+}
+
+std::shared_ptr<BnStatsSync> bn_stats_sync() {
+  if (!sync_installed().load()) return nullptr;
+  std::lock_guard<std::mutex> lock(sync_mutex());
+  return sync_slot();
 }
 
 void set_fused_conv_training(bool on) { fused_flag().store(on); }

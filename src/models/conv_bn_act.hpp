@@ -51,8 +51,10 @@ torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p
 // While one of these is alive (on the thread that runs backward and waits for it), the node's
 // backward does not hand its convolution-weight gradient to autograd (which would cast it to
 // float32 and accumulate it, one operator each per block) but collects it; flush(), called after
-// backward returns, writes all of them into .grad with multi-tensor copies (or adds them to
-// gradients already there). Without flush() (backward threw) they are dropped.
+// backward returns, adds all of them into the existing .grad tensors with one multi-tensor add
+// (the optimizer zeroes gradients in place, so after the first backward they always exist and
+// keep their storage); only a gradient that does not exist yet is created. Without flush()
+// (backward threw) they are dropped.
 class DeferredWeightGrads {
  public:
   DeferredWeightGrads();
@@ -64,6 +66,35 @@ class DeferredWeightGrads {
  private:
   bool flushed_ = false;
 };
+
+// Batch-statistics synchronisation for SyncBN under data parallelism. While one is installed
+// (process-wide: one process per device), every fused node in training mode normalises with the
+// statistics of the global batch:
+//  - forward, right after the convolution and before normalisation: the node computes this
+//    process's per-channel sum and sum of squares over its N*H*W rows and the row count, calls
+//    all_reduce_stats(), which must replace them in place by their sums over all processes (one
+//    all-reduce SUM), and normalises with mean = sum/count, biased variance sumsq/count - mean^2;
+//    the running statistics are updated from the global mean and unbiased variance;
+//  - backward, before the input gradient: the per-channel sums of the gradient at BatchNorm's
+//    output (sum dy, sum dy*(z-mean)) go through all_reduce_grad_sums() the same way; the
+//    BatchNorm weight and bias gradients stay this process's own (the gradient all-reduce of the
+//    data-parallel step sums them, as torch's SyncBatchNorm does).
+// Both calls are made on the ATen path. The CUDA kernels fuse the reduction with the
+// normalisation in one launch, with no point to call back from: while a sync is installed the
+// node takes the ATen path on CUDA too (the kernels stay the path of single-device training).
+// None installed (the default) is the no-op: the node is exactly what it is without this seam.
+class BnStatsSync {
+ public:
+  virtual ~BnStatsSync() = default;
+  // sum, sumsq: [C] float32; count: [1] float32; on the activations' device.
+  virtual void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) = 0;
+  // sum_dy, sum_dy_xmu: [C] float32.
+  virtual void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) = 0;
+};
+// Installs (or, with nullptr, removes) the process-wide statistics sync. Set it before a step, not
+// during one: backward asks again and treats "none" as local statistics.
+void set_bn_stats_sync(std::shared_ptr<BnStatsSync> sync);
+std::shared_ptr<BnStatsSync> bn_stats_sync();
 
 // Process-wide switch (default on; LIBREYOLO_FUSED_CONV=0 in the environment turns it off).
 void set_fused_conv_training(bool on);

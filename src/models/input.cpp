@@ -11,8 +11,7 @@ torch::Tensor to_network_input(const torch::Tensor& images, const InputSpec& spe
   torch::Tensor x = images.to(device, /*non_blocking=*/true).permute({0, 3, 1, 2});
   if (spec.bgr) x = x.flip(1);
   const auto layout = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  if (out.defined() && out.sizes() == x.sizes() && out.device() == x.device() && out.scalar_type() == torch::kFloat &&
-      out.is_contiguous(layout)) {
+  if (out.defined() && out.sizes() == x.sizes() && out.device() == x.device() && out.scalar_type() == torch::kFloat) {
     out.copy_(x);
   } else {
     out = x.to(torch::TensorOptions().dtype(torch::kFloat), false, false, layout);
