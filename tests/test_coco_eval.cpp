@@ -485,8 +485,17 @@ TEST(CocoEval, MatchesPycocotoolsOnRandomSets) {
     for (int k = 0; k < 12; ++k)
       EXPECT_NEAR(got.stats[k], want["stats"][k].get<double>(), 1e-6) << "stats[" << k << "]";
     const auto m = got.metrics();
-    EXPECT_NEAR(m[12].second, want["precision"].get<double>(), 1e-6);
-    EXPECT_NEAR(m[13].second, want["recall"].get<double>(), 1e-6);
+    // The means of COCOeval's precision / recall arrays are mAP50-95 and AR100 (what these two
+    // columns used to be); metrics/precision and metrics/recall are now P and R at the best-F1
+    // confidence (PrecisionAndRecallAtBestF1Confidence checks them by hand).
+    EXPECT_NEAR(got.stats[0], want["precision"].get<double>(), 1e-6);
+    EXPECT_NEAR(got.stats[8], want["recall"].get<double>(), 1e-6);
+    EXPECT_DOUBLE_EQ(m[12].second, got.precision);
+    EXPECT_DOUBLE_EQ(m[13].second, got.recall);
+    EXPECT_GT(got.precision, 0.0);
+    EXPECT_LE(got.precision, 1.0);
+    EXPECT_GT(got.recall, 0.0);
+    EXPECT_LE(got.recall, 1.0);
     // The stats must be informative, not a degenerate 0 / -1 pattern.
     EXPECT_GT(got.stats[0], 0.05);
     EXPECT_LT(got.stats[0], 0.95);
