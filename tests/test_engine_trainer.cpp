@@ -99,9 +99,16 @@ TEST(Trainer, ShortRunWritesArtifactsAndResumesExactly) {
   auto preds = resumed.predict("SAMPLE_IMAGE", {{"imgsz", "64"}, {"conf", "0.01"}});
   ASSERT_EQ(preds.size(), 1u);
   EXPECT_EQ(preds[0].width, 640);
-  ValResult v = resumed.val({{"data", tiny_dataset()}, {"imgsz", "64"}, {"batch", "4"}, {"workers", "0"}});
+  ValResult v = resumed.val({{"data", tiny_dataset()}, {"imgsz", "64"}, {"batch", "4"}, {"workers", "0"},
+                             {"project", project}, {"name", "val"}});
   EXPECT_GE(v.get("metrics/mAP50", -1), 0.0);
   EXPECT_GT(v.get("speed/images_seen"), 7.0);
+  // The run directory of val, its table (one row per class with labels) and files.
+  EXPECT_EQ(v.save_dir, (fs::path(project) / "val").string());
+  EXPECT_FALSE(v.classes.empty());
+  EXPECT_NE(v.table.find("mAP50-95"), std::string::npos);
+  for (const char* f : {"metrics.json", "per_class.csv", "confusion_matrix.png", "PR_curve.png", "F1_curve.png"})
+    EXPECT_TRUE(fs::exists(fs::path(v.save_dir) / f)) << f;
 }
 
 TEST(Trainer, ResumeWithoutCheckpointIsUsageError) {

@@ -159,8 +159,76 @@ TEST(CocoEval, MetricsUseLibreYoloKeys) {
   for (size_t i = 0; i < keys.size(); ++i) EXPECT_EQ(m[i].first, keys[i]);
   EXPECT_DOUBLE_EQ(m[0].second, 0.5);
   EXPECT_DOUBLE_EQ(m[6].second, 0.0);
-  EXPECT_DOUBLE_EQ(m[12].second, 0.5);  // precision = mAP50-95
-  EXPECT_DOUBLE_EQ(m[13].second, 1.0);  // recall = AR100
+  // At the best F1 (both detections kept): precision 1/2, recall 1.
+  EXPECT_DOUBLE_EQ(m[12].second, 0.5);
+  EXPECT_DOUBLE_EQ(m[13].second, 1.0);
+}
+
+TEST(CocoEval, PrecisionAndRecallAtBestF1Confidence) {
+  // Class 0: two objects in image 1, one in image 2; class 4: one object in image 2.
+  CocoEvaluator ev;
+  ev.add_ground_truth({gt(1, 0, 0, 0, 40, 40), gt(1, 0, 100, 100, 40, 40), gt(2, 0, 0, 0, 40, 40),
+                       gt(2, 4, 200, 0, 40, 40)});
+  // Class 0 ranked: TP .9, FP .8, TP .3 (third object missed). Class 4: one FP at .95 and the TP
+  // at .5.
+  ev.add_detections({det(1, 0, 0, 0, 40, 40, 0.9), det(1, 0, 300, 300, 40, 40, 0.8),
+                     det(1, 0, 100, 100, 40, 40, 0.3), det(2, 4, 500, 500, 40, 40, 0.95),
+                     det(2, 4, 200, 0, 40, 40, 0.5)});
+  const CocoStats s = ev.evaluate();
+  // Mean F1 over the two classes by confidence x: x <= .3: (P 2/3 R 2/3 -> 2/3, P 1/2 R 1 -> 2/3);
+  // .3 < x <= .5: (1/2 R 1/3 -> 0.4, 2/3); .5 < x <= .8: (F1 of P 1/2 R 1/3 = 0.4, 0); higher: less.
+  // Best: x in (0, .3], the highest grid point there is 299/999.
+  EXPECT_NEAR(s.best_conf, 299.0 / 999.0, 1e-12);
+  EXPECT_NEAR(s.best_f1, 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(s.precision, (2.0 / 3.0 + 0.5) / 2, 1e-12);
+  EXPECT_NEAR(s.recall, (2.0 / 3.0 + 1.0) / 2, 1e-12);
+  // They are not the COCO numbers any more, and metrics() reports them.
+  EXPECT_GT(std::abs(s.precision - s.stats[0]), 0.03);
+  const auto m = s.metrics();
+  EXPECT_EQ(m[12].first, "metrics/precision");
+  EXPECT_DOUBLE_EQ(m[12].second, s.precision);
+  EXPECT_DOUBLE_EQ(m[13].second, s.recall);
+
+  // Table rows: images and instances per class; per-class APs average to the COCO stats.
+  ASSERT_EQ(s.classes.size(), 2u);
+  EXPECT_EQ(s.images, 2);
+  EXPECT_EQ(s.instances, 4);
+  EXPECT_EQ(s.classes[0].category, 0);
+  EXPECT_EQ(s.classes[0].images, 2);
+  EXPECT_EQ(s.classes[0].instances, 3);
+  EXPECT_EQ(s.classes[1].category, 4);
+  EXPECT_EQ(s.classes[1].images, 1);
+  EXPECT_EQ(s.classes[1].instances, 1);
+  EXPECT_NEAR(s.classes[0].precision, 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(s.classes[1].recall, 1.0, 1e-12);
+  EXPECT_NEAR((s.classes[0].ap50 + s.classes[1].ap50) / 2, s.stats[1], 1e-12);
+  EXPECT_NEAR((s.classes[0].ap50_95 + s.classes[1].ap50_95) / 2, s.stats[0], 1e-12);
+  // Class 4: FP above the TP -> interpolated precision 1/2 at every recall threshold.
+  EXPECT_NEAR(s.classes[1].ap50, 0.5, 1e-12);
+
+  // Curves: 1000 confidences, the per-class step curves, COCO's PR curve at IoU .5.
+  ASSERT_EQ(s.curves.conf.size(), 1000u);
+  ASSERT_EQ(s.curves.f1.size(), 2u);
+  EXPECT_NEAR(s.curves.precision[0][0], 2.0 / 3.0, 1e-12);
+  EXPECT_NEAR(s.curves.recall[0][400], 1.0 / 3.0, 1e-12);  // x = .4004: only the .9 TP and .8 FP
+  EXPECT_NEAR(s.curves.precision[1][999], 0.0, 1e-12);     // nothing scores 1.0
+  ASSERT_EQ(s.curves.pr[1].size(), 101u);
+  EXPECT_NEAR(s.curves.pr[1][100], 0.5, 1e-12);
+}
+
+TEST(CocoEval, ClassRowsWithoutDetections) {
+  CocoEvaluator ev;
+  ev.add_ground_truth({gt(1, 2, 0, 0, 10, 10), gt(1, 2, 20, 0, 10, 10)});
+  ev.add_image(7, 10, 10, torch::empty({0, 4}), torch::empty({0}), torch::empty({0, 4}), torch::empty({0}),
+               torch::empty({0}));
+  const CocoStats s = ev.evaluate();
+  EXPECT_EQ(s.images, 2);
+  ASSERT_EQ(s.classes.size(), 1u);
+  EXPECT_EQ(s.classes[0].instances, 2);
+  EXPECT_EQ(s.classes[0].images, 1);
+  EXPECT_EQ(s.precision, 0.0);
+  EXPECT_EQ(s.recall, 0.0);
+  EXPECT_EQ(s.curves.pr.size(), 1u);
 }
 
 TEST(CocoEval, AddImageClipsAndDropsGroundTruth) {
@@ -417,8 +485,17 @@ TEST(CocoEval, MatchesPycocotoolsOnRandomSets) {
     for (int k = 0; k < 12; ++k)
       EXPECT_NEAR(got.stats[k], want["stats"][k].get<double>(), 1e-6) << "stats[" << k << "]";
     const auto m = got.metrics();
-    EXPECT_NEAR(m[12].second, want["precision"].get<double>(), 1e-6);
-    EXPECT_NEAR(m[13].second, want["recall"].get<double>(), 1e-6);
+    // The means of COCOeval's precision / recall arrays are mAP50-95 and AR100 (what these two
+    // columns used to be); metrics/precision and metrics/recall are now P and R at the best-F1
+    // confidence (PrecisionAndRecallAtBestF1Confidence checks them by hand).
+    EXPECT_NEAR(got.stats[0], want["precision"].get<double>(), 1e-6);
+    EXPECT_NEAR(got.stats[8], want["recall"].get<double>(), 1e-6);
+    EXPECT_DOUBLE_EQ(m[12].second, got.precision);
+    EXPECT_DOUBLE_EQ(m[13].second, got.recall);
+    EXPECT_GT(got.precision, 0.0);
+    EXPECT_LE(got.precision, 1.0);
+    EXPECT_GT(got.recall, 0.0);
+    EXPECT_LE(got.recall, 1.0);
     // The stats must be informative, not a degenerate 0 / -1 pattern.
     EXPECT_GT(got.stats[0], 0.05);
     EXPECT_LT(got.stats[0], 0.95);

@@ -6,6 +6,7 @@
 //
 // Options are the same key=value pairs the CLI takes (see config.hpp for names and defaults).
 #pragma once
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -35,8 +36,19 @@ struct PredictResult {
   double preprocess_ms = 0, inference_ms = 0, postprocess_ms = 0;
 };
 
+// One row of the validation table: a class with labels in the split.
+struct ValClassResult {
+  int id = 0;
+  std::string name;
+  int64_t images = 0, instances = 0;
+  double precision = 0, recall = 0, mAP50 = 0, mAP50_95 = 0;
+};
+
 struct ValResult {
   std::vector<std::pair<std::string, double>> metrics;  // metrics/mAP50-95, ..., speed/...
+  std::vector<ValClassResult> classes;                  // classes with labels, ascending id
+  std::string table;     // "Class Images Instances P R mAP50 mAP50-95", the "all" row, one per class
+  std::string save_dir;  // run directory with the plots, metrics.json and per_class.csv
   double get(const std::string& key, double fallback = 0.0) const;
 };
 

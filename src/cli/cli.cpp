@@ -240,12 +240,19 @@ int cmd_val(const ParsedArgs& a, std::ostream& out) {
   LibreYOLO model(model_name, cfg.device);
   ValResult r = model.val(cfg);
   if (a.json) {
-    json j = {{"schema_version", 1}, {"model", model_name}, {"data", cfg.data}, {"metrics", json::object()}};
+    json j = {{"schema_version", 1}, {"model", model_name}, {"data", cfg.data}, {"metrics", json::object()},
+              {"classes", json::array()}, {"save_dir", r.save_dir}};
     for (const auto& [k, v] : r.metrics) j["metrics"][k] = v;
+    for (const auto& c : r.classes)
+      j["classes"].push_back({{"id", c.id}, {"name", c.name}, {"images", c.images}, {"instances", c.instances},
+                              {"precision", c.precision}, {"recall", c.recall}, {"mAP50", c.mAP50},
+                              {"mAP50-95", c.mAP50_95}});
     out << j.dump() << "\n";
     return 0;
   }
+  out << r.table << "\n";
   for (const auto& [k, v] : r.metrics) out << "  " << k << ": " << std::setprecision(6) << v << "\n";
+  out << "Results saved to " << r.save_dir << "\n";
   return 0;
 }
 

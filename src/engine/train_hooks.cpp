@@ -21,6 +21,7 @@
 #include "engine/trainer.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"
+#include "plots/plots.hpp"
 #include "profile/window.hpp"
 
 namespace fs = std::filesystem;
@@ -103,7 +104,7 @@ class EvalHook : public TrainHook {
     const bool due = last || (c.eval_interval > 0 && (s.epoch + 1) % c.eval_interval == 0);
     if (!t_.val_set() || !due) return;
     try {
-      e.metrics = validate(s);
+      e.metrics = validate(s, last);
     } catch (const std::exception& ex) {
       log_warn(std::string("Validation failed: ") + ex.what());
       return;
@@ -136,8 +137,13 @@ class EvalHook : public TrainHook {
   }
 
  private:
-  std::vector<std::pair<std::string, double>> validate(const TrainState& s) {
+  // The last validation prints the per-class table and writes the curves and the confusion
+  // matrix into the run directory.
+  std::vector<std::pair<std::string, double>> validate(const TrainState& s, bool last) {
     EvalOptions eo;
+    eo.names = t_.names();
+    eo.log_table = last;
+    if (last) eo.plot_dir = s.save_dir;
     const auto& th = t_.loaded().family->train_val_thresholds;
     eo.imgsz = s.config->imgsz;
     eo.batch = s.config->batch;
@@ -322,6 +328,44 @@ class ResultsCsvHook : public TrainHook {
  private:
   Trainer& t_;
   std::unique_ptr<ResultsCsv> csv_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Pictures users look at: labels.jpg (the training labels) at the start, train_batch0..2.jpg
+// (the first augmented batches), results.png redrawn from results.csv after every epoch.
+class PlotsHook : public TrainHook {
+ public:
+  explicit PlotsHook(Trainer& t) : t_(t) {}
+  std::string name() const override { return "plots"; }
+  void before_train(TrainState& s) override {
+    guarded("labels.jpg", [&] { plots::plot_labels(*t_.train_set(), t_.names(), path(s, "labels.jpg")); });
+  }
+  void after_step(TrainState& s) override {
+    if (s.epoch != s.start_epoch || s.batch_index >= 3 || !t_.current_batch()) return;
+    const std::string name = "train_batch" + std::to_string(s.batch_index) + ".jpg";
+    guarded(name, [&] {
+      plots::plot_train_batch(t_.current_batch()->images, t_.current_batch()->targets, t_.names(), path(s, name));
+    });
+  }
+  void after_epoch(TrainState& s, EpochSummary&) override {
+    guarded("results.png",
+            [&] { plots::plot_results_csv(path(s, "results.csv"), path(s, "results.png")); });
+  }
+
+ private:
+  static std::string path(const TrainState& s, const std::string& file) {
+    return (fs::path(s.save_dir) / file).string();
+  }
+  // A picture that cannot be drawn is worth a warning, never a failed run.
+  template <class F>
+  void guarded(const std::string& what, F&& f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      log_warn("Could not write " + what + ": " + e.what());
+    }
+  }
+  Trainer& t_;
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -629,7 +673,8 @@ std::vector<std::shared_ptr<TrainHook>> build_hooks(Trainer& t, const TrainCallb
                                                     const std::vector<std::shared_ptr<TrainHook>>& user) {
   std::vector<std::shared_ptr<TrainHook>> hooks = {
       std::make_shared<EpochActionsHook>(t), std::make_shared<EvalHook>(t),      std::make_shared<CheckpointHook>(t),
-      std::make_shared<ResultsCsvHook>(t),   std::make_shared<ProgressHook>(t),  std::make_shared<SummaryHook>(t),
+      std::make_shared<ResultsCsvHook>(t),   std::make_shared<PlotsHook>(t),     std::make_shared<ProgressHook>(t),
+      std::make_shared<SummaryHook>(t),
       std::make_shared<RestoreBestHook>(t),  std::make_shared<CallbacksHook>(callbacks)};
   if (t.config().profile) {
     if (t.state().world_size > 1)

@@ -2,6 +2,7 @@
 #include "core/device.hpp"
 
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 
@@ -10,15 +11,28 @@
 #include "data/dataset_yaml.hpp"
 #include "data/loader.hpp"
 #include "data/synthetic.hpp"
+#include "core/paths.hpp"
 #include "engine/inference.hpp"
 #include "eval/coco_eval.hpp"
+#include "eval/confusion.hpp"
 #include "ops/postprocess.hpp"
+#include "plots/plots.hpp"
+
+#include <nlohmann/json.hpp>
 
 namespace fs = std::filesystem;
 
 namespace libreyolo::engine {
 
 namespace {
+std::vector<std::string> split_lines(const std::string& text) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (size_t e; (e = text.find('\n', b)) != std::string::npos; b = e + 1) out.push_back(text.substr(b, e - b));
+  if (b < text.size()) out.push_back(text.substr(b));
+  return out;
+}
+
 double now_ms() {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -34,10 +48,36 @@ std::string resolve_data_arg(const std::string& data) {
   return data::ensure_builtin_dataset((base / "datasets").string());
 }
 
+namespace {
+std::string class_name(const std::vector<std::string>& names, int id) {
+  return id >= 0 && id < static_cast<int>(names.size()) && !names[id].empty() ? names[id] : std::to_string(id);
+}
+}  // namespace
+
+std::string format_val_table(const eval::CocoStats& s, const std::vector<std::string>& names) {
+  std::string out = strfmt("%22s%11s%11s%11s%11s%11s%11s\n", "Class", "Images", "Instances", "P", "R", "mAP50",
+                           "mAP50-95");
+  auto row = [&](const std::string& name, int64_t images, int64_t instances, double p, double r, double m50,
+                 double m) {
+    out += strfmt("%22s%11lld%11lld%11.3f%11.3f%11.3f%11.3f\n", name.c_str(), static_cast<long long>(images),
+                  static_cast<long long>(instances), p, r, m50, m);
+  };
+  // COCO's "undefined" (-1: no labels at all) prints as 0, as the table's other empty cells.
+  row("all", s.images, s.instances, s.precision, s.recall, std::max(s.stats[1], 0.0), std::max(s.stats[0], 0.0));
+  for (const auto& c : s.classes)
+    row(class_name(names, c.category), c.images, c.instances, c.precision, c.recall, c.ap50, c.ap50_95);
+  return out;
+}
+
 std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& model,
                                                               const models::Family& family,
                                                               std::shared_ptr<const data::YoloDataset> dataset,
                                                               const EvalOptions& opt) {
+  return evaluate_detector_report(model, family, std::move(dataset), opt).metrics;
+}
+
+EvalReport evaluate_detector_report(models::Detector& model, const models::Family& family,
+                                    std::shared_ptr<const data::YoloDataset> dataset, const EvalOptions& opt) {
   data::LoaderOptions lo;
   lo.mode = data::LoaderMode::Val;
   lo.batch = opt.batch;
@@ -55,6 +95,9 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
   io_opt.amp_dtype = opt.amp_dtype;
   InferenceRunner runner(model, family, io_opt);
   eval::CocoEvaluator evaluator;
+  const int nc = model.num_classes();
+  std::unique_ptr<eval::ConfusionMatrix> confusion;
+  if (!opt.plot_dir.empty() && nc > 0) confusion = std::make_unique<eval::ConfusionMatrix>(nc);
   double t_pre = 0, t_inf = 0, t_post = 0;
   int64_t images = 0;
   const int S = opt.imgsz;
@@ -76,16 +119,26 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
                                                {opt.conf, opt.iou, opt.max_det, ratio, static_cast<int>(h0),
                                                 static_cast<int>(w0)});
       torch::Tensor gt = dataset->original_labels(idx);  // [N,5] x1,y1,x2,y2,cls
-      evaluator.add_image(idx, h0, w0, gt.slice(1, 0, 4), gt.select(1, 4).to(torch::kLong),
-                          det.boxes.to(torch::kCPU), det.scores.to(torch::kCPU), det.classes.to(torch::kCPU));
+      const auto det_boxes = det.boxes.to(torch::kCPU), det_scores = det.scores.to(torch::kCPU);
+      const auto det_classes = det.classes.to(torch::kCPU);
+      evaluator.add_image(idx, h0, w0, gt.slice(1, 0, 4), gt.select(1, 4).to(torch::kLong), det_boxes, det_scores,
+                          det_classes);
+      if (confusion) {
+        // Labels of classes the model does not have cannot be confused with anything it predicts.
+        const auto keep = gt.select(1, 4) < nc;
+        const auto g = gt.index({keep});
+        confusion->add_image(g.slice(1, 0, 4), g.select(1, 4).to(torch::kLong), det_boxes, det_scores, det_classes);
+      }
       ++images;
     }
     t0 = now_ms();
     t_post += t0 - t2;
   }
   if (was_training) model.train();
-  auto stats = evaluator.evaluate();
-  auto metrics = stats.metrics();
+  EvalReport report;
+  report.stats = evaluator.evaluate();
+  auto& metrics = report.metrics;
+  metrics = report.stats.metrics();
   const double n = std::max<int64_t>(images, 1);
   metrics.emplace_back("speed/preprocess_ms", t_pre / n);
   metrics.emplace_back("speed/inference_ms", t_inf / n);
@@ -93,8 +146,54 @@ std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& 
   metrics.emplace_back("speed/total_ms", (t_pre + t_inf + t_post) / n);
   metrics.emplace_back("speed/total_s", (t_pre + t_inf + t_post) / 1000.0);
   metrics.emplace_back("speed/images_seen", static_cast<double>(images));
-  return metrics;
+  if (opt.log_table)
+    for (const std::string& line : split_lines(format_val_table(report.stats, opt.names))) log_info(line);
+  if (confusion) {
+    try {
+      report.plots = plots::plot_validation(report.stats, *confusion, opt.names, opt.plot_dir);
+    } catch (const std::exception& e) {
+      log_warn(std::string("Validation plots could not be written to ") + opt.plot_dir + ": " + e.what());
+    }
+  }
+  return report;
 }
+
+namespace {
+
+// metrics.json (metrics, per-class rows, settings) and per_class.csv (the table as CSV) in dir.
+void write_val_files(const std::string& dir, const ValConfig& cfg, const ValResult& r, double best_conf) {
+  nlohmann::json j;
+  j["data"] = cfg.data;
+  j["split"] = cfg.split;
+  j["imgsz"] = cfg.imgsz;
+  j["conf"] = cfg.conf;
+  j["iou"] = cfg.iou;
+  j["best_f1_conf"] = best_conf;
+  j["metrics"] = nlohmann::json::object();
+  for (const auto& [k, v] : r.metrics) j["metrics"][k] = std::isfinite(v) ? nlohmann::json(v) : nlohmann::json();
+  j["classes"] = nlohmann::json::array();
+  std::string csv = "class,name,images,instances,precision,recall,mAP50,mAP50-95\n";
+  csv += strfmt("-1,all,%lld,%lld,%.6g,%.6g,%.6g,%.6g\n", static_cast<long long>(r.get("val/images")),
+                static_cast<long long>(r.get("val/instances")), r.get("metrics/precision"), r.get("metrics/recall"),
+                std::max(r.get("metrics/mAP50"), 0.0), std::max(r.get("metrics/mAP50-95"), 0.0));
+  for (const auto& c : r.classes) {
+    j["classes"].push_back({{"id", c.id}, {"name", c.name}, {"images", c.images}, {"instances", c.instances},
+                            {"precision", c.precision}, {"recall", c.recall}, {"mAP50", c.mAP50},
+                            {"mAP50-95", c.mAP50_95}});
+    std::string name = c.name;
+    if (name.find_first_of(",\"\n") != std::string::npos) {
+      std::string q = "\"";
+      for (char ch : name) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+      name = q + "\"";
+    }
+    csv += strfmt("%d,%s,%lld,%lld,%.6g,%.6g,%.6g,%.6g\n", c.id, name.c_str(), static_cast<long long>(c.images),
+                  static_cast<long long>(c.instances), c.precision, c.recall, c.mAP50, c.mAP50_95);
+  }
+  write_file_atomic((fs::path(dir) / "metrics.json").string(), j.dump(2) + "\n");
+  write_file_atomic((fs::path(dir) / "per_class.csv").string(), csv);
+}
+
+}  // namespace
 
 ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
   data::DatasetSpec spec = data::load_dataset_yaml(resolve_data_arg(cfg.data));
@@ -112,10 +211,32 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
   eo.device = impl.device;
   eo.amp = cfg.half;
   eo.amp_dtype = torch::kHalf;
-  log_info("Validating on " + std::to_string(ds->size()) + " images of split '" + cfg.split + "'");
+  eo.names = !spec.names.empty() ? spec.names : impl.names;
   ValResult r;
-  r.metrics = evaluate_detector(*impl.model, *impl.family, ds, eo);
+  r.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+  eo.plot_dir = r.save_dir;
+  log_info("Validating on " + std::to_string(ds->size()) + " images of split '" + cfg.split + "'");
+  EvalReport report = evaluate_detector_report(*impl.model, *impl.family, ds, eo);
+  r.metrics = std::move(report.metrics);
+  r.metrics.emplace_back("val/images", static_cast<double>(report.stats.images));
+  r.metrics.emplace_back("val/instances", static_cast<double>(report.stats.instances));
+  for (const auto& c : report.stats.classes) {
+    ValClassResult v;
+    v.id = c.category;
+    v.name = eo.names.size() > static_cast<size_t>(c.category) && c.category >= 0 ? eo.names[c.category]
+                                                                                  : std::to_string(c.category);
+    v.images = c.images;
+    v.instances = c.instances;
+    v.precision = c.precision;
+    v.recall = c.recall;
+    v.mAP50 = c.ap50;
+    v.mAP50_95 = c.ap50_95;
+    r.classes.push_back(std::move(v));
+  }
+  r.table = format_val_table(report.stats, eo.names);
+  write_val_files(r.save_dir, cfg, r, report.stats.best_conf);
   log_info(strfmt("Validation - mAP50: %.4f, mAP50-95: %.4f", r.get("metrics/mAP50"), r.get("metrics/mAP50-95")));
+  log_info("Results saved to " + r.save_dir);
   return r;
 }
 

@@ -11,6 +11,7 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "data/dataset.hpp"
+#include "eval/coco_eval.hpp"
 #include "models/detector.hpp"
 #include "models/loaded_model.hpp"
 
@@ -27,13 +28,36 @@ struct EvalOptions {
   bool amp = false;                           // autocast during the forward (CUDA only)
   torch::ScalarType amp_dtype = torch::kHalf;
   bool progress = false;
+  // Class names (index = class id) for the table and the plots; ids without a name print as
+  // numbers.
+  std::vector<std::string> names;
+  // When set, confusion_matrix.png, PR_curve.png, F1_curve.png, P_curve.png and R_curve.png are
+  // written into this directory (created). A plot that cannot be written is a warning.
+  std::string plot_dir;
+  // Log the per-class table (info level) after the evaluation, as Ultralytics prints it.
+  bool log_table = false;
 };
 
-// metrics/* keys (the 12 COCO stats and the precision/recall aliases) and speed/* keys.
+struct EvalReport {
+  // metrics/* keys (the 12 COCO stats, metrics/precision and metrics/recall at the best-F1
+  // confidence) and speed/* keys.
+  std::vector<std::pair<std::string, double>> metrics;
+  eval::CocoStats stats;           // per-class rows and curves included
+  std::vector<std::string> plots;  // files written into plot_dir
+};
+
+EvalReport evaluate_detector_report(models::Detector& model, const models::Family& family,
+                                    std::shared_ptr<const data::YoloDataset> dataset, const EvalOptions& opt);
+// The metrics of evaluate_detector_report.
 std::vector<std::pair<std::string, double>> evaluate_detector(models::Detector& model,
                                                               const models::Family& family,
                                                               std::shared_ptr<const data::YoloDataset> dataset,
                                                               const EvalOptions& opt);
+
+// The validation table as LibreYOLO and Ultralytics print it: a header (Class, Images,
+// Instances, P, R, mAP50, mAP50-95), the "all" row, then one row per class with labels.
+// Newline-terminated lines.
+std::string format_val_table(const eval::CocoStats& stats, const std::vector<std::string>& names);
 
 // The `val` command / LibreYOLO::val.
 ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg);

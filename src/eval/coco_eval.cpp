@@ -94,8 +94,8 @@ std::vector<std::pair<std::string, double>> CocoStats::metrics() const {
   std::vector<std::pair<std::string, double>> out;
   out.reserve(14);
   for (int i = 0; i < 12; ++i) out.emplace_back(kKeys[i], stats[i]);
-  out.emplace_back("metrics/precision", stats[0]);
-  out.emplace_back("metrics/recall", stats[8]);
+  out.emplace_back("metrics/precision", precision);
+  out.emplace_back("metrics/recall", recall);
   return out;
 }
 
@@ -201,80 +201,95 @@ void CocoEvaluator::clear() {
   images_.clear();
 }
 
-CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& image_ids) const {
-  const std::vector<int64_t> imgs = sorted_unique(image_ids ? *image_ids : images_);
+namespace {
 
-  // Ground truth and detections in scope, keyed by (image index, category index). The key order
-  // is COCOeval's image order (ascending ids); ties keep insertion order (annotation order).
-  struct GtRef {
-    int64_t key;
-    int32_t idx;
-  };
-  struct DetRef {
-    int64_t key;
-    double score;
-    int32_t idx;
-  };
-  std::vector<int64_t> cat_ids;
-  std::vector<int64_t> gt_img(gts_.size());
-  for (size_t i = 0; i < gts_.size(); ++i) {
-    gt_img[i] = index_in(imgs, gts_[i].image_id);
-    if (gt_img[i] >= 0) cat_ids.push_back(gts_[i].category);
+// Ground truth and detections in scope, keyed by (image index, category index) = img * K + cat.
+// The key order is COCOeval's image order (ascending ids); ties keep insertion order (annotation
+// order).
+struct GtRef {
+  int64_t key;
+  int32_t idx;
+};
+struct DetRef {
+  int64_t key;
+  double score;
+  int32_t idx;
+};
+struct Scope {
+  std::vector<int64_t> imgs;     // image ids, ascending
+  std::vector<int64_t> cat_ids;  // categories with ground truth, ascending
+  int64_t K = 0;
+  std::vector<GtRef> gref;  // sorted by key, then insertion order
+  std::vector<DetRef> dref;  // sorted by key, then score descending (stable)
+  int64_t dets_in_scope = 0;  // including those of categories without ground truth
+};
+
+Scope collect_scope(const std::vector<GtBox>& gts, const std::vector<DetBox>& dets,
+                    std::vector<int64_t> image_ids) {
+  Scope s;
+  s.imgs = sorted_unique(std::move(image_ids));
+  std::vector<int64_t> gt_img(gts.size());
+  for (size_t i = 0; i < gts.size(); ++i) {
+    gt_img[i] = index_in(s.imgs, gts[i].image_id);
+    if (gt_img[i] >= 0) s.cat_ids.push_back(gts[i].category);
   }
-  cat_ids = sorted_unique(std::move(cat_ids));
-  const int64_t K = static_cast<int64_t>(cat_ids.size());
+  s.cat_ids = sorted_unique(std::move(s.cat_ids));
+  const int64_t K = s.K = static_cast<int64_t>(s.cat_ids.size());
 
-  std::vector<GtRef> gref;
-  gref.reserve(gts_.size());
-  for (size_t i = 0; i < gts_.size(); ++i) {
+  s.gref.reserve(gts.size());
+  for (size_t i = 0; i < gts.size(); ++i) {
     if (gt_img[i] < 0) continue;
-    const int64_t c = index_in(cat_ids, static_cast<int64_t>(gts_[i].category));
-    gref.push_back({gt_img[i] * K + c, static_cast<int32_t>(i)});
+    const int64_t c = index_in(s.cat_ids, static_cast<int64_t>(gts[i].category));
+    s.gref.push_back({gt_img[i] * K + c, static_cast<int32_t>(i)});
   }
-  std::sort(gref.begin(), gref.end(), [](const GtRef& a, const GtRef& b) {
+  std::sort(s.gref.begin(), s.gref.end(), [](const GtRef& a, const GtRef& b) {
     return a.key != b.key ? a.key < b.key : a.idx < b.idx;
   });
 
-  int64_t dets_in_scope = 0;
-  std::vector<DetRef> dref;
-  dref.reserve(dets_.size());
-  for (size_t i = 0; i < dets_.size(); ++i) {
-    const int64_t im = index_in(imgs, dets_[i].image_id);
+  s.dref.reserve(dets.size());
+  for (size_t i = 0; i < dets.size(); ++i) {
+    const int64_t im = index_in(s.imgs, dets[i].image_id);
     if (im < 0) continue;
-    ++dets_in_scope;
+    ++s.dets_in_scope;
     // A category without ground truth has no defined AP or AR: its detections cannot count.
-    const int64_t c = index_in(cat_ids, static_cast<int64_t>(dets_[i].category));
+    const int64_t c = index_in(s.cat_ids, static_cast<int64_t>(dets[i].category));
     if (c < 0) continue;
-    dref.push_back({im * K + c, dets_[i].score, static_cast<int32_t>(i)});
+    s.dref.push_back({im * K + c, dets[i].score, static_cast<int32_t>(i)});
   }
   // Within an (image, category): score descending, stable (COCOeval's mergesort on -score).
-  std::sort(dref.begin(), dref.end(), [](const DetRef& a, const DetRef& b) {
+  std::sort(s.dref.begin(), s.dref.end(), [](const DetRef& a, const DetRef& b) {
     if (a.key != b.key) return a.key < b.key;
     if (a.score != b.score) return a.score > b.score;
     return a.idx < b.idx;
   });
+  return s;
+}
 
-  CocoStats result;
-  if (dets_in_scope == 0) {
-    result.stats.fill(0.0);
-    return result;
-  }
+// Per kept detection (top 100 of its image and category): bit t of matched / ignored says
+// whether it matched a ground truth / is ignored at IoU threshold t, one word per area range.
+struct Kept {
+  int32_t cat, img, rank;
+  double score;
+  uint16_t matched[kAreas];
+  uint16_t ignored[kAreas];
+};
 
+struct Matches {
+  std::vector<Kept> kept;     // per category, score descending (COCOeval's accumulate order)
+  std::vector<int64_t> npig;  // ground truths inside each area range, [K * kAreas]
+};
+
+// COCOeval.evaluateImg over every (image, category) group and area range, at every IoU threshold.
+Matches match_groups(const Scope& s, const std::vector<GtBox>& gts,
+                     const std::vector<DetBox>& dets) {
   const auto iou_thr = iou_thresholds();
-  const auto rec_thr = recall_thresholds();
-
-  // Per kept detection (top 100 of its image and category): bit t of matched / ignored says
-  // whether it matched a ground truth / is ignored at IoU threshold t, one word per area range.
-  struct Kept {
-    int32_t cat, img, rank;
-    double score;
-    uint16_t matched[kAreas];
-    uint16_t ignored[kAreas];
-  };
-  std::vector<Kept> kept;
+  const int64_t K = s.K;
+  const auto& gref = s.gref;
+  const auto& dref = s.dref;
+  Matches out;
+  auto& kept = out.kept;
   kept.reserve(dref.size());
-  // Ground truths inside each area range (COCOeval's npig), per category.
-  std::vector<int64_t> npig(static_cast<size_t>(K) * kAreas, 0);
+  out.npig.assign(static_cast<size_t>(K) * kAreas, 0);
 
   // Scratch reused across (image, category) groups.
   std::vector<double> iou, det_area;
@@ -296,9 +311,9 @@ CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& ima
     iou.assign(static_cast<size_t>(D) * G, 0.0);
     det_area.resize(D);
     for (int d = 0; d < D; ++d) {
-      const DetBox& db = dets_[dref[di + d].idx];
+      const DetBox& db = dets[dref[di + d].idx];
       det_area[d] = db.w * db.h;  // COCO's area of a bbox result
-      for (int g = 0; g < G; ++g) iou[d * G + g] = box_iou(db, gts_[gref[gi + g].idx]);
+      for (int g = 0; g < G; ++g) iou[d * G + g] = box_iou(db, gts[gref[gi + g].idx]);
     }
 
     for (int d = 0; d < D; ++d) kept.push_back({cat, img, d, dref[di + d].score, {}, {}});
@@ -310,11 +325,11 @@ CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& ima
       // Ground truths outside the area range are "ignored" and tried last.
       gt_order.clear();
       for (int g = 0; g < G; ++g) {
-        const double area = gts_[gref[gi + g].idx].area;
+        const double area = gts[gref[gi + g].idx].area;
         gt_ignore[g] = area < kAreaLo[a] || area > kAreaHi[a];
         if (!gt_ignore[g]) gt_order.push_back(g);
       }
-      npig[cat * kAreas + a] += static_cast<int64_t>(gt_order.size());
+      out.npig[cat * kAreas + a] += static_cast<int64_t>(gt_order.size());
       for (int g = 0; g < G; ++g)
         if (gt_ignore[g]) gt_order.push_back(g);
 
@@ -357,26 +372,51 @@ CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& ima
     if (a.img != b.img) return a.img < b.img;
     return a.rank < b.rank;
   });
+  return out;
+}
 
-  // COCOeval's precision[T,R,K,A,maxDets=100] and recall[T,K,A,M], -1 where undefined. Precision
-  // at maxDets 1 and 10 feeds no reported number and is not computed.
-  auto P = [&](int t, int r, int64_t k, int a) -> size_t {
+// COCOeval's precision[T,R,K,A,maxDets=100] and recall[T,K,A,M], -1 where undefined. Precision
+// at maxDets 1 and 10 feeds no reported number and is not computed.
+struct Accumulated {
+  int64_t K = 0;
+  std::vector<double> precision, recall;
+  size_t P(int t, int r, int64_t k, int a) const {
     return ((static_cast<size_t>(a) * kIous + t) * kRecalls + r) * K + k;
-  };
-  auto Rc = [&](int t, int64_t k, int a, int m) -> size_t {
+  }
+  size_t Rc(int t, int64_t k, int a, int m) const {
     return ((static_cast<size_t>(a) * kMaxDetCuts + m) * kIous + t) * K + k;
-  };
-  std::vector<double> precision(static_cast<size_t>(kAreas) * kIous * kRecalls * K, -1.0);
-  std::vector<double> recall(static_cast<size_t>(kAreas) * kMaxDetCuts * kIous * K, -1.0);
+  }
+};
 
-  constexpr double kEps = std::numeric_limits<double>::epsilon();  // numpy's spacing(1)
-  std::vector<double> pr, rc;
+// [begin, end) of each category's run in the sorted kept list.
+std::vector<std::pair<size_t, size_t>> category_runs(const std::vector<Kept>& kept, int64_t K) {
+  std::vector<std::pair<size_t, size_t>> runs(K);
   size_t begin = 0;
   for (int64_t k = 0; k < K; ++k) {
     size_t end = begin;
     while (end < kept.size() && kept[end].cat == k) ++end;
+    runs[k] = {begin, end};
+    begin = end;
+  }
+  return runs;
+}
+
+// COCOeval.accumulate.
+Accumulated accumulate(const Matches& mt, int64_t K) {
+  const auto rec_thr = recall_thresholds();
+  Accumulated acc;
+  acc.K = K;
+  acc.precision.assign(static_cast<size_t>(kAreas) * kIous * kRecalls * K, -1.0);
+  acc.recall.assign(static_cast<size_t>(kAreas) * kMaxDetCuts * kIous * K, -1.0);
+  const auto& kept = mt.kept;
+
+  constexpr double kEps = std::numeric_limits<double>::epsilon();  // numpy's spacing(1)
+  std::vector<double> pr, rc;
+  const auto runs = category_runs(kept, K);
+  for (int64_t k = 0; k < K; ++k) {
+    const auto [begin, end] = runs[k];
     for (int a = 0; a < kAreas; ++a) {
-      const int64_t n_gt = npig[k * kAreas + a];
+      const int64_t n_gt = mt.npig[k * kAreas + a];
       if (n_gt == 0) continue;
       const double n = static_cast<double>(n_gt);
       for (int t = 0; t < kIous; ++t) {
@@ -400,7 +440,7 @@ CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& ima
           pr.push_back(tp / (fp + tp + kEps));
         }
         for (int m = 0; m < kMaxDetCuts; ++m)
-          recall[Rc(t, k, a, m)] = static_cast<double>(tp_cut[m]) / n;
+          acc.recall[acc.Rc(t, k, a, m)] = static_cast<double>(tp_cut[m]) / n;
 
         // Precision envelope (monotone from the right), then sampled at the first detection
         // reaching each recall threshold; thresholds never reached stay 0.
@@ -408,29 +448,33 @@ CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& ima
         size_t p = 0;
         for (int r = 0; r < kRecalls; ++r) {
           while (p < rc.size() && rc[p] < rec_thr[r]) ++p;
-          precision[P(t, r, k, a)] = p < rc.size() ? pr[p] : 0.0;
+          acc.precision[acc.P(t, r, k, a)] = p < rc.size() ? pr[p] : 0.0;
         }
       }
     }
-    begin = end;
   }
+  return acc;
+}
 
+// COCOeval.summarize: the 12 stats.
+std::array<double, 12> summarize(const Accumulated& acc) {
+  const int64_t K = acc.K;
   auto ap = [&](int a, int t_only) {
     return mean_valid([&](auto&& take) {
       for (int t = 0; t < kIous; ++t) {
         if (t_only >= 0 && t != t_only) continue;
         for (int r = 0; r < kRecalls; ++r)
-          for (int64_t k = 0; k < K; ++k) take(precision[P(t, r, k, a)]);
+          for (int64_t k = 0; k < K; ++k) take(acc.precision[acc.P(t, r, k, a)]);
       }
     });
   };
   auto ar = [&](int a, int m) {
     return mean_valid([&](auto&& take) {
       for (int t = 0; t < kIous; ++t)
-        for (int64_t k = 0; k < K; ++k) take(recall[Rc(t, k, a, m)]);
+        for (int64_t k = 0; k < K; ++k) take(acc.recall[acc.Rc(t, k, a, m)]);
     });
   };
-  auto& s = result.stats;
+  std::array<double, 12> s{};
   s[0] = ap(0, -1);
   s[1] = ap(0, 0);  // IoU .50
   s[2] = ap(0, 5);  // IoU .75
@@ -443,6 +487,112 @@ CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& ima
   s[9] = ar(1, 2);
   s[10] = ar(2, 2);
   s[11] = ar(3, 2);
+  return s;
+}
+
+constexpr int kConfPoints = 1000;
+
+// Table rows (images, instances, AP50, AP50-95 per category) and the curves for plots; then
+// P and R at the confidence of the best mean F1. `mt` and `acc` are null when nothing was
+// detected: every number is then 0.
+void class_report(const Scope& s, const Matches* mt, const Accumulated* acc, CocoStats& out) {
+  const int64_t K = s.K;
+  out.images = static_cast<int64_t>(s.imgs.size());
+  out.instances = static_cast<int64_t>(s.gref.size());
+  out.classes.assign(K, ClassResult{});
+  int64_t last_key = -1;
+  for (const GtRef& g : s.gref) {
+    ClassResult& c = out.classes[g.key % K];
+    ++c.instances;
+    if (g.key != last_key) ++c.images;  // gref is sorted by (image, category)
+    last_key = g.key;
+  }
+  auto& cv = out.curves;
+  cv.conf.resize(kConfPoints);
+  for (int j = 0; j < kConfPoints; ++j) cv.conf[j] = static_cast<double>(j) / (kConfPoints - 1);
+  const auto rec = recall_thresholds();
+  cv.recall_thresholds.assign(rec.begin(), rec.end());
+  cv.precision.assign(K, std::vector<double>(kConfPoints, 0.0));
+  cv.recall.assign(K, std::vector<double>(kConfPoints, 0.0));
+  cv.f1.assign(K, std::vector<double>(kConfPoints, 0.0));
+  cv.pr.assign(K, std::vector<double>(kRecalls, 0.0));
+
+  const auto runs = mt ? category_runs(mt->kept, K) : std::vector<std::pair<size_t, size_t>>();
+  for (int64_t k = 0; k < K; ++k) {
+    ClassResult& c = out.classes[k];
+    c.category = static_cast<int>(s.cat_ids[k]);
+    if (!mt) continue;
+    double sum50 = 0, sum = 0;
+    for (int r = 0; r < kRecalls; ++r) {
+      cv.pr[k][r] = acc->precision[acc->P(0, r, k, 0)];
+      for (int t = 0; t < kIous; ++t) {
+        const double p = acc->precision[acc->P(t, r, k, 0)];
+        sum += p;
+        if (t == 0) sum50 += p;
+      }
+    }
+    c.ap50 = sum50 / kRecalls;
+    c.ap50_95 = sum / (kRecalls * kIous);
+
+    // Step curves over confidence from the IoU .50 matches at area "all" (where nothing is
+    // ignored): walk thresholds from high to low, taking in the detections they admit.
+    const auto [begin, end] = runs[k];
+    const double n_gt = static_cast<double>(std::max<int64_t>(c.instances, 1));
+    size_t j = begin;
+    double tp = 0, fp = 0;
+    for (int x = kConfPoints - 1; x >= 0; --x) {
+      for (; j < end && mt->kept[j].score >= cv.conf[x]; ++j) {
+        if (mt->kept[j].ignored[0] & 1u) continue;
+        if (mt->kept[j].matched[0] & 1u)
+          tp += 1;
+        else
+          fp += 1;
+      }
+      const double p = tp + fp > 0 ? tp / (tp + fp) : 0.0, r = tp / n_gt;
+      cv.precision[k][x] = p;
+      cv.recall[k][x] = r;
+      cv.f1[k][x] = p + r > 0 ? 2 * p * r / (p + r) : 0.0;
+    }
+  }
+  if (K == 0 || !mt) return;
+
+  // The confidence with the best mean F1; among equals the highest (the same detections are kept
+  // there, and it is the threshold a user would set).
+  int best = 0;
+  double best_f1 = -1;
+  for (int x = 0; x < kConfPoints; ++x) {
+    double f = 0;
+    for (int64_t k = 0; k < K; ++k) f += cv.f1[k][x];
+    f /= static_cast<double>(K);
+    if (f >= best_f1) best_f1 = f, best = x;
+  }
+  out.best_conf = cv.conf[best];
+  out.best_f1 = best_f1;
+  double sp = 0, sr = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    out.classes[k].precision = cv.precision[k][best];
+    out.classes[k].recall = cv.recall[k][best];
+    sp += out.classes[k].precision;
+    sr += out.classes[k].recall;
+  }
+  out.precision = sp / static_cast<double>(K);
+  out.recall = sr / static_cast<double>(K);
+}
+
+}  // namespace
+
+CocoStats CocoEvaluator::evaluate(const std::optional<std::vector<int64_t>>& image_ids) const {
+  const Scope scope = collect_scope(gts_, dets_, image_ids ? *image_ids : images_);
+  CocoStats result;
+  if (scope.dets_in_scope == 0) {
+    result.stats.fill(0.0);
+    class_report(scope, nullptr, nullptr, result);
+    return result;
+  }
+  const Matches matches = match_groups(scope, gts_, dets_);
+  const Accumulated acc = accumulate(matches, scope.K);
+  result.stats = summarize(acc);
+  class_report(scope, &matches, &acc, result);
   return result;
 }
 

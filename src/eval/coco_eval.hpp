@@ -30,15 +30,48 @@ struct DetBox {
   double score;
 };
 
+// One category with ground truth, as a row of the validation table.
+struct ClassResult {
+  int category = 0;
+  int64_t images = 0;     // images holding at least one of its ground-truth boxes
+  int64_t instances = 0;  // its ground-truth boxes
+  double precision = 0, recall = 0;  // at the confidence of the best mean F1 (see CocoStats)
+  double ap50 = 0, ap50_95 = 0;      // COCOeval's per-category AP (area all, maxDets 100)
+};
+
+// Curves of every category in CocoStats::classes order, for plots.
+struct EvalCurves {
+  // Confidence thresholds 0, 1/999, ..., 1 (numpy.linspace(0, 1, 1000)). At threshold x a
+  // category's precision and recall count its detections with score >= x, matched at IoU .50
+  // (COCO's matching, maxDets 100); precision is 0 where no detection is left.
+  std::vector<double> conf;
+  std::vector<std::vector<double>> precision, recall, f1;  // [class][conf]
+  // COCO's recall thresholds 0:.01:1 and the interpolated precision there at IoU .50: the curve
+  // whose mean is the category's AP50.
+  std::vector<double> recall_thresholds;
+  std::vector<std::vector<double>> pr;  // [class][101]
+};
+
 struct CocoStats {
   // COCOeval.stats: AP@[.5:.95], AP@.5, AP@.75, AP small/medium/large (maxDets 100),
   // AR@1, AR@10, AR@100, AR small/medium/large (maxDets 100). -1 where nothing is defined
   // (no ground truth in that area range).
   std::array<double, 12> stats{};
 
-  // LibreYOLO's keys in its order. metrics/precision and metrics/recall are the means of
-  // COCOeval's precision and recall arrays at area "all", maxDets 100, which makes them equal to
-  // mAP50-95 and AR100.
+  // Precision and recall as Ultralytics and the reference's results.csv columns mean them:
+  // per category, P and R over confidence (EvalCurves); the confidence maximising the mean F1
+  // over categories is `best_conf` (the highest among equals), and these are the means of P and R
+  // over categories there. All 0 when nothing was detected.
+  double precision = 0, recall = 0, best_conf = 0;
+  double best_f1 = 0;  // mean F1 at best_conf
+
+  int64_t images = 0;     // images evaluated
+  int64_t instances = 0;  // ground-truth boxes in them
+  std::vector<ClassResult> classes;  // categories with ground truth, ascending id
+  EvalCurves curves;
+
+  // LibreYOLO's keys in its order: the 12 stats, then metrics/precision and metrics/recall
+  // (the values above).
   std::vector<std::pair<std::string, double>> metrics() const;
 };
 

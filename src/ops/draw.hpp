@@ -27,8 +27,10 @@ void fill_rect(const torch::Tensor& img, int x1, int y1, int x2, int y2, Rgb8 co
 
 // Text in the 5x7 font (a-z, 0-9, space and . , : - _ % ( ) / ' ! ? +; upper case is drawn as
 // lower case, anything else as '?'), each font pixel a scale x scale block, top-left at (x, y).
+// With keep_case, capitals have glyphs of their own and = @ [ ] < > * # & | ; are drawn too
+// (chart text); the advance per character is the same.
 void draw_text(const torch::Tensor& img, int x, int y, const std::string& text, Rgb8 color,
-               int scale = 1);
+               int scale = 1, bool keep_case = false);
 int text_width(const std::string& text, int scale = 1);
 int text_height(int scale = 1);
 
