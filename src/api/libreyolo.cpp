@@ -135,6 +135,14 @@ std::unique_ptr<LibreYOLO::Impl> load_model(const std::string& model, const std:
              name && (model.size() < 3 || model.substr(model.size() - 3) != ".pt")) {
     impl = fresh_model(name->family, name->size, 80, "cpu");
     log_info("Model " + model + ": fresh " + name->family + "-" + name->size + " (untrained weights, 80 classes)");
+  } else if (fs::is_directory(model, ec)) {
+    std::string hint = "Pass the checkpoint file itself (a .pt file).";
+    for (const char* inside : {"weights/best.pt", "weights/last.pt", "best.pt", "last.pt"})
+      if (fs::is_regular_file(fs::path(model) / inside, ec)) {
+        hint = "Pass the checkpoint file, e.g. model=" + (fs::path(model) / inside).string() + ".";
+        break;
+      }
+    throw ModelError("Model path is a directory, not a checkpoint file: " + model, hint, "checkpoint_not_found");
   } else if (model.size() > 3 && model.substr(model.size() - 3) == ".pt") {
     std::string hint = "Check the path.";
     if (auto n = parse_model_name(model))
