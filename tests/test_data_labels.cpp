@@ -40,7 +40,7 @@ TEST(DataLabels, ParsesBoxesAndPolygons) {
              "0 0.5 0.5 0.2 0.4\n"
              "\n"
              "3 0.1 0.2 0.5 0.1 0.3 0.6\n"   // polygon: x in [0.1, 0.5], y in [0.1, 0.6]
-             "+1 1.2 -0.1 0.4 0.2\n");       // out of range: kept as is (no clipping at load)
+             "+1 1.0 -0.1 0.4 0.4\n");       // overhangs the top-right corner: clipped to the image
   std::vector<std::string> problems;
   const auto boxes = parse_label_file((tmp / "a.txt").string(), 200, 100, 0, &problems);
   EXPECT_TRUE(problems.empty());
@@ -55,10 +55,10 @@ TEST(DataLabels, ParsesBoxesAndPolygons) {
   EXPECT_NEAR(boxes[1].y1, 10.0, 1e-9);
   EXPECT_NEAR(boxes[1].x2, 100.0, 1e-9);
   EXPECT_NEAR(boxes[1].y2, 60.0, 1e-9);
-  EXPECT_NEAR(boxes[2].x1, 200.0, 1e-9);
-  EXPECT_NEAR(boxes[2].y1, -20.0, 1e-9);
-  EXPECT_NEAR(boxes[2].x2, 280.0, 1e-9);
-  EXPECT_NEAR(boxes[2].y2, 0.0, 1e-9);
+  EXPECT_NEAR(boxes[2].x1, 160.0, 1e-9);
+  EXPECT_NEAR(boxes[2].y1, 0.0, 1e-9);
+  EXPECT_NEAR(boxes[2].x2, 200.0, 1e-9);
+  EXPECT_NEAR(boxes[2].y2, 10.0, 1e-9);
 }
 
 TEST(DataLabels, MissingAndEmptyFilesMeanNoObjects) {

@@ -15,6 +15,7 @@
 #include "core/config_schema.hpp"
 #include "core/log.hpp"
 #include "core/strings.hpp"
+#include "data/dataset_yaml.hpp"
 #include "io/checkpoint.hpp"
 #include "profile/profile_cli.hpp"
 
@@ -182,6 +183,10 @@ int cmd_train(const ParsedArgs& a, std::ostream& out) {
     throw UsageError("Missing option 'data'", "Pass data=<dataset.yaml> or data=builtin.", "config_required_key");
   validate(cfg);
   if (dry_run) {
+    // What the real run checks before training: the device, the model (name or checkpoint) and
+    // the dataset YAML. Loading the model is the same call the real run makes.
+    LibreYOLO checked(model_name, cfg.device);
+    if (!cfg.data.empty() && cfg.data != "builtin") data::load_dataset_yaml(cfg.data);
     json j = {{"valid", true}, {"mode", "train"}, {"model", model_name}, {"resolved_config", json::object()}};
     for (const auto& [k, v] : train_schema().dump(cfg)) j["resolved_config"][k] = v;
     if (a.json)
@@ -346,8 +351,36 @@ int cmd_cfg(const ParsedArgs& a, std::ostream& out) {
 
 }  // namespace
 
-ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& bool_keys) {
+namespace {
+
+const char* const kGlobalFlags[] = {"help", "json", "quiet", "verbose"};
+
+// The closest of the command's keys and the global flags, spelled as a flag ("--help"), or "".
+std::string closest_flag(const std::string& word, const std::vector<std::string>& known_keys) {
+  std::vector<std::string> candidates = known_keys;
+  candidates.insert(candidates.end(), std::begin(kGlobalFlags), std::end(kGlobalFlags));
+  const std::string near = closest_match(word, candidates);
+  return near.empty() ? near : "--" + near;
+}
+
+[[noreturn]] void throw_unknown_flag(const std::string& token, const std::string& key,
+                                     const std::vector<std::string>& known_keys, const std::string& command) {
+  const std::string near = closest_flag(key, known_keys);
+  throw UsageError("Unknown flag '" + token + "'" + (command.empty() ? "" : " for '" + command + "'") +
+                       (near.empty() ? "" : ". Did you mean '" + near + "'?"),
+                   "Run 'libreyolo " + (command.empty() ? std::string("<command>") : command) +
+                       " --help' to list the options.",
+                   "config_unknown_key");
+}
+
+}  // namespace
+
+ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& bool_keys,
+                      const std::vector<std::string>& known_keys, const std::string& command) {
   ParsedArgs p;
+  auto is_known_key = [&](const std::string& k) {
+    return known_keys.empty() || std::find(known_keys.begin(), known_keys.end(), k) != known_keys.end();
+  };
   auto is_bool_key = [&](const std::string& k) {
     return std::find(bool_keys.begin(), bool_keys.end(), k) != bool_keys.end();
   };
@@ -393,6 +426,7 @@ ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<st
       continue;
     }
     if (!have_value) {
+      if (!is_bool_key(key) && !is_known_key(key)) throw_unknown_flag(tok, key, known_keys, command);
       if (is_bool_key(key)) {
         // `--flag true` is accepted as well as a bare `--flag`.
         if (i + 1 < args.size() && is_bool_text(args[i + 1])) value = args[++i];
@@ -472,7 +506,8 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
       throw UsageError("No such command '" + args[0] + "'" + (near.empty() ? "" : ". Did you mean '" + near + "'?"),
                        "Run 'libreyolo --help' for the list of commands.", "config_unknown_key");
     }
-    ParsedArgs p = parse_args(std::vector<std::string>(args.begin() + 1, args.end()), cmd->bool_keys);
+    ParsedArgs p =
+        parse_args(std::vector<std::string>(args.begin() + 1, args.end()), cmd->bool_keys, cmd->keys, cmd->name);
     p.command = cmd->name;
     json_out = p.json;
     if (p.help) {
@@ -483,9 +518,12 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
     for (const auto& [k, v] : p.kwargs)
       if (std::find(cmd->keys.begin(), cmd->keys.end(), k) == cmd->keys.end())
         throw_unknown_key(k, cmd->keys, cmd->name);
-    if (!p.positional.empty() && cmd->name != "metadata")
-      throw UsageError("Unexpected argument '" + p.positional[0] + "'", "Options are written key=value.",
-                       "config_unknown_key");
+    if (!p.positional.empty() && cmd->name != "metadata") {
+      const std::string near = closest_flag(norm_key(p.positional[0]), cmd->keys);
+      throw UsageError("Unexpected argument '" + p.positional[0] + "'" +
+                           (near.empty() ? "" : ". Did you mean '" + near + "'?"),
+                       "Options are written key=value.", "config_unknown_key");
+    }
     if (cmd->name == "predict") return cmd_predict(p, out);
     if (cmd->name == "train") return cmd_train(p, out);
     if (cmd->name == "val") return cmd_val(p, out);

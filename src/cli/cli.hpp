@@ -22,7 +22,11 @@ struct ParsedArgs {
 
 // Splits argv (without the program name). `bool_keys` are the command's boolean options, so
 // that a bare `flag`, `--flag` and `--no-flag` become flag=true/false. Throws UsageError.
-ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& bool_keys);
+// With `known_keys` (the command's option names) given, a `--word` that is neither one of them nor
+// a global flag is an unknown flag (config_unknown_key, with a "did you mean" among the keys and
+// --help) instead of an option waiting for its value; `command` names the command in the message.
+ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<std::string>& bool_keys,
+                      const std::vector<std::string>& known_keys = {}, const std::string& command = "");
 
 // `libreyolo profile run <data> [--options]` (cli/profile_run.cpp). Throws libreyolo::Error.
 int cmd_profile_run(const std::vector<std::string>& args, std::ostream& out);

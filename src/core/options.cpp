@@ -39,6 +39,19 @@ long long parse_int(const std::string& key, const std::string& value) {
   return v;
 }
 
+long long parse_int_in_range(const std::string& key, const std::string& value, long long lo, long long hi) {
+  errno = 0;
+  char* end = nullptr;
+  std::strtoll(value.c_str(), &end, 10);
+  const bool overflow = errno == ERANGE && !value.empty() && *end == '\0';
+  const long long v = overflow ? 0 : parse_int(key, value);
+  if (overflow || v < lo || v > hi)
+    throw UsageError("Invalid value for '" + key + "': " + value + " is out of range (allowed: " +
+                         std::to_string(lo) + " to " + std::to_string(hi) + ")",
+                     "", "config_range_error");
+  return v;
+}
+
 double parse_float(const std::string& key, const std::string& value) {
   errno = 0;
   char* end = nullptr;
@@ -83,14 +96,11 @@ void throw_unknown_key(const std::string& key, const std::vector<std::string>& n
   std::string msg = "No such option: " + key;
   if (!command.empty()) msg += " (for '" + command + "')";
   std::string near = closest_match(key, names);
-  std::string suggestion;
-  if (!near.empty()) {
-    msg += ". Did you mean '" + near + "'?";
-    suggestion = "Did you mean '" + near + "'?";
-  } else {
-    suggestion = "Run 'libreyolo " + (command.empty() ? std::string("<command>") : command) +
-                 " --help' to list the options.";
-  }
+  // The hint goes into the message only (the CLI prints message and suggestion, so putting it
+  // in both showed it twice); the suggestion says where the full list is.
+  if (!near.empty()) msg += ". Did you mean '" + near + "'?";
+  const std::string suggestion = "Run 'libreyolo " + (command.empty() ? std::string("<command>") : command) +
+                                 " --help' to list the options.";
   throw UsageError(msg, suggestion, "config_unknown_key");
 }
 

@@ -3,6 +3,7 @@
 // unknown keys. The CLI is a thin layer over this.
 #pragma once
 #include <functional>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -19,6 +20,10 @@ const char* option_type_name(OptionType t);
 // Parses "true/false/1/0/yes/no/on/off" (any case); throws UsageError naming `key` otherwise.
 bool parse_bool(const std::string& key, const std::string& value);
 long long parse_int(const std::string& key, const std::string& value);
+// parse_int, then a UsageError (config_range_error) naming `key` and [lo, hi] when the value lies
+// outside: "epochs=4294967297" must not wrap to 1 in a 32-bit field.
+long long parse_int_in_range(const std::string& key, const std::string& value, long long lo, long long hi);
+// Finite numbers only: nan, inf and overflowing values are a UsageError naming `key`.
 double parse_float(const std::string& key, const std::string& value);
 
 // The closest candidate by edit similarity (difflib-like ratio >= 0.6), or "".
@@ -99,7 +104,8 @@ OptionSchema<Config>& OptionSchema<Config>::add(const std::string& name, T Confi
   } else if constexpr (std::is_integral_v<T>) {
     f.type = OptionType::Int;
     f.set = [member, name](Config& c, const std::string& v) {
-      c.*member = static_cast<T>(parse_int(name, v));
+      c.*member = static_cast<T>(parse_int_in_range(name, v, std::numeric_limits<T>::min(),
+                                                    std::numeric_limits<T>::max()));
     };
     f.get = [member](const Config& c) { return std::to_string(c.*member); };
   } else if constexpr (std::is_floating_point_v<T>) {

@@ -66,8 +66,25 @@ std::string label_path_for(const std::string& image_path) {
   return (fs::path(dir) / p.stem()).string() + ".txt";
 }
 
+namespace {
+
+// Normalised corners of a row, clipped to the image [0, 1]. Returns false when nothing of the
+// box is left inside; sets *clipped when a coordinate was outside by more than rounding noise.
+bool clip_unit_box(double& x1, double& y1, double& x2, double& y2, bool* clipped) {
+  constexpr double kTolerance = 1e-6;  // written-out floats like 1.0000001 are not "outside"
+  const double lo = std::min({x1, y1, x2, y2}), hi = std::max({x1, y1, x2, y2});
+  *clipped = lo < -kTolerance || hi > 1.0 + kTolerance;
+  x1 = std::clamp(x1, 0.0, 1.0);
+  y1 = std::clamp(y1, 0.0, 1.0);
+  x2 = std::clamp(x2, 0.0, 1.0);
+  y2 = std::clamp(y2, 0.0, 1.0);
+  return !(*clipped) || (x2 > x1 && y2 > y1);
+}
+
+}  // namespace
+
 std::vector<Box> parse_label_file(const std::string& label_path, int w0, int h0, int num_classes,
-                                  std::vector<std::string>* problems) {
+                                  std::vector<std::string>* problems, int64_t* clipped_rows) {
   std::vector<Box> boxes;
   std::ifstream in(label_path);
   if (!in) return boxes;  // no label file: an image without objects
@@ -102,30 +119,45 @@ std::vector<Box> parse_label_file(const std::string& label_path, int w0, int h0,
       problem(strfmt("class %g is out of range for nc=%d; row skipped", cls, num_classes));
       continue;
     }
-    Box b;
-    b.cls = cls;
+    double x1, y1, x2, y2;  // normalised corners
     if (tokens.size() == 5) {
-      b.x1 = (v[1] - v[3] / 2) * w0;
-      b.y1 = (v[2] - v[4] / 2) * h0;
-      b.x2 = (v[1] + v[3] / 2) * w0;
-      b.y2 = (v[2] + v[4] / 2) * h0;
+      if (v[3] < 0 || v[4] < 0) {
+        problem(strfmt("negative box size (w %g, h %g); row skipped", v[3], v[4]));
+        continue;
+      }
+      x1 = v[1] - v[3] / 2;
+      y1 = v[2] - v[4] / 2;
+      x2 = v[1] + v[3] / 2;
+      y2 = v[2] + v[4] / 2;
     } else {
       if ((tokens.size() - 1) % 2 != 0) {
         problem("polygon with an odd number of coordinates; row skipped");
         continue;
       }
-      double xmin = v[1], xmax = v[1], ymin = v[2], ymax = v[2];
+      x1 = x2 = v[1];
+      y1 = y2 = v[2];
       for (size_t k = 3; k + 1 < v.size(); k += 2) {
-        xmin = std::min(xmin, v[k]);
-        xmax = std::max(xmax, v[k]);
-        ymin = std::min(ymin, v[k + 1]);
-        ymax = std::max(ymax, v[k + 1]);
+        x1 = std::min(x1, v[k]);
+        x2 = std::max(x2, v[k]);
+        y1 = std::min(y1, v[k + 1]);
+        y2 = std::max(y2, v[k + 1]);
       }
-      b.x1 = xmin * w0;
-      b.y1 = ymin * h0;
-      b.x2 = xmax * w0;
-      b.y2 = ymax * h0;
     }
+    // Coordinates outside [0, 1] are clipped to the image; a box with nothing left inside is
+    // dropped (Ultralytics refuses such labels; clipping keeps the usable part of a box that
+    // merely overhangs the border).
+    bool clipped = false;
+    if (!clip_unit_box(x1, y1, x2, y2, &clipped)) {
+      problem("box lies outside the image (coordinates outside [0, 1]); row skipped");
+      continue;
+    }
+    if (clipped && clipped_rows) ++*clipped_rows;
+    Box b;
+    b.cls = cls;
+    b.x1 = x1 * w0;
+    b.y1 = y1 * h0;
+    b.x2 = x2 * w0;
+    b.y2 = y2 * h0;
     boxes.push_back(b);
   }
   return boxes;
@@ -154,6 +186,7 @@ YoloDataset::YoloDataset(const std::vector<std::string>& image_files, DatasetOpt
     int h0 = 0, w0 = 0;
     std::vector<Box> boxes;
     std::vector<std::string> label_problems;
+    int64_t clipped = 0;  // label rows clipped to the image
   };
   std::vector<Scan> scans(static_cast<size_t>(n));
   parallel_for(n, options_.threads, [&](int64_t i) {
@@ -169,14 +202,20 @@ YoloDataset::YoloDataset(const std::vector<std::string>& image_files, DatasetOpt
       return;
     }
     s.boxes = parse_label_file(label_path_for(path), s.w0, s.h0, options_.num_classes,
-                               &s.label_problems);
+                               &s.label_problems, &s.clipped);
     s.ok = true;
   });
 
   std::vector<std::string> image_problems, label_problems;
+  int64_t clipped_files = 0;
+  std::string first_clipped;
   for (int64_t i = 0; i < n; ++i) {
     Scan& s = scans[static_cast<size_t>(i)];
     label_problems.insert(label_problems.end(), s.label_problems.begin(), s.label_problems.end());
+    if (s.clipped > 0) {
+      labels_clipped_ += s.clipped;
+      if (clipped_files++ == 0) first_clipped = label_path_for(image_files[static_cast<size_t>(i)]);
+    }
     if (!s.ok) {
       image_problems.push_back(std::move(s.problem));
       continue;
@@ -191,6 +230,16 @@ YoloDataset::YoloDataset(const std::vector<std::string>& image_files, DatasetOpt
     records_.push_back(std::move(r));
   }
   report_problems(label_problems, "label row skipped");
+  labels_skipped_ = static_cast<int64_t>(label_problems.size());
+  if (labels_skipped_ > 0)
+    log_warn(strfmt("%lld label rows skipped (listed above)", static_cast<long long>(labels_skipped_)));
+  // One summary line, not one per row: a dataset exported with a slightly different image size
+  // can have thousands of overhanging boxes.
+  if (labels_clipped_ > 0)
+    log_warn(strfmt("%lld label rows in %lld files had coordinates outside [0, 1] and were clipped to "
+                    "the image (first: %s)",
+                    static_cast<long long>(labels_clipped_), static_cast<long long>(clipped_files),
+                    first_clipped.c_str()));
   report_problems(image_problems, "corrupt image skipped");
   skipped_ = static_cast<int64_t>(image_problems.size());
 

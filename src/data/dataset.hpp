@@ -45,11 +45,13 @@ std::string label_path_for(const std::string& image_path);
 
 // Parses one YOLO label file into pixel boxes of an image of size (w0, h0). Rows are
 // "class cx cy w h" (normalised) or polygons "class x1 y1 ... xn yn" (bbox = min/max). Blank rows
-// and rows with fewer than five fields are skipped; a row that is not numbers, has an odd
-// polygon, a negative or fractional class, or a class >= num_classes (when > 0) is skipped and
-// described in *problems as "file:line: reason". A missing file means no objects.
+// are ignored; a row with fewer than five fields, that is not numbers, has an odd polygon, a
+// negative or fractional class, a class >= num_classes (when > 0), a negative width or height,
+// or a box entirely outside the image is skipped and described in *problems as
+// "file:line: reason". A box reaching outside [0, 1] is clipped to the image and counted in
+// *clipped_rows (when given). A missing file means no objects.
 std::vector<Box> parse_label_file(const std::string& label_path, int w0, int h0, int num_classes,
-                                  std::vector<std::string>* problems);
+                                  std::vector<std::string>* problems, int64_t* clipped_rows = nullptr);
 
 class YoloDataset {
  public:
@@ -78,6 +80,10 @@ class YoloDataset {
   int64_t num_corrupt() const { return skipped_ + unreadable_.load(); }
   int64_t num_unreadable() const { return unreadable_.load(); }
   int64_t num_boxes() const { return static_cast<int64_t>(boxes_.size()); }
+  // Label rows skipped at construction (malformed, or nothing inside the image) and rows whose
+  // box was clipped to the image; both are reported as a warning (first rows listed, then counts).
+  int64_t num_label_rows_skipped() const { return labels_skipped_; }
+  int64_t num_label_rows_clipped() const { return labels_clipped_; }
   bool cached() const { return !cache_.empty(); }
 
  private:
@@ -96,6 +102,7 @@ class YoloDataset {
   std::vector<torch::Tensor> cache_;
   std::unique_ptr<std::atomic<bool>[]> bad_;
   int64_t skipped_ = 0;
+  int64_t labels_skipped_ = 0, labels_clipped_ = 0;
   mutable std::atomic<int64_t> unreadable_{0};
 };
 

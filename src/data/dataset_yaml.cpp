@@ -39,6 +39,9 @@ std::vector<std::string> parse_names(const YAML::Node& node, const std::string& 
   std::vector<std::string> names;
   if (!node || node.IsNull()) return names;
   if (node.IsSequence()) {
+    if (node.size() > static_cast<size_t>(kMaxClasses))
+      throw DataError(strfmt("%s: 'names' lists %zu classes; at most %d are supported", file.c_str(),
+                             static_cast<size_t>(node.size()), kMaxClasses));
     for (const auto& n : node) names.push_back(n.as<std::string>());
   } else if (node.IsMap()) {
     std::map<int, std::string> by_id;
@@ -48,9 +51,12 @@ std::vector<std::string> parse_names(const YAML::Node& node, const std::string& 
         id = kv.first.as<int>();
       } catch (const YAML::Exception&) {
       }
-      if (id < 0 || id > 1000000)
+      if (id < 0)
         throw DataError(strfmt("%s: names keys must be class ids 0, 1, ... (got '%s')",
                                file.c_str(), kv.first.as<std::string>().c_str()));
+      if (id >= kMaxClasses)
+        throw DataError(strfmt("%s: names has class id %d; ids must be below %d (at most %d classes)",
+                               file.c_str(), id, kMaxClasses, kMaxClasses));
       by_id[id] = kv.second.as<std::string>();
     }
     if (!by_id.empty()) {
@@ -156,12 +162,20 @@ DatasetSpec load_dataset_yaml(const std::string& yaml_path) {
   spec.names = parse_names(doc["names"], yaml_path);
   int nc = -1;
   if (doc["nc"] && !doc["nc"].IsNull()) {
+    const YAML::Node& n = doc["nc"];
+    const std::string text = n.IsScalar() ? n.Scalar() : std::string("(not a number)");
+    long long value = 0;
     try {
-      nc = doc["nc"].as<int>();
+      value = n.as<long long>();
     } catch (const YAML::Exception&) {
-      throw DataError(yaml_path + ": 'nc' must be an integer");
+      throw DataError(yaml_path + ": 'nc' must be an integer (got " + text + ")",
+                      "set nc to the number of classes, or remove it and list the names");
     }
-    if (nc <= 0) throw DataError(yaml_path + ": 'nc' must be positive");
+    if (value <= 0 || value > kMaxClasses)
+      throw DataError(yaml_path + ": 'nc' is " + text + "; it must be between 1 and " +
+                          std::to_string(kMaxClasses) + " (the number of classes)",
+                      "set nc to the number of classes, or remove it and list the names");
+    nc = static_cast<int>(value);
   }
   if (nc < 0 && spec.names.empty())
     throw DataError(yaml_path + " has neither 'names' nor 'nc'",

@@ -18,8 +18,15 @@ struct DatasetSpec {
   bool has_split(const std::string& split) const { return splits.count(split) > 0; }
 };
 
+// The most classes a dataset YAML may declare (nc, or the number of names / the largest names
+// id + 1). Far above any real detection dataset (COCO 80, Objects365 365, LVIS 1203, Open Images
+// 601); a larger value is a typo that would otherwise only surface as an out-of-memory error
+// when the detection head is built.
+constexpr int kMaxClasses = 100000;
+
 // Reads and resolves a dataset YAML. Missing file: DataError (data_not_found). Unreadable YAML,
-// or neither names nor nc: DataError (data_invalid). Splits are resolved to paths but not scanned.
+// neither names nor nc, nc not a positive integer or above kMaxClasses, more than kMaxClasses
+// names: DataError (data_invalid) naming the key. Splits are resolved to paths but not scanned.
 DatasetSpec load_dataset_yaml(const std::string& yaml_path);
 
 // The images of one split, in order: each directory's files sorted, lists in their own order.

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <glob.h>
 #include <set>
 
 #include "models/loaded_model.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
+#include "core/strings.hpp"
 #include "engine/inference.hpp"
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
@@ -66,8 +68,42 @@ std::vector<std::string> resolve_sources(const std::string& source) {
     if (files.empty()) throw DataError("No images found in " + source, "", "source_not_found");
     return files;
   }
-  throw DataError("Source not found: " + source, "Pass an image file, a directory, or source=SAMPLE_IMAGE.",
+  if (source.find_first_of("*?[") != std::string::npos) {
+    // A pattern the shell did not expand (source=imgs/*.png is one word to the shell).
+    std::vector<std::string> files;
+    glob_t g{};
+    const int rc = ::glob(source.c_str(), 0, nullptr, &g);
+    if (rc == 0)
+      for (size_t i = 0; i < g.gl_pathc; ++i)
+        if (fs::is_regular_file(g.gl_pathv[i], ec) && io::has_image_extension(g.gl_pathv[i]))
+          files.push_back(g.gl_pathv[i]);  // glob(3) sorts
+    globfree(&g);
+    if (files.empty())
+      throw DataError("No images match the pattern " + source, "Check the pattern, or pass a file or a directory.",
+                      "source_not_found");
+    return files;
+  }
+  throw DataError("Source not found: " + source,
+                  "Pass an image file, a directory, a pattern such as 'imgs/*.jpg', or source=SAMPLE_IMAGE.",
                   "source_not_found");
+}
+
+std::string saved_image_name(const std::string& source, std::set<std::string>& used) {
+  std::string name = "sample.jpg";
+  if (source != "SAMPLE_IMAGE") {
+    // The source's own file name, so that dup.jpg and dup.png stay apart; formats that cannot
+    // be written (bmp, webp, ...) get ".jpg" appended: a.bmp -> a.bmp.jpg.
+    name = fs::path(source).filename().string();
+    std::string ext = fs::path(source).extension().string();
+    ext = lower(ext);
+    if (ext != ".jpg" && ext != ".jpeg" && ext != ".png") name += ".jpg";
+  }
+  // Same file name from two folders (a glob over several): number the later ones.
+  const fs::path p(name);
+  for (int k = 2; used.count(name); ++k)
+    name = p.stem().string() + "_" + std::to_string(k) + p.extension().string();
+  used.insert(name);
+  return name;
 }
 
 std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg) {
@@ -86,19 +122,31 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   if (cfg.save) out_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
 
   std::vector<PredictResult> results;
+  std::set<std::string> used_names;
+  std::vector<std::string> skipped;  // unreadable images: warned about, then left out
   for (size_t first = 0; first < sources.size(); first += static_cast<size_t>(cfg.batch)) {
-    const size_t n = std::min(sources.size() - first, static_cast<size_t>(cfg.batch));
     auto t0 = std::chrono::steady_clock::now();
     std::vector<torch::Tensor> originals, canvases;
     std::vector<double> ratios;
-    for (size_t i = 0; i < n; ++i) {
+    std::vector<std::string> batch_sources;
+    for (size_t i = 0; i < std::min(sources.size() - first, static_cast<size_t>(cfg.batch)); ++i) {
       const auto& src = sources[first + i];
-      torch::Tensor img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+      torch::Tensor img;
+      try {
+        img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+      } catch (const Error& e) {
+        log_warn("skipping " + src + ": " + e.what());
+        skipped.push_back(src + " (" + e.what() + ")");
+        continue;
+      }
+      batch_sources.push_back(src);
       double r = 1.0;
       canvases.push_back(ops::letterbox_topleft(img, S, &r));
       ratios.push_back(r);
       originals.push_back(img);
     }
+    const size_t n = batch_sources.size();
+    if (n == 0) continue;
     torch::Tensor batch = torch::stack(canvases);
     double pre_ms = ms_since(t0);
 
@@ -113,7 +161,7 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
       const int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
       ops::Detections det = runner.postprocess(pred[static_cast<int64_t>(i)], {cfg.conf, cfg.iou, cfg.max_det, ratios[i], h, w});
       PredictResult r;
-      r.source = sources[first + i];
+      r.source = batch_sources[i];
       r.height = h;
       r.width = w;
       det.boxes = det.boxes.to(torch::kCPU).contiguous();
@@ -148,12 +196,19 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
       if (cfg.save) {
         torch::Tensor canvas = img.clone();
         ops::draw_detections(canvas, det, impl.names);
-        std::string stem = r.source == "SAMPLE_IMAGE" ? "sample" : fs::path(r.source).stem().string();
-        r.saved_path = (fs::path(out_dir) / (stem + ".jpg")).string();
+        r.saved_path = (fs::path(out_dir) / saved_image_name(r.source, used_names)).string();
         io::save_image(r.saved_path, canvas);
       }
       results.push_back(std::move(r));
     }
+  }
+  if (!skipped.empty()) {
+    if (results.empty())
+      throw DataError(skipped.size() == 1 ? "Cannot read image " + skipped.front()
+                                          : "None of the " + std::to_string(skipped.size()) +
+                                                " images could be read (first: " + skipped.front() + ")",
+                      "Check that the files are valid JPEG/PNG/BMP images.", "data_invalid");
+    log_warn(std::to_string(skipped.size()) + " of " + std::to_string(sources.size()) + " images skipped (unreadable)");
   }
   return results;
 }

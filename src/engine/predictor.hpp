@@ -2,6 +2,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -12,10 +13,18 @@
 
 namespace libreyolo::engine {
 
-// The image files a `source` names: a file, a directory (sorted, non-recursive), or
-// SAMPLE_IMAGE. Throws DataError (source_not_found) when there is nothing.
+// The image files a `source` names: a file, a directory (sorted, non-recursive), a glob(3)
+// pattern such as "imgs/*.png" (sorted; image files only), or SAMPLE_IMAGE. Throws DataError
+// (source_not_found) when there is nothing.
 std::vector<std::string> resolve_sources(const std::string& source);
 
+// The file name an annotated image is saved under: the source's file name (extension kept, so
+// dup.jpg and dup.png stay apart; ".jpg" appended for formats that cannot be written), made
+// unique against `used` ("x.jpg" again -> "x_2.jpg") and added to it. SAMPLE_IMAGE -> sample.jpg.
+std::string saved_image_name(const std::string& source, std::set<std::string>& used);
+
+// Images that cannot be decoded are skipped with a warning and a final "N of M images skipped"
+// line; when none could be read: DataError (source_not_found).
 std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg);
 
 }  // namespace libreyolo::engine

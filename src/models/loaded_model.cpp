@@ -118,10 +118,15 @@ bool ends_with_pt(const std::string& s) { return s.size() > 3 && s.compare(s.siz
 void check_model_arg(const std::string& model) {
   std::error_code ec;
   if (fs::is_regular_file(model, ec)) return;
-  if (fs::is_directory(model, ec))
-    throw ModelError("Model path " + model + " is a directory, not a checkpoint file",
-                     "Pass a .pt file, e.g. model=" + (fs::path(model) / "weights" / "best.pt").string() + ".",
-                     "checkpoint_not_found");
+  if (fs::is_directory(model, ec)) {
+    std::string hint = "Pass the checkpoint file itself (a .pt file).";
+    for (const char* inside : {"weights/best.pt", "weights/last.pt", "best.pt", "last.pt"})
+      if (fs::is_regular_file(fs::path(model) / inside, ec)) {
+        hint = "Pass the checkpoint file, e.g. model=" + (fs::path(model) / inside).string() + ".";
+        break;
+      }
+    throw ModelError("Model path is a directory, not a checkpoint file: " + model, hint, "checkpoint_not_found");
+  }
   if (parse_model_name(model) && !ends_with_pt(model)) return;
   if (ends_with_pt(model)) {
     std::string hint = "Check the path.";
