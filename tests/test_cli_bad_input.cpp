@@ -11,7 +11,7 @@
 #include "core/log.hpp"
 #include "data/dataset.hpp"
 #include "data/dataset_yaml.hpp"
-#include "engine/config_schema.hpp"
+#include "core/config_schema.hpp"
 #include "engine/predictor.hpp"
 #include "io/image.hpp"
 #include "support.hpp"
