@@ -110,6 +110,9 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
                  {"profile_warmup", std::to_string(a.warmup)},
                  {"profile_open", "false"},
                  {"no_aug_epochs", "0"},
+                 // A window that spans epochs must not measure validation between its steps
+                 // (its allocations read as allocator thrash, its time as idle GPU).
+                 {"val", "false"},
                  {"project", a.project},
                  {"name", name},
                  {"exist_ok", "true"}};
