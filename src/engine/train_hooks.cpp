@@ -402,10 +402,12 @@ class ProgressHook : public TrainHook {
     p.mem_gb = gpu_memory_gb(t_.device());
     p.status = s.status;
     if (tty_) {
+      // The finished bar stays on its own line (what follows it, validation and checkpoint
+      // messages, starts on the next one); a running bar is redrawn in place.
       p.width = terminal_width();
-      std::fprintf(stderr, "\r%s\033[K", format_progress(p, true).c_str());
+      std::fprintf(stderr, "\r%s\033[K%s", format_progress(p, true).c_str(), last_batch ? "\n" : "");
       std::fflush(stderr);
-      dirty_ = true;
+      dirty_ = !last_batch;
     } else {
       log_info(format_progress(p, false));
     }
