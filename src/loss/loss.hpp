@@ -12,7 +12,7 @@ namespace libreyolo {
 // YOLOX: iou, obj, cls, l1). Sums, CSV columns (train/<name>_loss) and logs follow the names.
 struct LossOutput {
   torch::Tensor total;   // scalar, backpropagated; already the weighted sum of the terms
-  torch::Tensor terms;   // [K] float, weighted, detached, in the order of `names`
+  torch::Tensor terms;   // [K] weighted, detached, in the order of `names` (the loss dtype)
   torch::Tensor num_fg;  // scalar float: positives / batch size, detached
   const std::vector<std::string>* names = nullptr;  // the loss's term_names(), owned by the loss
 

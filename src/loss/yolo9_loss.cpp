@@ -329,7 +329,7 @@ LossOutput Yolo9Loss::loss_terms(const Decoded& d, const Assignment& a,
   LossOutput out;
   const auto box = l_box * kBoxGain, dfl = l_dfl * kDflGain, cls = l_cls * kClsGain;
   out.total = box + dfl + cls;
-  out.terms = at::stack({box, cls, dfl}).detach().to(torch::kFloat);
+  out.terms = at::stack({box, cls, dfl}).detach();
   out.names = &term_names();
   out.num_fg = a.valid.sum().to(torch::kFloat) / static_cast<double>(B);
   return out;
