@@ -386,3 +386,21 @@ TEST(TrainerCli, CtrlCKeepsLastSaysHowToResumeAndExits130) {
   EXPECT_NE(err.find("Resume with: libreyolo train model=" + last.string() + " resume=true"), std::string::npos) << err;
   EXPECT_TRUE(io::read_checkpoint(last.string()).root->get("epoch")->is_int());
 }
+
+TEST(TrainerHooks, ResumeWithChangedOptionsSaysItIsNoLongerExact) {
+  const std::string project = test::temp_dir("hooks_resume_changed");
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
+  Kwargs kw = small_run(project, 1);
+  model.train(kw);
+  const std::string last = (fs::path(project) / "run" / "weights" / "last.pt").string();
+  ASSERT_TRUE(fs::exists(last));
+  LibreYOLO again(last, "cpu");
+  testing::internal::CaptureStderr();
+  TrainResult r = again.train(Kwargs{{"resume", "true"}, {"epochs", "2"}, {"lr0", "0.02"}, {"verbose", "false"}});
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.epochs.size(), 1u);
+  EXPECT_NE(err.find("Resuming with changed options (lr0 0.01 -> 0.02)"), std::string::npos) << err;
+  EXPECT_NE(err.find("no longer an exact continuation"), std::string::npos) << err;
+  // More epochs alone is not a change of what the run computes.
+  EXPECT_EQ(err.find("epochs 1 -> 2"), std::string::npos) << err;
+}
