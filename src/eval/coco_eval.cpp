@@ -127,8 +127,6 @@ void CocoEvaluator::add_detections(const std::vector<DetBox>& boxes) {
     if (images_.empty() || images_.back() != b.image_id) images_.push_back(b.image_id);
 }
 
-namespace {
-
 // [n,4] boxes as a contiguous double tensor; n = 0 may also come as an empty tensor of any shape.
 torch::Tensor boxes_as_double(const torch::Tensor& t, const char* what) {
   if (!t.defined() || t.numel() == 0) return torch::empty({0, 4}, torch::kDouble);
@@ -146,8 +144,6 @@ torch::Tensor vector_as(const torch::Tensor& t, int64_t n, torch::ScalarType typ
   if (n == 0) return torch::empty({0}, type);
   return t.reshape({n}).to(torch::kCPU, type).contiguous();
 }
-
-}  // namespace
 
 void CocoEvaluator::add_image(int64_t image_id, int orig_h, int orig_w,
                               const torch::Tensor& gt_xyxy, const torch::Tensor& gt_classes,

@@ -106,4 +106,10 @@ class CocoEvaluator {
   std::vector<int64_t> images_;  // every image id seen, possibly repeated
 };
 
+// Input checks shared by the evaluators: [n,4] boxes as a contiguous CPU double tensor (n = 0 may
+// come as an empty tensor of any shape), and n values as a contiguous CPU tensor of `type`.
+// Throw UsageError naming `what`.
+torch::Tensor boxes_as_double(const torch::Tensor& t, const char* what);
+torch::Tensor vector_as(const torch::Tensor& t, int64_t n, torch::ScalarType type, const char* what);
+
 }  // namespace libreyolo::eval

@@ -5,25 +5,10 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
+#include "eval/coco_eval.hpp"
 
 namespace libreyolo::eval {
 namespace {
-
-torch::Tensor as_boxes(const torch::Tensor& t, const char* what) {
-  if (!t.defined() || t.numel() == 0) return torch::empty({0, 4}, torch::kDouble);
-  if (t.dim() != 2 || t.size(1) != 4)
-    throw UsageError(strfmt("%s must have shape [N,4], got %s", what, c10::str(t.sizes()).c_str()));
-  return t.to(torch::kCPU, torch::kDouble).contiguous();
-}
-
-torch::Tensor as_vector(const torch::Tensor& t, int64_t n, torch::ScalarType type, const char* what) {
-  const int64_t got = t.defined() ? t.numel() : 0;
-  if (got != n)
-    throw UsageError(strfmt("%s has %lld values for %lld boxes", what, static_cast<long long>(got),
-                            static_cast<long long>(n)));
-  if (n == 0) return torch::empty({0}, type);
-  return t.reshape({n}).to(torch::kCPU, type).contiguous();
-}
 
 double iou_xyxy(const double* a, const double* b) {
   const double w = std::min(a[2], b[2]) - std::max(a[0], b[0]);
@@ -46,11 +31,11 @@ ConfusionMatrix::ConfusionMatrix(int num_classes, double conf, double iou)
 void ConfusionMatrix::add_image(const torch::Tensor& gt_xyxy, const torch::Tensor& gt_classes,
                                 const torch::Tensor& det_xyxy, const torch::Tensor& det_scores,
                                 const torch::Tensor& det_classes) {
-  const auto g = as_boxes(gt_xyxy, "ground-truth boxes");
-  const auto gc = as_vector(gt_classes, g.size(0), torch::kLong, "ground-truth classes");
-  const auto d = as_boxes(det_xyxy, "detection boxes");
-  const auto ds = as_vector(det_scores, d.size(0), torch::kDouble, "detection scores");
-  const auto dc = as_vector(det_classes, d.size(0), torch::kLong, "detection classes");
+  const auto g = boxes_as_double(gt_xyxy, "ground-truth boxes");
+  const auto gc = vector_as(gt_classes, g.size(0), torch::kLong, "ground-truth classes");
+  const auto d = boxes_as_double(det_xyxy, "detection boxes");
+  const auto ds = vector_as(det_scores, d.size(0), torch::kDouble, "detection scores");
+  const auto dc = vector_as(det_classes, d.size(0), torch::kLong, "detection classes");
   const double* gp = g.data_ptr<double>();
   const double* dp = d.data_ptr<double>();
   const int64_t* gcp = gc.data_ptr<int64_t>();
