@@ -98,7 +98,7 @@ __device__ bool last_block(unsigned* counters) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
+    bn_stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
                  unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
                  float* running_var, float momentum, float eps) {
   __shared__ float sn[kThreads], smean[kThreads], sm2[kThreads];
@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    apply_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
+    bn_apply_act_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
                  const float* __restrict__ beta, const float* __restrict__ mean,
                  const float* __restrict__ invstd, bool act, T* __restrict__ y) {
   const int c = blockIdx.y * blockDim.x + threadIdx.x;
@@ -170,7 +170,7 @@ __device__ __forceinline__ float bn_out_grad(const T* dy, int64_t i, float z, bo
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+    bn_backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
                            const float* __restrict__ gamma, const float* __restrict__ beta,
                            const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                            float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
-    backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+    bn_backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
                           const float* __restrict__ gamma, const float* __restrict__ beta,
                           const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                           const float* __restrict__ dsum, T* __restrict__ dx) {
@@ -291,10 +291,10 @@ void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, con
   const Grid g = grid_for(l.channels);
   dispatch(l.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    stats_kernel<T><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+    bn_stats_kernel<T><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
         static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
         running_var, momentum, eps);
-    apply_kernel<T><<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
+    bn_apply_act_kernel<T><<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
         static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
   });
   check(cudaGetLastError(), "bn_act_forward");
@@ -307,11 +307,11 @@ void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const 
   const Grid g = grid_for(l.channels);
   dispatch(l.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    backward_reduce_kernel<T><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+    bn_backward_reduce_kernel<T><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
         static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
         l.act, partials, counters, dsum, dgamma, dbeta, accumulate);
     if (dx) {
-      backward_elemt_kernel<T>
+      bn_backward_elemt_kernel<T>
           <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
               static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean,
               invstd, l.act, dsum, static_cast<T*>(dx));
