@@ -3,7 +3,7 @@
 // measured in gpu_machine.md.
 //   bench_train_e2e --device cuda [--images 1024] [--epochs 2] [--batch 16] [--imgsz 640]
 //                   [--workers 8,16] [--amp-dtype float16|bfloat16] [--model yolo9t] [--dir /tmp/...]
-//                   [--profile off,on,off,on]
+//                   [--profile off,on,off,on] [--cuda-graph off,on]
 // --profile runs each worker count once per listed mode, in that order, in this one process:
 // "off" is a plain run (no profiler hook at all), "on" runs profile=true (warm-up 5, window 20,
 // trace written, then the hook removes itself). Epochs after the first show the cost that stays
@@ -23,7 +23,8 @@
 #include "data/synthetic.hpp"
 
 int main(int argc, char** argv) {
-  std::string device = "cpu", workers = "8,16", amp_dtype = "float16", model = "yolo9t", profile = "off";
+  std::string device = "cpu", workers = "8,16", amp_dtype = "float16", model = "yolo9t", profile = "off",
+              graphs = "off";
   std::string dir = (std::filesystem::temp_directory_path() / "libreyolo_e2e_810x1080").string();
   int images = 1024, epochs = 2, batch = 16, imgsz = 640;
   for (int i = 1; i < argc; ++i) {
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     else if (a == "--model") model = val();
     else if (a == "--dir") dir = val();
     else if (a == "--profile") profile = val();
+    else if (a == "--cuda-graph") graphs = val();
     else if (a == "--sizes" || a == "--batches" || a == "--dtypes") val();
     else {
       std::cerr << "unknown argument " << a << "\n";
@@ -70,6 +72,7 @@ int main(int argc, char** argv) {
   };
   int run_i = 0;
   for (const std::string& w : split(workers)) {
+    for (const std::string& gm : split(graphs))
     for (const std::string& mode : split(profile)) {
       if (mode != "off" && mode != "on") {
         std::cerr << "--profile takes off/on items, got " << mode << "\n";
@@ -79,18 +82,20 @@ int main(int argc, char** argv) {
       std::vector<libreyolo::EpochSummary> eps;
       libreyolo::TrainCallbacks cb;
       cb.on_epoch_end = [&](const libreyolo::EpochSummary& e) { eps.push_back(e); };
-      const std::string name = "w" + w + "_" + mode + std::to_string(run_i++);
+      const std::string name = "w" + w + "_g" + gm + "_p" + mode + std::to_string(run_i++);
       libreyolo::Kwargs opts = {
           {"data", yaml}, {"epochs", std::to_string(epochs)}, {"batch", std::to_string(batch)},
           {"imgsz", std::to_string(imgsz)}, {"workers", w}, {"device", device}, {"amp", "true"},
           {"amp_dtype", amp_dtype}, {"val", "false"}, {"no_aug_epochs", "0"}, {"ema", "true"},
           {"project", dir + "/runs"}, {"name", name}, {"exist_ok", "true"}, {"verbose", "true"}};
+      if (gm == "on") opts.emplace_back("cuda_graph", "true");
       if (mode == "on") {
         opts.emplace_back("profile", "true");
         opts.emplace_back("profile_open", "false");
       }
       auto r = m.train(opts, cb);
-      nlohmann::json run = {{"workers", std::stoi(w)}, {"profile", mode}, {"epochs", nlohmann::json::array()}};
+      nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", gm == "on"}, {"profile", mode},
+                            {"epochs", nlohmann::json::array()}};
       const int iters = images / batch;
       for (const auto& e : eps)
         run["epochs"].push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"iteration_ms", 1000.0 * e.seconds / iters},
