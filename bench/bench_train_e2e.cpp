@@ -22,6 +22,23 @@
 
 #include "data/synthetic.hpp"
 
+namespace {
+// Seconds from the train() call to the end of each of the first steps (device work included):
+// the start-up cost a fresh process pays (cuDNN autotuning, graph capture, loader warm-up).
+struct FirstSteps : libreyolo::TrainHook {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::vector<double> at;
+  torch::Device device{torch::kCPU};
+  void after_step(libreyolo::TrainState&) override {
+    if (at.size() >= 5) return;
+    if (device.is_cuda()) torch::cuda::synchronize();
+    at.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  bool finished() const override { return at.size() >= 5; }
+  std::string name() const override { return "first_steps"; }
+};
+}  // namespace
+
 int main(int argc, char** argv) {
   std::string device = "cpu", workers = "8,16", amp_dtype = "float16", model = "yolo9t", profile = "off",
               graphs = "off";
@@ -93,8 +110,11 @@ int main(int argc, char** argv) {
         opts.emplace_back("profile", "true");
         opts.emplace_back("profile_open", "false");
       }
-      auto r = m.train(opts, cb);
+      auto first = std::make_shared<FirstSteps>();
+      first->device = device == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+      auto r = m.train(opts, cb, {first});
       nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", gm == "on"}, {"profile", mode},
+                            {"run_in_process", run_i}, {"first_steps_s", first->at},
                             {"epochs", nlohmann::json::array()}};
       const int iters = images / batch;
       for (const auto& e : eps)

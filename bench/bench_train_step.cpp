@@ -298,7 +298,15 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
     r["peak_reserved_gb"] = static_cast<double>(st.reserved_bytes[0].peak) / 1e9;
     if (o.kernels) {
       try {
-        r["kernels_per_step"] = count_kernels([&] { b->step(); });
+        const json prof = profile_steps([&] { b->step(); }, 3);
+        r["kernels_per_step"] = prof["kernels_per_step"];
+        r["gpu_busy_ms_per_step"] = prof["kernel_busy_ms_per_step"];
+        json top = json::array();
+        for (const auto& k : prof["kernels_top"]) {
+          if (top.size() >= 8) break;
+          top.push_back(k);
+        }
+        r["kernels_top"] = top;
       } catch (const std::exception& e) {
         r["kernels_per_step_error"] = e.what();
       }

@@ -66,8 +66,14 @@ want step && {
     --diagnose --steps 12 ${LIBREYOLO_DIAG_ARGS:-}
 }
 # Whole-step CUDA graphs: eager and graphed from the same binary, in the same call.
-want graph && run step_graph 500 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema \
-  ${LIBREYOLO_GRAPH_ARGS:---sizes t,s --batches 8,16,32 --dtypes bf16 --cuda-graph off,on --steps 30 --warmup 12}
+# Timings without the kernel profile (Kineto leaves CUPTI attached, which slows every later launch
+# of the process); kernels per step and GPU busy time in a second run of their own.
+want graph && {
+  run step_graph 500 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema --no-kernels \
+    ${LIBREYOLO_GRAPH_ARGS:---sizes t,s --batches 8,16,32 --dtypes bf16 --cuda-graph off,on --steps 30 --warmup 12}
+  run step_graph_kernels 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema \
+    ${LIBREYOLO_GRAPH_KERNEL_ARGS:---sizes t --batches 8,32 --dtypes bf16 --cuda-graph on --steps 3 --warmup 6}
+}
 # The profiler's verdicts on real configurations (issue 8), on the bench's 810x1080 JPEG dataset.
 want verdicts && {
   E2E_DIR=/tmp/libreyolo_e2e_810x1080
