@@ -2,6 +2,11 @@
 //
 //   bench_forward [--family yolo9] [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--channels-last]
 //                 [--sizes t,s] [--batches 1,8,32] [--imgsz 640] [--iters 20] [--warmup 5]
+//                 [--cuda-graph off,on]
+//
+// --cuda-graph: each configuration through the model's inference path instead (uint8 NHWC images
+// on the device -> input conversion, forward, decode; models::ForwardGraphs), once per listed mode:
+// off = eager, on = one CUDA graph per shape replayed. Also reports kernels per forward.
 //
 // Each configuration runs the eval-mode forward plus decode (Detector::predict_tensor) under
 // inference mode; bf16/fp16 run under autocast, as validation does. Each timed iteration is
@@ -22,6 +27,7 @@
 #include "libreyolo/errors.hpp"
 #include "core/device.hpp"
 #include "models/detector.hpp"
+#include "models/forward_graphs.hpp"
 
 namespace {
 
@@ -37,6 +43,7 @@ struct Options {
   int64_t imgsz = 640;
   int iters = 20;
   int warmup = 5;
+  std::vector<std::string> graph_modes;  // empty: the plain predict_tensor loop
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -78,6 +85,7 @@ Options parse(int argc, char** argv) {
     } else if (a == "--imgsz") o.imgsz = to_int(a, value(), 32);
     else if (a == "--iters") o.iters = static_cast<int>(to_int(a, value(), 1));
     else if (a == "--warmup") o.warmup = static_cast<int>(to_int(a, value(), 0));
+    else if (a == "--cuda-graph") o.graph_modes = split(value());
     else throw UsageError("unknown flag " + a);
   }
   if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) {
@@ -122,6 +130,40 @@ class AutocastScope {
   c10::ScalarType old_dtype_;
 };
 
+
+// Through models::ForwardGraphs (eager or graphed), from uint8 images on the device.
+nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std::string& size, int64_t batch,
+                              const Options& o, const torch::Device& device, const std::string& mode) {
+  namespace m = libreyolo::models;
+  auto model = family.build(size, 80);
+  model->eval();
+  model->to(device);
+  if (o.channels_last) to_channels_last(*model);
+  m::ForwardGraphs graphs;
+  m::ForwardSpec spec;
+  spec.device = device;
+  spec.amp = o.dtype != "fp32";
+  spec.amp_dtype = o.dtype == "bf16" ? torch::kBFloat16 : torch::kHalf;
+  spec.channels_last = o.channels_last;
+  const m::GraphMode gm = mode == "on" ? m::GraphMode::On : m::GraphMode::Off;
+  auto images = torch::randint(0, 256, {batch, o.imgsz, o.imgsz, 3}, torch::TensorOptions().dtype(torch::kUInt8)).to(device);
+  for (int i = 0; i < o.warmup + 1; ++i) graphs.forward(*model, family, images, spec, gm);
+  libreyolo::synchronize(device);
+  std::vector<double> ms;
+  for (int i = 0; i < o.iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto y = graphs.forward(*model, family, images, spec, gm);
+    libreyolo::synchronize(device);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  const auto info = graphs.info();
+  return {{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"device", device.str()},
+          {"dtype", o.dtype}, {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"iters", o.iters},
+          {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
+          {"img_per_s", 1000.0 * static_cast<double>(batch) / ms[ms.size() / 2]},
+          {"graph_replays", info.replays}, {"graphs", info.captured}};
+}
 
 nlohmann::json run_one(const libreyolo::models::Family& family, const std::string& size,
                        int64_t batch, const Options& o, const torch::Device& device) {
@@ -179,7 +221,16 @@ int main(int argc, char** argv) {
     }
     nlohmann::json results = nlohmann::json::array();
     for (const auto& s : o.sizes) {
-      for (int64_t b : o.batches) results.push_back(run_one(*family, s, b, o, device));
+      for (int64_t b : o.batches) {
+        if (o.graph_modes.empty()) {
+          results.push_back(run_one(*family, s, b, o, device));
+        } else {
+          for (const auto& gm : o.graph_modes) {
+            results.push_back(run_graph_mode(*family, s, b, o, device, gm));
+            std::fprintf(stderr, "%s\n", results.back().dump().c_str());
+          }
+        }
+      }
     }
     nlohmann::json out = {{"bench", "forward"},
                           {"torch", TORCH_VERSION},

@@ -86,12 +86,13 @@ want verdicts && {
   run prof_t16_nocache 200 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 $P --size t --batch 16 --workers 16 --project "$LOG/prof_t16_nocache"
   python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
 import json, sys, glob, os
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "prof_*.json"))):
+# The full analysis of each run (profile.json under its project), not only the --json headline.
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "prof_*", "prof", "profile.json"))):
     try: d = json.load(open(p))
-    except Exception as e: print(os.path.basename(p), "unreadable", e); continue
+    except Exception as e: print(p, "unreadable", e); continue
     keys = ("bound", "step_ms", "img_per_s", "gpu_util", "gpu_busy_ms_per_step", "kernels_per_step",
-            "cuda_mallocs_per_step", "dataload_frac", "host_overhead_ms_per_step")
-    print(os.path.basename(p)[:-5], json.dumps({k: d.get(k) for k in keys}))
+            "mean_kernel_us", "cuda_mallocs_per_step", "dataload_frac", "host_overhead_ms_per_step")
+    print(p.split(os.sep)[-3], json.dumps({k: d.get(k) for k in keys}))
 PY
 }
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50

@@ -9,7 +9,7 @@
 #include <atomic>
 #include <thread>
 
-#include "engine/cuda_graph.hpp"
+#include "core/cuda_graph.hpp"
 #include "loss/loss.hpp"
 #include "step_check.hpp"
 #include "support.hpp"
@@ -344,9 +344,9 @@ TEST(GpuStepGraph, CapturedRegionFailureLeavesTheDeviceUsable) {
   LY_REQUIRE_CUDA();
   const torch::Device dev(torch::kCUDA, 0);
   auto x = torch::ones({1024}, torch::TensorOptions().device(dev));
-  EXPECT_THROW(engine::CapturedGraph::capture(dev, [&] { (void)(x * 2).sum().item<float>(); }), engine::CaptureError);
+  EXPECT_THROW(CapturedGraph::capture(dev, [&] { (void)(x * 2).sum().item<float>(); }), CaptureError);
   torch::Tensor y;
-  auto g = engine::CapturedGraph::capture(dev, [&] { y = x * 3; });
+  auto g = CapturedGraph::capture(dev, [&] { y = x * 3; });
   x.fill_(2);
   g->replay();
   torch::cuda::synchronize();

@@ -243,3 +243,23 @@ TEST(Trainer, CudaGraphOnTheCpuTrainsEagerWithOneLine) {
     EXPECT_NE(std::string(e.what()).find("cuda_graph_scope"), std::string::npos) << e.what();
   }
 }
+
+// Inference CUDA graphs where they cannot run (the CPU): predict with cuda_graph=true|auto gives
+// what eager gives; capture_graph is a usage error naming the reason; a bad value is refused.
+TEST(Predict, CudaGraphOnTheCpuRunsEagerAndCaptureSaysWhy) {
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
+  const auto a = model.predict("SAMPLE_IMAGE", {{"imgsz", "128"}, {"conf", "0.001"}});
+  const auto b = model.predict("SAMPLE_IMAGE", {{"imgsz", "128"}, {"conf", "0.001"}, {"cuda_graph", "true"}});
+  const auto c = model.predict("SAMPLE_IMAGE", {{"imgsz", "128"}, {"conf", "0.001"}, {"cuda_graph", "auto"}});
+  ASSERT_EQ(a.at(0).detections.size(), b.at(0).detections.size());
+  ASSERT_EQ(a.at(0).detections.size(), c.at(0).detections.size());
+  for (size_t i = 0; i < a[0].detections.size(); ++i) EXPECT_EQ(a[0].detections[i].score, b[0].detections[i].score);
+  EXPECT_TRUE(model.graph_info().captured.empty());
+  try {
+    model.capture_graph(128, 1, "float32");
+    ADD_FAILURE() << "capture_graph on the CPU was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA device"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(model.predict("SAMPLE_IMAGE", {{"cuda_graph", "sometimes"}}), UsageError);
+}

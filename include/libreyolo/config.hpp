@@ -83,6 +83,7 @@ struct PredictConfig {
   std::string classes;                  // "", or comma-separated class ids to keep
   std::string device = "auto";
   bool half = false;                    // float16 autocast on CUDA
+  std::string cuda_graph = "false";     // false, true (capture each input shape), auto (on its 3rd use)
   int batch = 1;
   bool save = false;                    // write annotated images
   std::string project = "runs/detect";
@@ -99,6 +100,7 @@ struct ValConfig {
   double iou = 0.6;
   int max_det = 300;
   bool half = false;                    // float16 autocast on CUDA
+  std::string cuda_graph = "false";     // false, true, auto: the forward replayed from CUDA graphs
   int workers = 4;
   std::string device = "auto";
   std::string project = "runs/val";

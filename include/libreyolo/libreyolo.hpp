@@ -81,6 +81,12 @@ struct TrainCallbacks {
   std::function<void(const std::exception&)> on_train_exception;
 };
 
+// What the captured inference forwards of a model are (LibreYOLO::graph_info()).
+struct GraphInfo {
+  std::vector<std::string> captured;  // one per graph alive: "1x3x640x640 fp32"
+  long long replays = 0, eager_runs = 0, captures = 0, failures = 0, releases = 0;
+};
+
 struct ModelInfo {
   std::string family, size, task;
   int num_classes = 0;
@@ -118,6 +124,13 @@ class LibreYOLO {
   // Writes lean inference weights (LibreYOLO v1.0 schema), loadable by Python torch.load.
   void save(const std::string& path) const;
   ModelInfo info() const;
+
+  // CUDA graphs of the inference forward (predict/val cuda_graph=true|auto use the same cache).
+  // capture_graph captures [batch, 3, imgsz, imgsz] now; dtype "float32", "float16" or "bfloat16"
+  // (autocast). Throws UsageError on the CPU or for a family that does not declare it.
+  void capture_graph(int imgsz = 640, int batch = 1, const std::string& dtype = "float32");
+  GraphInfo graph_info() const;
+  void release_graphs();
 
   struct Impl;
 

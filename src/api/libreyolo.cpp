@@ -100,6 +100,37 @@ void LibreYOLO::save(const std::string& path) const {
   io::write_checkpoint(path, *root);
 }
 
+void LibreYOLO::capture_graph(int imgsz, int batch, const std::string& dtype) {
+  models::ForwardSpec spec;
+  spec.device = impl_->device;
+  if (dtype == "float16" || dtype == "fp16" || dtype == "half") {
+    spec.amp = true;
+    spec.amp_dtype = torch::kHalf;
+  } else if (dtype == "bfloat16" || dtype == "bf16") {
+    spec.amp = true;
+    spec.amp_dtype = torch::kBFloat16;
+  } else if (dtype != "float32" && dtype != "fp32") {
+    throw UsageError("capture_graph: dtype '" + dtype + "' is not one of: float32, float16, bfloat16", "",
+                     "config_range_error");
+  }
+  impl_->model->eval();
+  impl_->graphs->capture(*impl_->model, *impl_->family, batch, imgsz, spec);
+}
+
+GraphInfo LibreYOLO::graph_info() const {
+  const models::ForwardGraphInfo f = impl_->graphs->info();
+  GraphInfo g;
+  g.captured = f.captured;
+  g.replays = f.replays;
+  g.eager_runs = f.eager_runs;
+  g.captures = f.captures;
+  g.failures = f.failures;
+  g.releases = f.releases;
+  return g;
+}
+
+void LibreYOLO::release_graphs() { impl_->graphs->release("release_graphs()"); }
+
 ModelInfo LibreYOLO::info() const {
   ModelInfo i;
   i.family = impl_->family->name;

@@ -82,6 +82,7 @@ const OptionSchema<PredictConfig>& predict_schema() {
         .add("classes", &C::classes, "keep only these class ids (comma-separated)")
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
         .add("half", &C::half, "float16 (autocast) inference on CUDA")
+        .add("cuda_graph", &C::cuda_graph, "false, true or auto: replay the forward from CUDA graphs per input shape")
         .add("batch", &C::batch, "images per forward")
         .add("save", &C::save, "save annotated images")
         .add("project", &C::project, "parent folder of output directories")
@@ -104,6 +105,7 @@ const OptionSchema<ValConfig>& val_schema() {
         .add("iou", &C::iou, "NMS IoU threshold")
         .add("max_det", &C::max_det, "maximum detections per image")
         .add("half", &C::half, "float16 (autocast) inference on CUDA")
+        .add("cuda_graph", &C::cuda_graph, "false, true or auto: replay the forward from CUDA graphs per input shape")
         .add("workers", &C::workers, "data loader threads")
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
         .add("project", &C::project, "parent folder of run directories")
@@ -169,6 +171,7 @@ void validate(const TrainConfig& c) {
 
 void validate(const PredictConfig& c) {
   check_imgsz(c.imgsz);
+  check_one_of("cuda_graph", c.cuda_graph, {"false", "true", "auto", "0", "1", "off", "on"});
   check_unit("conf", c.conf);
   check_unit("iou", c.iou);
   if (c.max_det < 1) range_error("max_det", "must be at least 1");
@@ -177,6 +180,7 @@ void validate(const PredictConfig& c) {
 
 void validate(const ValConfig& c) {
   check_imgsz(c.imgsz);
+  check_one_of("cuda_graph", c.cuda_graph, {"false", "true", "auto", "0", "1", "off", "on"});
   check_unit("conf", c.conf);
   check_unit("iou", c.iou);
   if (c.batch < 1) range_error("batch", "must be at least 1");

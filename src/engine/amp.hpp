@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/autocast.hpp"
 #include "io/pickle.hpp"
 
 namespace libreyolo::engine {
@@ -21,21 +22,7 @@ struct AmpPlan {
 };
 AmpPlan plan_amp(bool amp, const std::string& amp_dtype, const torch::Device& device);
 
-class AutocastGuard {
- public:
-  // cache=false is required while capturing CUDA graphs.
-  AutocastGuard(const torch::Device& device, bool enabled, torch::ScalarType dtype, bool cache = true);
-  ~AutocastGuard();
-  AutocastGuard(const AutocastGuard&) = delete;
-  AutocastGuard& operator=(const AutocastGuard&) = delete;
-
- private:
-  bool active_ = false;
-  c10::DeviceType type_;
-  bool prev_enabled_ = false;
-  torch::ScalarType prev_dtype_ = torch::kFloat;
-  bool prev_cache_ = true;
-};
+using libreyolo::AutocastGuard;  // core/autocast.hpp
 
 // Dynamic loss scaling as torch.amp.GradScaler: init 2^16, x2 after 2000 clean steps, x0.5 on
 // inf/NaN. The step is skipped on the device (found_inf fed to the fused optimizer kernels).

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "models/detector.hpp"
+#include "models/forward_graphs.hpp"
 #include "ops/postprocess.hpp"
 
 namespace libreyolo::engine {
@@ -15,6 +16,9 @@ struct InferenceOptions {
   // NHWC images viewed as NCHW are channels_last already: keeping that layout costs no copy (and
   // is what predict and validation have always fed the network).
   bool channels_last = true;
+  // Captured forwards (the model's cache) and when to use them; null or Off: eager.
+  models::ForwardGraphs* graphs = nullptr;
+  models::GraphMode graph_mode = models::GraphMode::Off;
 };
 
 class InferenceRunner {

@@ -117,6 +117,8 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   io_opt.device = dev;
   io_opt.amp = cfg.half;  // float16 autocast on CUDA, as in validation
   io_opt.amp_dtype = torch::kHalf;
+  io_opt.graphs = impl.graphs.get();
+  io_opt.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
   InferenceRunner runner(model, *impl.family, io_opt);
   std::string out_dir;
   if (cfg.save) out_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);

@@ -5,7 +5,7 @@
 
 #include "core/device.hpp"
 #include "core/log.hpp"
-#include "engine/cuda_graph.hpp"
+#include "core/cuda_graph.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/input.hpp"
 

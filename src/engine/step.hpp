@@ -30,6 +30,7 @@
 
 #include <libreyolo/hooks.hpp>
 
+#include "core/cuda_graph.hpp"
 #include "engine/amp.hpp"
 #include "engine/ema.hpp"
 #include "engine/optimizer.hpp"
@@ -90,7 +91,6 @@ class NoGradSync final : public GradSync {
   void after_backward(std::vector<torch::Tensor>&) override {}
 };
 
-class CapturedGraph;
 
 // What the CUDA graphs of a step runner did (for logs, tests and benchmarks).
 struct StepGraphStats {

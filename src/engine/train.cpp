@@ -9,6 +9,8 @@ namespace libreyolo::engine {
 TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
                          const std::vector<std::shared_ptr<TrainHook>>& hooks, const Kwargs& given) {
   InterruptGuard interrupts;
+  // Training changes the weights (and the mode): captured inference forwards must go.
+  if (lm.graphs) lm.graphs->release("training changes the model");
   Trainer t(lm, cfg, given);
   t.setup();
   for (auto& h : build_hooks(t, callbacks, hooks)) t.add_hook(std::move(h));

@@ -571,8 +571,9 @@ class ProfilerHook : public TrainHook {
     meta.device = t.device().str();
     meta.batch = c.batch;
     meta.imgsz = {c.imgsz};
-    meta.amp = c.amp;
-    meta.amp_dtype = c.amp_dtype == "bf16" ? "bfloat16" : c.amp_dtype == "fp16" ? "float16" : c.amp_dtype;
+    // What the run does, not what was asked (AMP is off on the CPU).
+    meta.amp = t.amp().enabled;
+    meta.amp_dtype = !meta.amp ? "float32" : t.amp().dtype == torch::kBFloat16 ? "bfloat16" : "float16";
     meta.workers = t.workers();
     profile::WindowOptions wo;
     wo.trace = c.profile_trace;

@@ -93,6 +93,8 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
   io_opt.device = opt.device;
   io_opt.amp = opt.amp;
   io_opt.amp_dtype = opt.amp_dtype;
+  io_opt.graphs = opt.graphs;
+  io_opt.graph_mode = opt.graph_mode;
   InferenceRunner runner(model, family, io_opt);
   eval::CocoEvaluator evaluator;
   const int nc = model.num_classes();
@@ -211,6 +213,8 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
   eo.device = impl.device;
   eo.amp = cfg.half;
   eo.amp_dtype = torch::kHalf;
+  eo.graphs = impl.graphs.get();
+  eo.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
   eo.names = !spec.names.empty() ? spec.names : impl.names;
   ValResult r;
   r.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);

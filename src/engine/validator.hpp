@@ -27,6 +27,9 @@ struct EvalOptions {
   torch::Device device{torch::kCPU};
   bool amp = false;                           // autocast during the forward (CUDA only)
   torch::ScalarType amp_dtype = torch::kHalf;
+  // Captured forwards (the loaded model's cache) and when to use them (val cuda_graph=...).
+  models::ForwardGraphs* graphs = nullptr;
+  models::GraphMode graph_mode = models::GraphMode::Off;
   bool progress = false;
   // Class names (index = class id) for the table and the plots; ids without a name print as
   // numbers.

@@ -66,6 +66,9 @@ struct Family {
   // The whole training step (forward, loss with its assigner, backward, update) is free of host
   // synchronisation and data-dependent shapes, so it can be captured in a CUDA graph.
   bool capture_train_step = false;
+  // The eval forward (input conversion, network, decode) is free of host synchronisation and
+  // data-dependent shapes; proven bitwise equal to eager by a capture/replay parity test.
+  bool capture_inference = false;
   std::string task = "detect";
 
   // A fresh model (default init) of a size and class count.

@@ -15,6 +15,7 @@ namespace fs = std::filesystem;
 namespace libreyolo::models {
 
 void LoadedModel::to(const torch::Device& d) {
+  if (d != device && graphs) graphs->release("the model moved to " + d.str());
   device = d;
   model->to(d);
 }

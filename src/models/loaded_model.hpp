@@ -10,6 +10,7 @@
 
 #include "io/checkpoint.hpp"
 #include "models/detector.hpp"
+#include "models/forward_graphs.hpp"
 
 namespace libreyolo::models {
 
@@ -21,6 +22,8 @@ struct LoadedModel {
   torch::Device device{torch::kCPU};
   std::string weights;         // checkpoint it was loaded from ("" = fresh)
   io::PyValuePtr checkpoint;   // that checkpoint's full contents (resume=true reads it)
+  // Captured inference forwards (predict/val cuda_graph); dropped when the model moves or trains.
+  std::shared_ptr<ForwardGraphs> graphs = std::make_shared<ForwardGraphs>();
 
   void to(const torch::Device& d);
   // The checkpoint metadata describing this model (family, size, task, nc, names, imgsz).

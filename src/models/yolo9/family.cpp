@@ -121,6 +121,7 @@ Family make_family() {
   f.default_sync_bn = true;
   f.supports_spawn = true;
   f.capture_train_step = true;
+  f.capture_inference = true;
   f.task = "detect";
   f.build = build;
   f.build_like = build_like;

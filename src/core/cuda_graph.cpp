@@ -1,4 +1,4 @@
-#include "engine/cuda_graph.hpp"
+#include "core/cuda_graph.hpp"
 
 #include <mutex>
 
@@ -11,7 +11,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace libreyolo::engine {
+namespace libreyolo {
 
 bool cuda_graphs_supported(const torch::Device& device, std::string* why) {
   auto no = [&](const char* reason) {
@@ -125,4 +125,4 @@ CapturedGraph::~CapturedGraph() = default;
 
 #endif
 
-}  // namespace libreyolo::engine
+}  // namespace libreyolo

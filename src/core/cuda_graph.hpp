@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace libreyolo::engine {
+namespace libreyolo {
 
 class CaptureError : public std::runtime_error {
  public:
@@ -50,4 +50,4 @@ class CapturedGraph {
   int64_t replays_ = 0;
 };
 
-}  // namespace libreyolo::engine
+}  // namespace libreyolo
