@@ -55,6 +55,13 @@ torch::Tensor to_library_targets(const torch::Tensor& t, int64_t h, int64_t w) {
   return torch::where(pad.unsqueeze(2), torch::tensor({-1.f, 0.f, 0.f, 0.f, 0.f}), out);
 }
 
+// Checks a relative error against its bound and prints it (the figures of the parity note).
+void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
+  const double e = rel_err(got, want);
+  EXPECT_LE(e, bound) << what;
+  std::printf("  %-40s rel err %.3g\n", what.c_str(), e);
+}
+
 torch::Tensor to_logit(const torch::Tensor& p) {
   auto d = p.to(torch::kDouble);
   return torch::log(d) - torch::log1p(-d);
@@ -87,13 +94,13 @@ TEST(YoloxParity, EvalMapsAndDecodedPredictions) {
   for (int i = 0; i < 3; ++i) {
     const auto want = f.expected("eval_out_" + std::to_string(i));
     ASSERT_EQ(raw[i].sizes(), want.sizes());
-    EXPECT_LE(rel_err(raw[i].narrow(1, 0, 4), want.narrow(1, 0, 4)), 1e-4) << "reg, level " << i;
+    check_rel("eval reg, level " + std::to_string(i), raw[i].narrow(1, 0, 4), want.narrow(1, 0, 4), 1e-4);
     // obj/cls as probabilities, and as logits where float32 keeps 1 - p resolvable.
     const auto got_p = torch::sigmoid(raw[i].narrow(1, 4, 81)), want_p = want.narrow(1, 4, 81);
-    EXPECT_LE(rel_err(got_p, want_p), 1e-4) << "obj/cls, level " << i;
+    check_rel("eval obj/cls prob, level " + std::to_string(i), got_p, want_p, 1e-4);
     const auto ok = want_p < 0.999;
-    EXPECT_LE(rel_err(raw[i].narrow(1, 4, 81).masked_select(ok), to_logit(want_p).masked_select(ok)), 1e-4)
-        << "obj/cls logits, level " << i;
+    check_rel("eval obj/cls logit (p<0.999), level " + std::to_string(i), raw[i].narrow(1, 4, 81).masked_select(ok),
+              to_logit(want_p).masked_select(ok), 1e-4);
   }
   // Decoded: [B, 4 + nc, A] xyxy + obj x cls against the fixture's cxcywh + obj + cls.
   const auto got = f.model->decode(raw);
@@ -101,9 +108,9 @@ TEST(YoloxParity, EvalMapsAndDecodedPredictions) {
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 84, 2100}));
   const auto cx = want.select(2, 0), cy = want.select(2, 1), w = want.select(2, 2), h = want.select(2, 3);
   const auto want_xyxy = torch::stack({cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2}, 1);
-  EXPECT_LE(rel_err(got.narrow(1, 0, 4), want_xyxy), 1e-4);
+  check_rel("eval_predictions boxes", got.narrow(1, 0, 4), want_xyxy, 1e-4);
   const auto want_scores = (want.narrow(2, 5, 80) * want.narrow(2, 4, 1)).transpose(1, 2);
-  EXPECT_LE(rel_err(got.narrow(1, 4, 80), want_scores), 1e-4);
+  check_rel("eval_predictions obj*cls", got.narrow(1, 4, 80), want_scores, 1e-4);
 }
 
 TEST(YoloxParity, TrainForwardAndBatchNormUpdate) {
@@ -114,15 +121,15 @@ TEST(YoloxParity, TrainForwardAndBatchNormUpdate) {
   for (int i = 0; i < 3; ++i) {
     const auto want = f.expected("train_raw_" + std::to_string(i));
     ASSERT_EQ(raw[i].sizes(), want.sizes());
-    EXPECT_LE(rel_err(raw[i], want), 1e-4) << "level " << i;
+    check_rel("train_raw_" + std::to_string(i), raw[i], want, 1e-4);
   }
   YoloxLoss loss(80);
   const auto [cells, strides] = loss.grid(raw);
   const auto out = loss.decode(loss.flatten(raw), cells, strides);
   const auto want = f.expected("train_output");
   ASSERT_EQ(out.sizes(), want.sizes());
-  EXPECT_LE(rel_err(out.narrow(2, 0, 4), want.narrow(2, 0, 4)), 1e-4);
-  EXPECT_LE(rel_err(out.narrow(2, 4, 81), want.narrow(2, 4, 81)), 1e-4);
+  check_rel("train_output boxes", out.narrow(2, 0, 4), want.narrow(2, 0, 4), 1e-4);
+  check_rel("train_output obj/cls logits", out.narrow(2, 4, 81), want.narrow(2, 4, 81), 1e-4);
 
   const std::string key = "backbone.backbone.stem.conv.bn.running_mean";
   torch::Tensor mean, before;
@@ -130,7 +137,8 @@ TEST(YoloxParity, TrainForwardAndBatchNormUpdate) {
     if (k == key) mean = v;
   for (const auto& [k, v] : f.weights)
     if (k == key) before = v;
-  EXPECT_LE(rel_err(mean, f.expected("bn_running_mean_after_train_forward.backbone.backbone.stem.conv.bn")), 1e-4);
+  check_rel("BN running mean after train forward", mean,
+            f.expected("bn_running_mean_after_train_forward.backbone.backbone.stem.conv.bn"), 1e-4);
   EXPECT_GT((mean - before).abs().max().item<double>(), 1e-3);  // it really moved
 }
 
@@ -199,15 +207,14 @@ LossRun run_loss(Fixture& f, bool l1, const std::string& targets_key) {
 }
 
 void expect_loss(const LossRun& r, const Fixture& f, const std::string& prefix) {
-  EXPECT_LE(rel_err(r.out.total.reshape({1}), f.expected(prefix + "total_loss").reshape({1})), 1e-4);
-  EXPECT_LE(rel_err(r.out.term("iou").reshape({1}), f.expected(prefix + "iou_loss").reshape({1})), 1e-4);
-  EXPECT_LE(rel_err(r.out.term("obj").reshape({1}), f.expected(prefix + "obj_loss").reshape({1})), 1e-4);
-  EXPECT_LE(rel_err(r.out.term("cls").reshape({1}), f.expected(prefix + "cls_loss").reshape({1})), 1e-4);
-  const auto l1 = f.expected(prefix + "l1_loss").to(torch::kDouble).item<double>();
-  if (l1 == 0) {
-    EXPECT_EQ(r.out.term("l1").item<double>(), 0.0);
-  } else {
-    EXPECT_LE(rel_err(r.out.term("l1").reshape({1}), f.expected(prefix + "l1_loss").reshape({1})), 1e-4);
+  for (const char* t : {"total", "iou", "obj", "cls", "l1"}) {
+    const auto want = f.expected(prefix + t + "_loss").reshape({1});
+    const auto got = std::string(t) == "total" ? r.out.total.reshape({1}) : r.out.term(t).reshape({1});
+    if (want.item<double>() == 0) {
+      EXPECT_EQ(got.item<double>(), 0.0) << prefix << t;
+    } else {
+      check_rel(prefix + t + "_loss", got, want, 1e-4);
+    }
   }
 }
 
@@ -239,7 +246,7 @@ TEST(YoloxParity, SimOtaAssignmentIsExact) {
   EXPECT_TRUE(torch::equal(r.assignment.fg, f.expected("simota_fg_mask")));
   EXPECT_TRUE(torch::equal(r.assignment.matched_gt, f.expected("simota_matched_gt")));
   EXPECT_TRUE(torch::equal(r.assignment.dynamic_k, f.expected("simota_dynamic_k")));
-  EXPECT_LE(rel_err(r.assignment.pred_iou, f.expected("simota_pred_iou")), 1e-5);
+  check_rel("simota_pred_iou", r.assignment.pred_iou, f.expected("simota_pred_iou"), 1e-5);
   EXPECT_EQ(r.assignment.fg.sum().item<int64_t>(), 10);
   EXPECT_NEAR(r.out.num_fg.item<double>(), 10.0 / 2, 1e-9);  // positives per image
 }

@@ -198,8 +198,9 @@ LossOutput YoloxLoss::compute(const std::vector<torch::Tensor>& raw, const torch
       torch::binary_cross_entropy_with_logits(out.select(2, 4), fgf, {}, {}, at::Reduction::Sum) / n;
 
   // Class: one-hot x IoU on the positives.
-  const auto cls_t = torch::one_hot(gt_rows.select(2, 0).clamp(0, nc_ - 1).to(torch::kLong), nc_).to(dtype) *
-                     a.pred_iou.to(dtype).unsqueeze(2);
+  // (A comparison rather than one_hot, which validates its input on the host on some devices.)
+  const auto classes = torch::arange(nc_, gt_rows.options()).view({1, 1, nc_});
+  const auto cls_t = (gt_rows.select(2, 0).unsqueeze(2) == classes).to(dtype) * a.pred_iou.to(dtype).unsqueeze(2);
   const auto cls_bce = torch::binary_cross_entropy_with_logits(out.narrow(2, 5, nc_), cls_t, {}, {},
                                                                at::Reduction::None);
   const auto loss_cls = torch::where(fg3, cls_bce, zero).sum() / n;
