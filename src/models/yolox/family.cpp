@@ -124,17 +124,17 @@ Family make_family() {
   f.infer_num_classes = infer_num_classes;
   f.normalize_keys = normalize_keys;
   f.make_loss = make_loss;
-  // YOLOXConfig (yolox.md §5.1) where it differs from the defaults of config.hpp. Not taken:
-  // mixup_prob 1.0 - the shared pipeline's mixup is YOLOv9's (Beta(32, 32) blend keeping only the
-  // mosaic's labels), not YOLOX's, so it stays off; degrees/shear are recorded, but the shared
-  // pipeline has no random affine yet.
+  // YOLOXConfig (yolox.md §5.1) where it differs from the defaults of config.hpp.
   f.train_defaults = {
       {"momentum", "0.9"},       {"nesterov", "true"},      {"scheduler", "yoloxwarmcos"},
       {"warmup_epochs", "5"},    {"warmup_lr_start", "0"},  {"min_lr_ratio", "0.05"},
-      {"no_aug_epochs", "15"},   {"degrees", "10"},         {"translate", "0.1"},
-      {"shear", "2"},            {"ema_decay", "0.9998"},   {"eval_interval", "10"},
-      {"workers", "4"},          {"name", "yolox_exp"},
+      {"no_aug_epochs", "15"},   {"mosaic_prob", "1.0"},    {"mixup_prob", "1.0"},
+      {"degrees", "10"},         {"translate", "0.1"},      {"shear", "2"},
+      {"ema_decay", "0.9998"},   {"eval_interval", "10"},   {"workers", "4"},
+      {"name", "yolox_exp"},
   };
+  // Mosaic through a random affine, YOLOX's mixup (data/augment.hpp).
+  f.augment = "yolox";
   f.on_close_mosaic = on_close_mosaic;
   f.input = InputSpec{/*bgr=*/true, /*divisor=*/1.0};
   f.postprocess = postprocess;
