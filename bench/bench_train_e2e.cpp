@@ -3,10 +3,17 @@
 // measured in gpu_machine.md.
 //   bench_train_e2e --device cuda [--images 1024] [--epochs 2] [--batch 16] [--imgsz 640]
 //                   [--workers 8,16] [--amp-dtype float16|bfloat16] [--model yolo9t] [--dir /tmp/...]
+//                   [--profile off,on,off,on] [--cuda-graph off,on]
+// --profile runs each worker count once per listed mode, in that order, in this one process:
+// "off" is a plain run (no profiler hook at all), "on" runs profile=true (warm-up 5, window 20,
+// trace written, then the hook removes itself). Epochs after the first show the cost that stays
+// once the window is over (none expected); the first epoch's difference is the window's own cost.
 #include <torch/torch.h>
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -15,8 +22,26 @@
 
 #include "data/synthetic.hpp"
 
+namespace {
+// Seconds from the train() call to the end of each of the first steps (device work included):
+// the start-up cost a fresh process pays (cuDNN autotuning, graph capture, loader warm-up).
+struct FirstSteps : libreyolo::TrainHook {
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::vector<double> at;
+  torch::Device device{torch::kCPU};
+  void after_step(libreyolo::TrainState&) override {
+    if (at.size() >= 5) return;
+    if (device.is_cuda()) torch::cuda::synchronize();
+    at.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  bool finished() const override { return at.size() >= 5; }
+  std::string name() const override { return "first_steps"; }
+};
+}  // namespace
+
 int main(int argc, char** argv) {
-  std::string device = "cpu", workers = "8,16", amp_dtype = "float16", model = "yolo9t";
+  std::string device = "cpu", workers = "8,16", amp_dtype = "float16", model = "yolo9t", profile = "off",
+              graphs = "off";
   std::string dir = (std::filesystem::temp_directory_path() / "libreyolo_e2e_810x1080").string();
   int images = 1024, epochs = 2, batch = 16, imgsz = 640;
   for (int i = 1; i < argc; ++i) {
@@ -31,6 +56,8 @@ int main(int argc, char** argv) {
     else if (a == "--amp-dtype") amp_dtype = val();
     else if (a == "--model") model = val();
     else if (a == "--dir") dir = val();
+    else if (a == "--profile") profile = val();
+    else if (a == "--cuda-graph") graphs = val();
     else if (a == "--sizes" || a == "--batches" || a == "--dtypes") val();
     else {
       std::cerr << "unknown argument " << a << "\n";
@@ -53,25 +80,60 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"benchmark", "train_e2e"}, {"device", device}, {"model", model}, {"images", images},
                         {"image_size", "810x1080"}, {"batch", batch}, {"imgsz", imgsz}, {"epochs", epochs},
                         {"amp_dtype", amp_dtype}, {"dataset_generation_s", gen_s}, {"runs", nlohmann::json::array()}};
-  std::stringstream ws(workers);
-  std::string w;
-  while (std::getline(ws, w, ',')) {
-    libreyolo::LibreYOLO m(model, device);
-    std::vector<libreyolo::EpochSummary> eps;
-    libreyolo::TrainCallbacks cb;
-    cb.on_epoch_end = [&](const libreyolo::EpochSummary& e) { eps.push_back(e); };
-    auto r = m.train({{"data", yaml}, {"epochs", std::to_string(epochs)}, {"batch", std::to_string(batch)},
-                      {"imgsz", std::to_string(imgsz)}, {"workers", w}, {"device", device}, {"amp", "true"},
-                      {"amp_dtype", amp_dtype}, {"val", "false"}, {"no_aug_epochs", "0"}, {"ema", "true"},
-                      {"project", dir + "/runs"}, {"name", "w" + w}, {"exist_ok", "true"}, {"verbose", "true"}},
-                     cb);
-    nlohmann::json run = {{"workers", std::stoi(w)}, {"epochs", nlohmann::json::array()}};
-    const int iters = images / batch;
-    for (const auto& e : eps)
-      run["epochs"].push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"iteration_ms", 1000.0 * e.seconds / iters},
-                               {"img_per_s", static_cast<double>(iters) * batch / e.seconds}, {"loss", e.loss}});
-    out["runs"].push_back(run);
-    std::cerr << run.dump() << "\n";
+  auto split = [](const std::string& list) {
+    std::vector<std::string> items;
+    std::stringstream ss(list);
+    std::string item;
+    while (std::getline(ss, item, ',')) items.push_back(item);
+    return items;
+  };
+  int run_i = 0;
+  for (const std::string& w : split(workers)) {
+    for (const std::string& gm : split(graphs))
+    for (const std::string& mode : split(profile)) {
+      if (mode != "off" && mode != "on") {
+        std::cerr << "--profile takes off/on items, got " << mode << "\n";
+        return 2;
+      }
+      libreyolo::LibreYOLO m(model, device);
+      std::vector<libreyolo::EpochSummary> eps;
+      libreyolo::TrainCallbacks cb;
+      cb.on_epoch_end = [&](const libreyolo::EpochSummary& e) { eps.push_back(e); };
+      const std::string name = "w" + w + "_g" + gm + "_p" + mode + std::to_string(run_i++);
+      libreyolo::Kwargs opts = {
+          {"data", yaml}, {"epochs", std::to_string(epochs)}, {"batch", std::to_string(batch)},
+          {"imgsz", std::to_string(imgsz)}, {"workers", w}, {"device", device}, {"amp", "true"},
+          {"amp_dtype", amp_dtype}, {"val", "false"}, {"no_aug_epochs", "0"}, {"ema", "true"},
+          {"project", dir + "/runs"}, {"name", name}, {"exist_ok", "true"}, {"verbose", "true"}};
+      if (gm == "on") opts.emplace_back("cuda_graph", "true");
+      if (mode == "on") {
+        opts.emplace_back("profile", "true");
+        opts.emplace_back("profile_open", "false");
+      }
+      auto first = std::make_shared<FirstSteps>();
+      first->device = device == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+      auto r = m.train(opts, cb, {first});
+      nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", gm == "on"}, {"profile", mode},
+                            {"run_in_process", run_i}, {"first_steps_s", first->at},
+                            {"epochs", nlohmann::json::array()}};
+      const int iters = images / batch;
+      for (const auto& e : eps)
+        run["epochs"].push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"iteration_ms", 1000.0 * e.seconds / iters},
+                                 {"img_per_s", static_cast<double>(iters) * batch / e.seconds}, {"loss", e.loss}});
+      if (mode == "on") {
+        const std::filesystem::path ps = std::filesystem::path(dir) / "runs" / name / "profile_summary.json";
+        if (std::filesystem::exists(ps)) {
+          std::ifstream in(ps);
+          const auto js = nlohmann::json::parse(in, nullptr, false);
+          if (!js.is_discarded()) {
+            run["profile_bound"] = js.value("bound", "");
+            if (js.contains("real")) run["profile_real"] = js["real"];
+          }
+        }
+      }
+      out["runs"].push_back(run);
+      std::cerr << run.dump() << "\n";
+    }
   }
   std::cout << out.dump(2) << "\n";
   return 0;

@@ -3,6 +3,9 @@
 //   bench_train_step --device cuda [--family yolo9|yolox] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
 //                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
 //                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]
+//                    [--cuda-graph off|on|off,on]
+//   --cuda-graph: the whole step replayed from CUDA graphs (StepRunner::enable_cuda_graphs), each
+//   configuration measured once per listed mode, in that order.
 //   --fused: the fused Conv+BN+SiLU training node (models/conv_bn_act.hpp), default on.
 // Prints one JSON object: per configuration min/median step ms, img/s, kernels per step, peak memory.
 #include <torch/torch.h>
@@ -110,7 +113,8 @@ int64_t count_kernels(const std::function<void()>& step) {
 #endif
 
 struct Options {
-  std::string device = "cpu", family = "yolo9", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto", fused = "on";
+  std::string device = "cpu", family = "yolo9", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto",
+              fused = "on", graphs = "off";
   int steps = 24, warmup = 15, imgsz = 640;  // warm-up also lets cuDNN autotune and GPU clocks rise
   bool ema = false, kernels = true, diagnose = false, cudnn_benchmark = false;
 };
@@ -137,6 +141,7 @@ bool parse_args(int argc, char** argv, Options& o) {
     else if (a == "--diagnose") o.diagnose = true;
     else if (a == "--cudnn-benchmark") o.cudnn_benchmark = true;
     else if (a == "--fused") o.fused = val();
+    else if (a == "--cuda-graph") o.graphs = val();
     else {
       std::cerr << "unknown argument " << a << "\n";
       return false;
@@ -150,6 +155,7 @@ struct Config {
   std::string size, dtype;
   int64_t batch;
   bool fused;
+  bool graph = false;
 };
 
 // Everything one configuration trains with: the model, its optional EMA copy, the step runner
@@ -193,6 +199,10 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
   b->runner = engine::make_step_runner(tc, b->model, fam.make_loss(*b->model), b->ema.get(), dev, b->sc.amp,
                                        b->sc.channels_last, /*batches_per_epoch=*/1, fam.input)
                   .runner;
+  if (c.graph) {
+    const std::string why = b->runner->enable_cuda_graphs();
+    if (!why.empty()) throw std::runtime_error("--cuda-graph on: " + why);
+  }
   auto [images, targets] = make_batch(c.batch, o.imgsz, 80);
   b->images = images.to(dev);
   b->targets = targets.to(dev);
@@ -274,12 +284,12 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
   auto b = make_bench(o, fam, dev, c);
   json diag;
 #ifdef LIBREYOLO_CUDA
-  if (o.diagnose && dev.is_cuda()) diag = diagnose(*b, fam, dev, o.imgsz);
+  if (o.diagnose && dev.is_cuda() && !c.graph) diag = diagnose(*b, fam, dev, o.imgsz);
 #endif
   const std::vector<double> ms = time_steps(*b, dev, o.warmup, o.steps);
   const int64_t B = c.batch;
   json r = {{"model", fam.name + c.size}, {"batch", B}, {"dtype", c.dtype}, {"channels_last", b->sc.channels_last},
-            {"fused_conv", c.fused}, {"cudnn_benchmark", o.cudnn_benchmark},
+            {"fused_conv", c.fused}, {"cudnn_benchmark", o.cudnn_benchmark}, {"cuda_graph", c.graph},
             {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
             {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
 #ifdef LIBREYOLO_CUDA
@@ -289,7 +299,15 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
     r["peak_reserved_gb"] = static_cast<double>(st.reserved_bytes[0].peak) / 1e9;
     if (o.kernels) {
       try {
-        r["kernels_per_step"] = count_kernels([&] { b->step(); });
+        const json prof = profile_steps([&] { b->step(); }, 3);
+        r["kernels_per_step"] = prof["kernels_per_step"];
+        r["gpu_busy_ms_per_step"] = prof["kernel_busy_ms_per_step"];
+        json top = json::array();
+        for (const auto& k : prof["kernels_top"]) {
+          if (top.size() >= 8) break;
+          top.push_back(k);
+        }
+        r["kernels_top"] = top;
       } catch (const std::exception& e) {
         r["kernels_per_step_error"] = e.what();
       }
@@ -297,6 +315,12 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
   }
 #endif
   if (!diag.is_null()) r["diagnose"] = diag;
+  if (c.graph) {
+    const auto g = b->runner->graph_stats();
+    r["graph"] = {{"enabled", g.enabled}, {"off_reason", g.off_reason}, {"captured_shapes", g.captured_shapes},
+                  {"update_captured", g.update_captured}, {"replayed_steps", g.replayed_micro_steps},
+                  {"eager_steps", g.eager_micro_steps}};
+  }
   return r;
 }
 
@@ -324,9 +348,11 @@ int main(int argc, char** argv) {
     for (const auto& bs : split(o.batches)) {
       for (const auto& dt : split(o.dtypes)) {
         for (bool fused_on : fused_modes) {
-          json r = run_config(o, *fam, dev, Config{size, dt, std::stoll(bs), fused_on});
-          out["results"].push_back(r);
-          std::cerr << r.dump() << "\n";
+          for (const auto& gm : split(o.graphs)) {
+            json r = run_config(o, *fam, dev, Config{size, dt, std::stoll(bs), fused_on, gm == "on"});
+            out["results"].push_back(r);
+            std::cerr << r.dump() << "\n";
+          }
         }
       }
     }

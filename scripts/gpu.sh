@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph; "bench" = all benchmarks.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FINAL=${OUT:-$ROOT/out}
@@ -65,12 +65,44 @@ want step && {
   run step_diag 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --sizes t --batches 8 --dtypes bf16 \
     --diagnose --steps 12 ${LIBREYOLO_DIAG_ARGS:-}
 }
+# Whole-step CUDA graphs: eager and graphed from the same binary, in the same call.
+# Timings without the kernel profile (Kineto leaves CUPTI attached, which slows every later launch
+# of the process); kernels per step and GPU busy time in a second run of their own.
+want graph && {
+  run step_graph 500 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema --no-kernels \
+    ${LIBREYOLO_GRAPH_ARGS:---sizes t,s --batches 8,16,32 --dtypes bf16 --cuda-graph off,on --steps 30 --warmup 12}
+  run step_graph_kernels 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema \
+    ${LIBREYOLO_GRAPH_KERNEL_ARGS:---sizes t --batches 8,32 --dtypes bf16 --cuda-graph on --steps 3 --warmup 6}
+}
+# The profiler's verdicts on real configurations (issue 8), on the bench's 810x1080 JPEG dataset.
+want verdicts && {
+  E2E_DIR=/tmp/libreyolo_e2e_810x1080
+  [ -f "$E2E_DIR/data.yaml" ] || timeout 200 "$BIN/bench_train_e2e" --device cuda --workers 16 --epochs 1 > /dev/null 2>&1
+  P="$BIN/libreyolo profile run $E2E_DIR/data.yaml --device cuda:0 --imgsz 640 --amp-dtype bfloat16 --json"
+  run prof_t16_w16 200 $P --size t --batch 16 --workers 16 --project "$LOG/prof_t16_w16"
+  run prof_t16_w1 200 $P --size t --batch 16 --workers 1 --project "$LOG/prof_t16_w1"
+  run prof_t16_w16_graph 200 $P --size t --batch 16 --workers 16 --cuda-graph --project "$LOG/prof_t16_w16_graph"
+  run prof_c32_w16 300 $P --size c --batch 32 --workers 16 --project "$LOG/prof_c32_w16"
+  run prof_t16_nocache 200 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 $P --size t --batch 16 --workers 16 --project "$LOG/prof_t16_nocache"
+  python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
+import json, sys, glob, os
+for p in sorted(glob.glob(os.path.join(sys.argv[1], "prof_*.json"))):
+    try: d = json.load(open(p))
+    except Exception as e: print(os.path.basename(p), "unreadable", e); continue
+    keys = ("bound", "step_ms", "img_per_s", "gpu_util", "gpu_busy_ms_per_step", "kernels_per_step",
+            "cuda_mallocs_per_step", "dataload_frac", "host_overhead_ms_per_step")
+    print(os.path.basename(p)[:-5], json.dumps({k: d.get(k) for k in keys}))
+PY
+}
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
 want loader && run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16
 want e2e && {
   run e2e 400 "$BIN/bench_train_e2e" --device cuda --workers 8,16
   run e2e_bf16 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16
 }
+# End to end: eager vs graphed, profile off vs on (the profiler's cost once its window is over).
+want e2e_graph && run e2e_graph 500 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16 \
+  --epochs 3 --cuda-graph off,on ${LIBREYOLO_E2E_ARGS:-}
 python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
 import json, sys, os, glob
 log = sys.argv[1]

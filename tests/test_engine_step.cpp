@@ -314,3 +314,54 @@ TEST(Step, OptimizerStateExistsUpFrontButIsSavedOnlyOnceUsed) {
   auto after = opt.state_tensors();
   for (size_t k = 0; k < state.size(); ++k) EXPECT_EQ(after[k].data_ptr(), state[k].data_ptr());
 }
+
+// CUDA graphs on the CPU: enabling says why not and the step stays eager (bit-equal to a runner
+// that was never asked).
+TEST(StepGraphs, OnTheCpuEnablingSaysWhyAndTheStepStaysEager) {
+  const TrainConfig cfg = accumulating_config();
+  auto rig = test::make_step_rig(cfg, torch::kCPU, engine::AmpPlan{}, false, 5);
+  auto ref = test::make_step_rig(cfg, torch::kCPU, engine::AmpPlan{}, false, 5);
+  const std::string why = rig.runner().enable_cuda_graphs();
+  EXPECT_NE(why.find("CUDA device"), std::string::npos) << why;
+  for (int i = 0; i < 5; ++i) {
+    auto [images, targets] = step_batch(300 + i);
+    const auto w = test::window_of(i, 5, rig.setup.accumulate);
+    LossOutput a = rig.runner().forward_backward(images, targets, static_cast<double>(w.size));
+    LossOutput b = ref.runner().forward_backward(images, targets, static_cast<double>(w.size));
+    ASSERT_TRUE(torch::equal(a.total, b.total)) << i;
+    if (w.optimizer_step) {
+      rig.runner().optimizer_step();
+      ref.runner().optimizer_step();
+    }
+  }
+  const auto st = rig.runner().graph_stats();
+  EXPECT_FALSE(st.enabled);
+  EXPECT_EQ(st.off_reason, why);
+  EXPECT_EQ(st.replayed_micro_steps, 0);
+  EXPECT_EQ(st.eager_micro_steps, 5);
+  EXPECT_EQ(st.eager_updates, 3);
+  EXPECT_EQ(st.eager_shapes, std::vector<std::string>{"2x3x64x64"});
+}
+
+// Each input shape has its own staged buffers (a captured step keeps reading its shape's): going
+// back to a shape finds its buffers where they were; the oldest of more than eight goes.
+TEST(StepGraphs, EachShapeKeepsItsOwnStagedBuffers) {
+  auto rig = test::make_step_rig(constant_lr_config(), torch::kCPU, engine::AmpPlan{}, false, 1, false);
+  auto& r = rig.runner();
+  auto [i2, t2] = step_batch(1, 2, 64);
+  auto [i1, t1] = step_batch(2, 1, 64);
+  r.stage(i2, t2);
+  const void* images2 = r.staged_images().data_ptr();
+  const void* input2 = r.staged_input().data_ptr();
+  r.stage(i1, t1);
+  EXPECT_NE(r.staged_images().data_ptr(), images2);
+  r.stage(i2, t2);
+  EXPECT_EQ(r.staged_images().data_ptr(), images2);
+  EXPECT_EQ(r.staged_input().data_ptr(), input2);
+  for (int64_t s = 1; s <= 8; ++s) {
+    auto [im, tg] = step_batch(3, 1, 32 * (s + 2));
+    r.stage(im, tg);
+  }
+  r.stage(i2, t2);  // evicted by eight newer shapes: staged again into new buffers
+  EXPECT_TRUE(torch::equal(r.staged_images(), i2));
+}

@@ -218,3 +218,28 @@ TEST(Trainer, FreshModelRunsAreReproducibleForASeed) {
   const double b = run("b");
   EXPECT_DOUBLE_EQ(a, b);
 }
+
+// cuda_graph=true where graphs cannot run (the CPU) trains eager and says so once; an unknown
+// scope is a usage error naming the valid one.
+TEST(Trainer, CudaGraphOnTheCpuTrainsEagerWithOneLine) {
+  const std::string project = test::temp_dir("trainer_graph_cpu");
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
+  Kwargs kw = base_options(project);
+  for (auto& [k, v] : kw)
+    if (k == "epochs") v = "1";
+  kw.emplace_back("val", "false");
+  kw.emplace_back("cuda_graph", "true");
+  testing::internal::CaptureStderr();
+  const auto r = model.train(kw);
+  const std::string log = testing::internal::GetCapturedStderr();
+  EXPECT_NE(log.find("CUDA graphs off (CUDA graphs need a CUDA device): training eager"), std::string::npos) << log;
+  EXPECT_NE(log.find("CUDA graphs: 0 of "), std::string::npos) << log;
+  EXPECT_TRUE(std::isfinite(r.epochs.at(0).loss));
+  kw.emplace_back("cuda_graph_scope", "network");
+  try {
+    model.train(kw);
+    ADD_FAILURE() << "cuda_graph_scope=network was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("cuda_graph_scope"), std::string::npos) << e.what();
+  }
+}

@@ -222,6 +222,48 @@ TEST(ProfileAnalyze, UnionUtilisationPhasesAndWindow) {
   EXPECT_EQ(p["ops_by_phase"]["loss"][0]["op"], "aten::mse_loss");
 }
 
+TEST(ProfileAnalyze, WorkBetweenStepsIsNotPartOfAStep) {
+  // Ten 1 ms steps, 5 ms apart. Inside each: one kernel busy 800 us (launched in the step, it
+  // ends after the step's CPU span). Between steps (say an epoch-end validation): a 3 ms kernel
+  // and ten cudaMalloc/free. Per-step figures count only what the steps launched, over the time
+  // inside the steps: 80% busy -> compute, no memory pressure.
+  json ev = json::array();
+  for (int i = 0; i < 10; ++i) {
+    const double t = 10000 + i * 5000.0;
+    ev.push_back(X("user_annotation", "ProfilerStep#" + std::to_string(i), t, 1000));
+    ev.push_back(X("cuda_runtime", "cudaLaunchKernel", t + 10, 5, 1, 2 * i));
+    ev.push_back(X("kernel", kHopperConv, t + 300, 800, 7, 2 * i));
+    ev.push_back(X("cuda_runtime", "cudaLaunchKernel", t + 1500, 5, 1, 2 * i + 1));
+    ev.push_back(X("kernel", kElementwise, t + 1510, 3000, 7, 2 * i + 1));
+    for (int k = 0; k < 10; ++k) ev.push_back(X("cuda_runtime", k % 2 ? "cudaFree" : "cudaMalloc", t + 2000 + k, 1));
+  }
+  const json summary = synthetic_summary();
+  const json p = lp::analyze_trace({{"traceEvents", ev}}, &summary, "gaps.json");
+  EXPECT_EQ(p["window"]["real_steps"], 4);
+  EXPECT_DOUBLE_EQ(p["window_step_ms"].get<double>(), 1.0);
+  EXPECT_EQ(p["kernels_per_step"], 1);
+  EXPECT_DOUBLE_EQ(p["gpu_busy_ms_per_step"].get<double>(), 0.8);
+  EXPECT_DOUBLE_EQ(p["gpu_util"].get<double>(), 0.8);
+  EXPECT_EQ(p["cuda_mallocs_per_step"], 0);
+  EXPECT_EQ(p["bound"], "compute");
+  // The timeline still shows what ran between the steps.
+  const json t = lp::timeline_events({{"traceEvents", ev}}, &summary);
+  int between = 0;
+  for (const auto& e : t["events"])
+    if (e["lane"] == "GPU kernels" && e["d"].get<double>() == 3.0) ++between;
+  EXPECT_GE(between, 3);
+}
+
+TEST(ProfileCategorise, OwnFusedBatchNormKernelsAreReductionNorm) {
+  for (const char* n : {"void libreyolo::kernels::(anonymous namespace)::bn_stats_kernel<c10::BFloat16>(...)",
+                        "void libreyolo::kernels::(anonymous namespace)::bn_apply_act_kernel<float>(...)",
+                        "void libreyolo::kernels::(anonymous namespace)::bn_backward_reduce_kernel<c10::Half>(...)",
+                        "void libreyolo::kernels::(anonymous namespace)::bn_backward_elemt_kernel<float>(...)"}) {
+    EXPECT_EQ(lp::kernel_category(n), "reduction / norm") << n;
+    EXPECT_NE(lp::kernel_label(n).find("batchnorm"), std::string::npos) << n;
+  }
+}
+
 TEST(ProfileAnalyze, MemoryPressureAndDataloaderVerdicts) {
   const json s = synthetic_summary();
   EXPECT_EQ(lp::analyze_trace(synthetic_trace(6), &s, "t")["bound"], "memory-pressure");

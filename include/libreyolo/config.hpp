@@ -23,6 +23,8 @@ struct TrainConfig {
   bool amp = true;
   std::string amp_dtype = "float16";  // float16 (dynamic loss scaling) or bfloat16 (no scaler)
   std::string memory_format = "auto"; // auto, channels_last, contiguous
+  bool cuda_graph = false;            // replay the whole training step from CUDA graphs (CUDA only)
+  std::string cuda_graph_scope = "step";  // what is captured: step (forward, loss, backward, update)
 
   // Optimisation.
   std::string optimizer = "sgd";      // sgd, adam, adamw

@@ -21,9 +21,9 @@ namespace libreyolo::cli {
 namespace {
 
 struct RunArgs {
-  std::string data, weights, size = "t", device = "auto", project = "runs/profile";
+  std::string data, weights, size = "t", device = "auto", project = "runs/profile", amp_dtype;
   int batch = 16, imgsz = 640, workers = 8, steps = 20, warmup = 5, repeat = 1;
-  bool amp = true, json = false;
+  bool amp = true, json = false, cuda_graph = false;
 };
 
 int to_int(const std::string& flag, const std::string& v) {
@@ -50,6 +50,10 @@ RunArgs parse(const std::vector<std::string>& args) {
       r.amp = a == "--amp";
       continue;
     }
+    if (a == "--cuda-graph" || a == "--cuda_graph") {
+      r.cuda_graph = true;
+      continue;
+    }
     if (a.rfind("--", 0) != 0) {
       positional.push_back(a);
       continue;
@@ -72,10 +76,11 @@ RunArgs parse(const std::vector<std::string>& args) {
     else if (key == "steps") r.steps = to_int(key, value);
     else if (key == "warmup") r.warmup = to_int(key, value);
     else if (key == "repeat") r.repeat = to_int(key, value);
+    else if (key == "amp-dtype" || key == "amp_dtype") r.amp_dtype = value;
     else
       throw UsageError("Unknown option --" + key + " for 'profile run'",
-                       "Options: --weights --size --batch --imgsz --workers --amp/--no-amp --steps --warmup --repeat "
-                       "--device --project --json",
+                       "Options: --weights --size --batch --imgsz --workers --amp/--no-amp --amp-dtype --cuda-graph "
+                       "--steps --warmup --repeat --device --project --json",
                        "config_unknown_key");
   }
   if (positional.size() != 1)
@@ -116,6 +121,8 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
                  {"project", a.project},
                  {"name", name},
                  {"exist_ok", "true"}};
+    if (!a.amp_dtype.empty()) kw.emplace_back("amp_dtype", a.amp_dtype);
+    if (a.cuda_graph) kw.emplace_back("cuda_graph", "true");
     TrainResult r = model.train(kw);
     const std::string path = (fs::path(r.save_dir) / "profile.json").string();
     if (!fs::exists(path))

@@ -23,6 +23,8 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("amp", &C::amp, "mixed precision on CUDA")
         .add("amp_dtype", &C::amp_dtype, "float16 (with loss scaling) or bfloat16")
         .add("memory_format", &C::memory_format, "auto, channels_last or contiguous")
+        .add("cuda_graph", &C::cuda_graph, "replay the whole training step from CUDA graphs (captured per input shape)")
+        .add("cuda_graph_scope", &C::cuda_graph_scope, "what a CUDA graph captures: step (forward, loss, backward, update)")
         .add("optimizer", &C::optimizer, "sgd, adam or adamw")
         .add("lr0", &C::lr0, "initial learning rate")
         .add("momentum", &C::momentum, "SGD momentum")
@@ -141,6 +143,7 @@ void validate(const TrainConfig& c) {
   if (c.workers < 0) range_error("workers", "must be >= 0");
   check_one_of("amp_dtype", c.amp_dtype, {"float16", "bfloat16", "fp16", "bf16"});
   check_one_of("memory_format", c.memory_format, {"auto", "channels_last", "contiguous"});
+  check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step"});
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
   check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos", "yoloxwarmcos"});
   check_one_of("cache", c.cache, {"false", "ram", "true", "0", "1", "no", "yes"});

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/device.hpp"
+#include "core/log.hpp"
+#include "engine/cuda_graph.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/input.hpp"
 
@@ -12,6 +15,21 @@ void to_channels_last(torch::nn::Module& m) {
   torch::NoGradGuard ng;
   for (auto& p : m.parameters())
     if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+}
+
+// One input shape's staged buffers and, once captured, its micro-step graph with the graph's
+// static outputs.
+struct StepRunner::Slot {
+  std::vector<int64_t> key;  // image sizes, then target sizes (-1: images only)
+  std::string name;          // "16x3x640x640" (batch x channels x height x width)
+  torch::Tensor images, input, targets;
+  int seen = 0;  // staged for a step (not counting prepare_images)
+  std::unique_ptr<CapturedGraph> graph;
+  LossOutput out;
+};
+
+namespace {
+constexpr size_t kMaxSlots = 8;  // input shapes kept (a graph's memory goes with its slot)
 }
 
 StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<DetectionLoss> loss,
@@ -29,6 +47,16 @@ StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<
   optimizer_->set_lr(schedule_.at(0));
 }
 
+StepRunner::~StepRunner() {
+  // Graphs may still be queued: let them finish before their memory pools go.
+  if (update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph != nullptr; })) {
+    try {
+      synchronize(cfg_.device);
+    } catch (...) {
+    }
+  }
+}
+
 void StepRunner::set_global_step(int64_t s) {
   global_step_ = s;
   optimizer_->set_lr(schedule_.at(s));
@@ -36,32 +64,84 @@ void StepRunner::set_global_step(int64_t s) {
 
 void StepRunner::set_grad_sync(std::unique_ptr<GradSync> sync) {
   grad_sync_ = sync ? std::move(sync) : std::make_unique<NoGradSync>();
+  if (graphs_on_ && !dynamic_cast<NoGradSync*>(grad_sync_.get())) {
+    invalidate_cuda_graphs("gradient synchronisation installed");
+    graphs_on_ = false;
+    graphs_off_reason_ = "not captured under multi-GPU gradient synchronisation yet";
+    log_info("CUDA graphs: " + graphs_off_reason_ + "; training eager");
+  }
 }
 
-void StepRunner::stage_images(const torch::Tensor& images) {
-  torch::NoGradGuard ng;
-  if (!images_.defined() || images_.sizes() != images.sizes()) {
-    images_ = torch::empty(images.sizes(), images.options().device(cfg_.device).pinned_memory(false));
-    const auto fmt = cfg_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-    input_ = torch::empty({images.size(0), images.size(3), images.size(1), images.size(2)},
-                          torch::TensorOptions().dtype(torch::kFloat).device(cfg_.device).memory_format(fmt));
+const torch::Tensor& StepRunner::staged_images() const {
+  TORCH_CHECK(current_, "nothing staged yet");
+  return current_->images;
+}
+const torch::Tensor& StepRunner::staged_input() const {
+  TORCH_CHECK(current_, "nothing staged yet");
+  return current_->input;
+}
+const torch::Tensor& StepRunner::staged_targets() const {
+  TORCH_CHECK(current_, "nothing staged yet");
+  return current_->targets;
+}
+
+StepRunner::Slot& StepRunner::slot_for(const torch::Tensor& images, const torch::Tensor* targets) {
+  TORCH_CHECK(images.dim() == 4 && images.size(3) == 3, "step: expected [B, H, W, 3] images, got ", images.sizes());
+  std::vector<int64_t> key(images.sizes().begin(), images.sizes().end());
+  if (targets)
+    key.insert(key.end(), targets->sizes().begin(), targets->sizes().end());
+  else
+    key.push_back(-1);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (slots_[i]->key != key) continue;
+    // Most recently used last.
+    std::rotate(slots_.begin() + static_cast<std::ptrdiff_t>(i), slots_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                slots_.end());
+    return *slots_.back();
   }
-  images_.copy_(images, /*non_blocking=*/true);
-  // Into the persistent input buffer, by the family's input convention.
-  input_ = models::to_network_input(images_, cfg_.input, cfg_.device, cfg_.channels_last, input_);
+  if (slots_.size() >= kMaxSlots) {
+    // The least recently used shape goes, with its graph (after queued work that may use it).
+    if (slots_.front()->graph) synchronize(cfg_.device);
+    slots_.erase(slots_.begin());
+  }
+  torch::NoGradGuard ng;
+  auto s = std::make_unique<Slot>();
+  s->key = key;
+  s->name = strfmt("%lldx3x%lldx%lld", static_cast<long long>(images.size(0)), static_cast<long long>(images.size(1)),
+                   static_cast<long long>(images.size(2)));
+  s->images = torch::empty(images.sizes(), images.options().device(cfg_.device).pinned_memory(false));
+  const auto fmt = cfg_.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+  s->input = torch::empty({images.size(0), images.size(3), images.size(1), images.size(2)},
+                          torch::TensorOptions().dtype(torch::kFloat).device(cfg_.device).memory_format(fmt));
+  if (targets)
+    s->targets = torch::empty(targets->sizes(), targets->options().device(cfg_.device).pinned_memory(false));
+  slots_.push_back(std::move(s));
+  return *slots_.back();
+}
+
+void StepRunner::stage_images(const torch::Tensor& images, const torch::Tensor* targets) {
+  torch::NoGradGuard ng;
+  Slot& s = slot_for(images, targets);
+  s.images.copy_(images, /*non_blocking=*/true);
+  if (targets) s.targets.copy_(*targets, /*non_blocking=*/true);
+  current_ = &s;
+}
+
+void StepRunner::convert_input(Slot& s) {
+  torch::NoGradGuard ng;
+  // Into the slot's persistent input buffer, by the family's input convention.
+  s.input = models::to_network_input(s.images, cfg_.input, cfg_.device, cfg_.channels_last, s.input);
 }
 
 torch::Tensor StepRunner::prepare_images(const torch::Tensor& images) {
-  stage_images(images);
-  return input_;
+  stage_images(images, nullptr);
+  convert_input(*current_);
+  return current_->input;
 }
 
 void StepRunner::stage(const torch::Tensor& images, const torch::Tensor& targets, double loss_divisor) {
-  stage_images(images);
-  torch::NoGradGuard ng;
-  if (!targets_.defined() || targets_.sizes() != targets.sizes())
-    targets_ = torch::empty(targets.sizes(), targets.options().device(cfg_.device).pinned_memory(false));
-  targets_.copy_(targets, /*non_blocking=*/true);
+  stage_images(images, &targets);
+  ++current_->seen;
   divisor_.fill_(loss_divisor);
 }
 
@@ -74,27 +154,116 @@ LossOutput StepRunner::forward_backward(const torch::Tensor& images, const torch
   return forward_backward_staged();
 }
 
-LossOutput StepRunner::forward_backward_staged() {
+LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
+  // No phase reports while capturing: an observer may synchronise, which a capture forbids.
+  PhaseObserver* obs = capturing ? nullptr : phases_;
   LossOutput out;
   {
-    AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype);
+    // The autocast cache would keep casts made inside the capture beyond it.
+    AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype, /*cache=*/!capturing);
     std::vector<torch::Tensor> raw;
     {
-      PhaseScope ps(phases_, Phase::Forward);
-      raw = model_->forward_raw(input_);
+      PhaseScope ps(obs, Phase::Forward);
+      convert_input(s);
+      raw = model_->forward_raw(s.input);
     }
-    PhaseScope ps(phases_, Phase::Loss);
-    out = loss_->compute(raw, targets_, input_.size(2), input_.size(3));
+    PhaseScope ps(obs, Phase::Loss);
+    out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));
   }
-  PhaseScope ps(phases_, Phase::Backward);
+  PhaseScope ps(obs, Phase::Backward);
   // Always divided (by 1 outside accumulation: the same values), so that the last, shorter
   // accumulation window is the same computation with another divisor.
   torch::Tensor loss = out.total / divisor_;
   models::DeferredWeightGrads weight_grads;
   scaler_->scale(loss).backward();
   weight_grads.flush();
+  // Detached: a captured step must not keep its autograd graph (and its AccumulateGrad nodes,
+  // made on the capture stream) alive.
   out.total = out.total.detach();
+  if (out.terms.defined()) out.terms = out.terms.detach();
+  if (out.num_fg.defined()) out.num_fg = out.num_fg.detach();
   return out;
+}
+
+LossOutput StepRunner::forward_backward_staged() {
+  TORCH_CHECK(current_ && current_->targets.defined(), "forward_backward_staged: no batch staged");
+  Slot& s = *current_;
+  if (graphs_on_ && !s.graph && s.seen >= capture_at_) {
+    try {
+      LossOutput out;
+      s.graph = CapturedGraph::capture(cfg_.device, [&] { out = micro_step(s, /*capturing=*/true); },
+                                       loss_->capture_keep_alive());
+      s.out = out;
+      log_info(strfmt("CUDA graphs: training step captured for input %s (forward, loss, backward)", s.name.c_str()));
+    } catch (const CaptureError& e) {
+      graphs_failed("capturing the step for input " + s.name, e.what());
+    }
+  }
+  if (graphs_on_ && s.graph) {
+    try {
+      PhaseScope ps(phases_, Phase::Forward);  // one replay: forward, loss and backward
+      s.graph->replay();
+      ++counts_.replayed_micro_steps;
+      return s.out;
+    } catch (const CaptureError& e) {
+      graphs_failed("replaying the step for input " + s.name, e.what());
+    }
+  }
+  ++counts_.eager_micro_steps;
+  return micro_step(s, /*capturing=*/false);
+}
+
+std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence) {
+  std::string why;
+  if (!cuda_graphs_supported(cfg_.device, &why)) {
+  } else if (!dynamic_cast<NoGradSync*>(grad_sync_.get())) {
+    why = "not captured under multi-GPU gradient synchronisation yet";
+  }
+  if (!why.empty()) {
+    graphs_on_ = false;
+    graphs_off_reason_ = why;
+    return why;
+  }
+  // The first occurrence of a shape must run eager (it creates the gradients, lets cuDNN pick
+  // its algorithms and sizes the kernels' scratch): capture on the second at the earliest.
+  capture_at_ = std::max(2, capture_at_occurrence);
+  graphs_on_ = true;
+  graphs_off_reason_.clear();
+  return "";
+}
+
+void StepRunner::invalidate_cuda_graphs(const std::string& why) {
+  const bool had = update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph != nullptr; });
+  if (had) synchronize(cfg_.device);  // queued replays finish before the graphs go
+  for (auto& s : slots_) {
+    s->graph.reset();
+    s->out = {};
+    s->seen = 0;
+  }
+  update_graph_.reset();
+  update_seen_ = 0;
+  ++counts_.invalidations;
+  if (graphs_on_ && had) log_info("CUDA graphs: " + why + ": captured steps dropped, captured again once the shape settles");
+}
+
+void StepRunner::graphs_failed(const std::string& what, const std::string& why) {
+  log_warn("CUDA graphs: " + what + " failed (" + why + "); the rest of the run trains eager");
+  invalidate_cuda_graphs(what + " failed");
+  graphs_on_ = false;
+  graphs_off_reason_ = what + " failed: " + why;
+}
+
+StepGraphStats StepRunner::graph_stats() const {
+  StepGraphStats st = counts_;
+  st.enabled = graphs_on_;
+  st.off_reason = graphs_off_reason_;
+  st.update_captured = update_graph_ != nullptr;
+  st.captured_shapes = 0;
+  for (const auto& s : slots_) {
+    if (s->graph) ++st.captured_shapes;
+    else if (s->seen > 0) st.eager_shapes.push_back(s->name);
+  }
+  return st;
 }
 
 void StepRunner::apply_update() {
@@ -113,10 +282,34 @@ void StepRunner::apply_update() {
   if (ema_) ema_->apply(*model_);
 }
 
+void StepRunner::run_update() {
+  // The update reads only tensors that live as long as the runner (gradients, parameters,
+  // optimizer, scaler and EMA state, the learning rate and EMA weight staged into 0-dim tensors).
+  if (graphs_on_ && !update_graph_ && ++update_seen_ >= capture_at_) {
+    try {
+      update_graph_ = CapturedGraph::capture(cfg_.device, [&] { apply_update(); });
+      log_info("CUDA graphs: update captured (unscale and inf check, clipping, optimizer, scaler, EMA)");
+    } catch (const CaptureError& e) {
+      graphs_failed("capturing the optimizer update", e.what());
+    }
+  }
+  if (graphs_on_ && update_graph_) {
+    try {
+      update_graph_->replay();
+      ++counts_.replayed_updates;
+      return;
+    } catch (const CaptureError& e) {
+      graphs_failed("replaying the optimizer update", e.what());
+    }
+  }
+  ++counts_.eager_updates;
+  apply_update();
+}
+
 void StepRunner::optimizer_step() {
   PhaseScope ps(phases_, Phase::Optimizer);
   if (ema_) ema_->stage();
-  apply_update();
+  run_update();
   if (ema_) ema_->set_updates(ema_->updates() + 1);
   ++global_step_;
   optimizer_->set_lr(schedule_.at(global_step_));

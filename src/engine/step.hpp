@@ -11,10 +11,19 @@
 // first backward has created the gradients, nothing in a step allocates a persistent tensor:
 // gradients are zeroed in place, optimizer state exists from construction, the fused kernels'
 // scratch is allocated once at its largest size.
+//
+// CUDA graphs (enable_cuda_graphs()): each input shape (batch, image size, box slots) has its own
+// staged buffers; on the shape's third occurrence its micro-step (input conversion, forward, loss,
+// backward) is captured, and from then on replayed; the update (gradient unscale + inf check,
+// clipping, optimizer, scaler update, zeroing, EMA) is one more graph, shared by every shape.
+// Shapes seen fewer times run eager. A capture or replay failure switches the rest of the run to
+// eager (one warning, nothing lost: a failed capture executed nothing). invalidate_cuda_graphs()
+// drops every graph when what the step computes changes (recaptured once the shape settles).
 #pragma once
 #include <torch/torch.h>
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <libreyolo/config.hpp>
@@ -81,11 +90,26 @@ class NoGradSync final : public GradSync {
   void after_backward(std::vector<torch::Tensor>&) override {}
 };
 
+class CapturedGraph;
+
+// What the CUDA graphs of a step runner did (for logs, tests and benchmarks).
+struct StepGraphStats {
+  bool enabled = false;          // enable_cuda_graphs() succeeded and no failure since
+  std::string off_reason;        // why graphs are off (empty while enabled or never asked)
+  int captured_shapes = 0;       // micro-step graphs alive
+  bool update_captured = false;  // the update graph is alive
+  int64_t replayed_micro_steps = 0, eager_micro_steps = 0;
+  int64_t replayed_updates = 0, eager_updates = 0;
+  int invalidations = 0;
+  std::vector<std::string> eager_shapes;  // shapes staged but not (yet) captured, e.g. "4x3x160x160"
+};
+
 class StepRunner {
  public:
   StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<DetectionLoss> loss,
              std::unique_ptr<Optimizer> optimizer, std::unique_ptr<GradScaler> scaler, ModelEMA* ema,
              const LrSchedule& schedule, StepConfig cfg);
+  ~StepRunner();
 
   // images: [B, S, S, 3] uint8 (host, ideally pinned, or already on the device);
   // targets: [B, T, 5] float. loss_divisor: accumulation window size.
@@ -120,15 +144,29 @@ class StepRunner {
   // (the family's input convention) on the training device, in the step's layout. The buffer is overwritten by the next stage().
   torch::Tensor prepare_images(const torch::Tensor& images);
 
-  // The persistent buffers (for tests and for graph capture): uint8 NHWC images on the device,
-  // the float network input, the targets, the 0-dim loss divisor.
-  const torch::Tensor& staged_images() const { return images_; }
-  const torch::Tensor& staged_input() const { return input_; }
-  const torch::Tensor& staged_targets() const { return targets_; }
+  // The persistent buffers of the last staged shape (for tests and for graph capture): uint8
+  // NHWC images on the device, the float network input, the targets, the 0-dim loss divisor.
+  const torch::Tensor& staged_images() const;
+  const torch::Tensor& staged_input() const;
+  const torch::Tensor& staged_targets() const;
   const torch::Tensor& loss_divisor() const { return divisor_; }
 
+  // CUDA graphs of the whole step (see the top of this file). Returns "" when on, else why not
+  // (the step then stays eager). Not under gradient synchronisation (multi-GPU) for now.
+  std::string enable_cuda_graphs(int capture_at_occurrence = 3);
+  // Drops every captured graph (the captured region would now compute something else: a loss
+  // switch, reloaded weights); shapes are counted again and recaptured. `why` is logged.
+  void invalidate_cuda_graphs(const std::string& why);
+  StepGraphStats graph_stats() const;
+
  private:
-  void stage_images(const torch::Tensor& images);
+  struct Slot;
+  Slot& slot_for(const torch::Tensor& images, const torch::Tensor* targets);
+  void stage_images(const torch::Tensor& images, const torch::Tensor* targets);
+  void convert_input(Slot& s);
+  LossOutput micro_step(Slot& s, bool capturing);
+  void graphs_failed(const std::string& what, const std::string& why);
+  void run_update();
 
   std::shared_ptr<models::Detector> model_;
   std::unique_ptr<DetectionLoss> loss_;
@@ -140,7 +178,16 @@ class StepRunner {
   std::unique_ptr<GradSync> grad_sync_;
   int64_t global_step_ = 0;
   PhaseObserver* phases_ = nullptr;
-  torch::Tensor images_, input_, targets_, divisor_;
+  torch::Tensor divisor_;
+  std::vector<std::unique_ptr<Slot>> slots_;  // most recently staged last
+  Slot* current_ = nullptr;
+  // CUDA graphs.
+  bool graphs_on_ = false;
+  int capture_at_ = 3;
+  std::string graphs_off_reason_;
+  std::unique_ptr<CapturedGraph> update_graph_;
+  int update_seen_ = 0;
+  StepGraphStats counts_;
 };
 
 // The one mapping from TrainConfig to a ready step (used by the trainer, the step benchmark and

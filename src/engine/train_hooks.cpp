@@ -79,6 +79,21 @@ class EpochActionsHook : public TrainHook {
       if (auto v = ck->get("mosaic_closed"); v && v->kind == io::PyValue::Kind::Bool) closed = v->b;
     if (closed || (s.config->no_aug_epochs > 0 && s.start_epoch > no_aug_start)) close_mosaic(s);
   }
+  void after_train(TrainState& s, TrainResult&) override {
+    if (!s.config->cuda_graph) return;
+    const StepGraphStats g = t_.step_runner().graph_stats();
+    std::string line = strfmt("CUDA graphs: %lld of %lld steps replayed, %lld of %lld updates",
+                              static_cast<long long>(g.replayed_micro_steps),
+                              static_cast<long long>(g.replayed_micro_steps + g.eager_micro_steps),
+                              static_cast<long long>(g.replayed_updates),
+                              static_cast<long long>(g.replayed_updates + g.eager_updates));
+    if (!g.eager_shapes.empty()) {
+      line += "; eager only (seen too few times to capture):";
+      for (const auto& shape : g.eager_shapes) line += " " + shape;
+    }
+    if (!g.off_reason.empty()) line += "; off: " + g.off_reason;
+    log_info(line);
+  }
   void before_epoch(TrainState& s) override {
     const int no_aug_start = s.epochs - s.config->no_aug_epochs;
     if (s.config->no_aug_epochs > 0 && s.epoch == no_aug_start) {
@@ -91,8 +106,10 @@ class EpochActionsHook : public TrainHook {
   void close_mosaic(TrainState&) {
     t_.train_loader().set_mosaic(false);
     const auto& fam = *t_.loaded().family;
-    if (fam.on_close_mosaic && fam.on_close_mosaic(t_.model(), t_.step_runner().loss()))
+    if (fam.on_close_mosaic && fam.on_close_mosaic(t_.model(), t_.step_runner().loss())) {
       log_info(fam.name + ": the training step changes now that mosaic is closed");
+      t_.step_runner().invalidate_cuda_graphs(fam.name + "'s close-mosaic switch changed the step");
+    }
   }
   Trainer& t_;
 };

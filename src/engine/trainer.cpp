@@ -332,6 +332,18 @@ void Trainer::setup_optimization() {
                   g.size() > 1 ? g[1].params.size() : 0, g.size() > 2 ? g[2].params.size() : 0));
   if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg_.nbs));
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
+  if (cfg_.cuda_graph) {
+    std::string why;
+    if (!lm_.family->capture_train_step)
+      why = lm_.family->name + " does not declare a capturable training step";
+    else
+      why = step_->enable_cuda_graphs();
+    if (why.empty())
+      log_info("CUDA graphs: the whole step (forward, loss, backward; then the update) is captured per input shape "
+               "on its 3rd occurrence and replayed; other shapes run eager");
+    else
+      log_info("CUDA graphs off (" + why + "): training eager");
+  }
   loss_names_ = step_->loss().term_names();
   loss_sums_ = torch::zeros({1 + static_cast<int64_t>(loss_names_.size())},
                             torch::TensorOptions().dtype(torch::kFloat).device(device_));

@@ -1,9 +1,11 @@
 // Fused training BatchNorm + SiLU over NHWC memory. See bn_act.hpp for the contract.
 //
-// Block layout (all four kernels): blockDim.x = CX channels (32, or the next power of two of C
-// when C < 32), blockDim.y = RY = 256 / CX rows. Thread (tx, ty) of block (bx, by) owns channel
-// by*CX + tx and walks rows bx*RY + ty, stepping by gridDim.x*RY. Consecutive lanes read
-// consecutive channels of a row, so loads are coalesced in NHWC.
+// Block layout (all four kernels): each thread owns a group of V consecutive channels (V = 8 when
+// C is a multiple of 8 and the pointers allow 8-element vector accesses, else 1), read and written
+// as one vector (16 bytes in bf16/fp16). blockDim.x = CX channel groups (32, or the next power of
+// two of C/V when smaller), blockDim.y = RY = 256 / CX rows. Thread (tx, ty) of block (bx, by) owns
+// group by*CX + tx and walks rows bx*RY + ty, stepping by gridDim.x*RY. Consecutive lanes read
+// consecutive groups of a row, so a warp's loads are contiguous in NHWC.
 #include "kernels/bn_act.hpp"
 
 #include <cuda_bf16.h>
@@ -11,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
 
@@ -18,6 +21,7 @@ namespace libreyolo::kernels {
 namespace {
 
 constexpr int kThreads = 256;
+constexpr int kVec = kernels::bn_act_max_vector_width();
 
 __device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
@@ -32,50 +36,80 @@ __device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
 
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
-// Chan et al.'s pairwise merge of (count, mean, M2) triples.
-__device__ __forceinline__ void welford_merge(float& n, float& mean, float& m2, float nb, float meanb,
-                                              float m2b) {
-  if (nb == 0.f) return;
-  const float nn = n + nb;
-  const float d = meanb - mean;
-  const float f = nb / nn;
-  mean += d * f;
-  m2 += m2b + d * d * n * f;
-  n = nn;
+// V consecutive channels of one row, loaded or stored as one vector access (V * sizeof(T) bytes,
+// aligned to that: the caller guarantees it).
+template <typename T, int V>
+struct alignas(sizeof(T) * V) Pack {
+  T v[V];
+};
+
+template <typename T, int V>
+__device__ __forceinline__ void load_pack(const T* __restrict__ p, int64_t i, float (&out)[V]) {
+  const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(p + i);
+#pragma unroll
+  for (int j = 0; j < V; ++j) out[j] = load(k.v, j);
 }
 
-// Reduces the per-thread triples over threadIdx.y; the result lands in row 0 of the shared arrays.
-__device__ void block_welford(float n, float mean, float m2, float* sn, float* smean, float* sm2) {
+template <typename T, int V>
+__device__ __forceinline__ void store_pack(T* __restrict__ p, int64_t i, const float (&in)[V]) {
+  Pack<T, V> k;
+#pragma unroll
+  for (int j = 0; j < V; ++j) store(k.v, j, in[j]);
+  *reinterpret_cast<Pack<T, V>*>(p + i) = k;
+}
+
+// Reduces each thread's V (mean, M2) pairs with its count over threadIdx.y (Chan's merge); the
+// result lands in row 0: sn[tx], sm[j * kThreads + tx], sq[j * kThreads + tx].
+template <int V>
+__device__ void block_welford(float n, const float (&mean)[V], const float (&m2)[V], float* sn, float* sm,
+                              float* sq) {
   const int tx = threadIdx.x, ty = threadIdx.y, cx = blockDim.x;
   const int i = ty * cx + tx;
   sn[i] = n;
-  smean[i] = mean;
-  sm2[i] = m2;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sm[j * kThreads + i] = mean[j];
+    sq[j * kThreads + i] = m2[j];
+  }
   __syncthreads();
   for (int s = blockDim.y / 2; s > 0; s >>= 1) {
     if (ty < s) {
-      const int j = (ty + s) * cx + tx;
-      float a = sn[i], b = smean[i], c = sm2[i];
-      welford_merge(a, b, c, sn[j], smean[j], sm2[j]);
-      sn[i] = a;
-      smean[i] = b;
-      sm2[i] = c;
+      const int k = (ty + s) * cx + tx;
+      const float na = sn[i], nb = sn[k];
+      if (nb != 0.f) {
+        const float nn = na + nb, f = nb / nn;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = sm[j * kThreads + k] - sm[j * kThreads + i];
+          sm[j * kThreads + i] += d * f;
+          sq[j * kThreads + i] += sq[j * kThreads + k] + d * d * na * f;
+        }
+        sn[i] = nn;
+      }
     }
     __syncthreads();
   }
 }
 
-// Sums two per-thread values over threadIdx.y; the result lands in row 0.
-__device__ void block_sum2(float a, float b, float* sa, float* sb) {
+// Sums each thread's V pairs of values over threadIdx.y; the result lands in row 0.
+template <int V>
+__device__ void block_sum2(const float (&a)[V], const float (&b)[V], float* sa, float* sb) {
   const int tx = threadIdx.x, ty = threadIdx.y, cx = blockDim.x;
   const int i = ty * cx + tx;
-  sa[i] = a;
-  sb[i] = b;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    sa[j * kThreads + i] = a[j];
+    sb[j * kThreads + i] = b[j];
+  }
   __syncthreads();
   for (int s = blockDim.y / 2; s > 0; s >>= 1) {
     if (ty < s) {
-      sa[i] += sa[i + s * cx];
-      sb[i] += sb[i + s * cx];
+      const int k = (ty + s) * cx + tx;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        sa[j * kThreads + i] += sa[j * kThreads + k];
+        sb[j * kThreads + i] += sb[j * kThreads + k];
+      }
     }
     __syncthreads();
   }
@@ -96,150 +130,228 @@ __device__ bool last_block(unsigned* counters) {
   return is_last;
 }
 
-template <typename T>
+// In all four kernels thread (tx, ty) of block (bx, by) owns the channel group g = by*CX + tx,
+// i.e. channels g*V .. g*V+V-1, and walks rows bx*RY + ty stepping by gridDim.x*RY.
+
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
-                 unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
-                 float* running_var, float momentum, float eps) {
-  __shared__ float sn[kThreads], smean[kThreads], sm2[kThreads];
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    bn_stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
+                    unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
+                    float* running_var, float momentum, float eps) {
+  __shared__ float sn[kThreads], sm[V * kThreads], sq[V * kThreads];
+  const int g = blockIdx.y * blockDim.x + threadIdx.x;
+  const bool mine = g * V < channels;
   const int p_count = gridDim.x;
-  float n = 0.f, mean = 0.f, m2 = 0.f;
-  if (c < channels) {
+  float n = 0.f, mean[V], m2[V], v[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) mean[j] = m2[j] = 0.f;
+  if (mine) {
     const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
     for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-      const float v = load(x, r * channels + c);
+      load_pack<T, V>(x, r * channels + g * V, v);
       n += 1.f;
-      const float d = v - mean;
-      mean += __fdividef(d, n);
-      m2 += d * (v - mean);
+      const float inv = __fdividef(1.f, n);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = v[j] - mean[j];
+        mean[j] += d * inv;
+        m2[j] += d * (v[j] - mean[j]);
+      }
     }
   }
-  block_welford(n, mean, m2, sn, smean, sm2);
+  block_welford<V>(n, mean, m2, sn, sm, sq);
   const int64_t plane = static_cast<int64_t>(p_count) * channels;
-  if (threadIdx.y == 0 && c < channels) {
-    const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + c;
-    partials[at] = sn[threadIdx.x];
-    partials[plane + at] = smean[threadIdx.x];
-    partials[2 * plane + at] = sm2[threadIdx.x];
+  if (threadIdx.y == 0 && mine) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + g * V + j;
+      partials[at] = sn[threadIdx.x];
+      partials[plane + at] = sm[j * kThreads + threadIdx.x];
+      partials[2 * plane + at] = sq[j * kThreads + threadIdx.x];
+    }
   }
   if (!last_block(counters)) return;
-  n = mean = m2 = 0.f;
-  if (c < channels) {
+  // The last block merges the row-blocks' partials, each thread its V channels.
+  n = 0.f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) mean[j] = m2[j] = 0.f;
+  if (mine) {
     for (int p = threadIdx.y; p < p_count; p += blockDim.y) {
-      const int64_t at = static_cast<int64_t>(p) * channels + c;
-      welford_merge(n, mean, m2, __ldcg(partials + at), __ldcg(partials + plane + at),
-                    __ldcg(partials + 2 * plane + at));
+      const int64_t at = static_cast<int64_t>(p) * channels + g * V;
+      const float nb = __ldcg(partials + at);
+      if (nb == 0.f) continue;
+      const float nn = n + nb, f = nb / nn;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = __ldcg(partials + plane + at + j) - mean[j];
+        mean[j] += d * f;
+        m2[j] += __ldcg(partials + 2 * plane + at + j) + d * d * n * f;
+      }
+      n = nn;
     }
   }
-  block_welford(n, mean, m2, sn, smean, sm2);
-  if (threadIdx.y == 0 && c < channels) {
-    const float cnt = sn[threadIdx.x], mu = smean[threadIdx.x], ss = sm2[threadIdx.x];
-    mean_out[c] = mu;
-    invstd_out[c] = rsqrtf(ss / cnt + eps);
-    running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mu;
-    running_var[c] = (1.f - momentum) * running_var[c] + momentum * (ss / (cnt - 1.f));
+  block_welford<V>(n, mean, m2, sn, sm, sq);
+  if (threadIdx.y == 0 && mine) {
+    const float cnt = sn[threadIdx.x];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int c = g * V + j;
+      const float mu = sm[j * kThreads + threadIdx.x], ss = sq[j * kThreads + threadIdx.x];
+      mean_out[c] = mu;
+      invstd_out[c] = rsqrtf(ss / cnt + eps);
+      running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mu;
+      running_var[c] = (1.f - momentum) * running_var[c] + momentum * (ss / (cnt - 1.f));
+    }
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    apply_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
-                 const float* __restrict__ beta, const float* __restrict__ mean,
-                 const float* __restrict__ invstd, bool act, T* __restrict__ y) {
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  const float scale = gamma[c] * invstd[c];
-  const float shift = beta[c] - mean[c] * scale;
+    bn_apply_act_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
+                        const float* __restrict__ beta, const float* __restrict__ mean,
+                        const float* __restrict__ invstd, bool act, T* __restrict__ y) {
+  const int g = blockIdx.y * blockDim.x + threadIdx.x;
+  if (g * V >= channels) return;
+  float scale[V], shift[V], v[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = g * V + j;
+    scale[j] = gamma[c] * invstd[c];
+    shift[j] = beta[c] - mean[c] * scale[j];
+  }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-    const int64_t i = r * channels + c;
-    const float z = load(x, i) * scale + shift;
-    store(y, i, act ? z * sigmoid(z) : z);
+    const int64_t i = r * channels + g * V;
+    load_pack<T, V>(x, i, v);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float z = v[j] * scale[j] + shift[j];
+      v[j] = act ? z * sigmoid(z) : z;
+    }
+    store_pack<T, V>(y, i, v);
   }
 }
 
-// Gradient at the BatchNorm output: dy through SiLU (recomputed from x) or dy itself.
-template <typename T>
-__device__ __forceinline__ float bn_out_grad(const T* dy, int64_t i, float z, bool act) {
-  const float g = load(dy, i);
-  if (!act) return g;
+// Gradient at the BatchNorm output: dy through SiLU (recomputed from the BN output z) or dy.
+__device__ __forceinline__ float bn_out_grad(float dy, float z, bool act) {
+  if (!act) return dy;
   const float s = sigmoid(z);
-  return g * s * (1.f + z * (1.f - s));
+  return dy * s * (1.f + z * (1.f - s));
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                           const float* __restrict__ gamma, const float* __restrict__ beta,
-                           const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                           float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
-                           bool accumulate) {
-  __shared__ float sa[kThreads], sb[kThreads];
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
+    bn_backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+                              const float* __restrict__ gamma, const float* __restrict__ beta,
+                              const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
+                              float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
+                              bool accumulate) {
+  __shared__ float sa[V * kThreads], sb[V * kThreads];
+  const int g = blockIdx.y * blockDim.x + threadIdx.x;
+  const bool mine = g * V < channels;
   const int p_count = gridDim.x;
-  float sum_g = 0.f, sum_gx = 0.f;
-  if (c < channels) {
-    const float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c];
+  float sum_g[V], sum_gx[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum_g[j] = sum_gx[j] = 0.f;
+  if (mine) {
+    float mu[V], is[V], ga[V], be[V], xv[V], gv[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int c = g * V + j;
+      mu[j] = mean[c];
+      is[j] = invstd[c];
+      ga[j] = gamma[c];
+      be[j] = beta[c];
+    }
     const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
     for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-      const int64_t i = r * channels + c;
-      const float xhat = (load(x, i) - mu) * is;
-      const float g = bn_out_grad(dy, i, xhat * ga + be, act);
-      sum_g += g;
-      sum_gx += g * xhat;
+      const int64_t i = r * channels + g * V;
+      load_pack<T, V>(x, i, xv);
+      load_pack<T, V>(dy, i, gv);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xhat = (xv[j] - mu[j]) * is[j];
+        const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j], act);
+        sum_g[j] += gr;
+        sum_gx[j] += gr * xhat;
+      }
     }
   }
-  block_sum2(sum_g, sum_gx, sa, sb);
+  block_sum2<V>(sum_g, sum_gx, sa, sb);
   const int64_t plane = static_cast<int64_t>(p_count) * channels;
-  if (threadIdx.y == 0 && c < channels) {
-    const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + c;
-    partials[at] = sa[threadIdx.x];
-    partials[plane + at] = sb[threadIdx.x];
+  if (threadIdx.y == 0 && mine) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + g * V + j;
+      partials[at] = sa[j * kThreads + threadIdx.x];
+      partials[plane + at] = sb[j * kThreads + threadIdx.x];
+    }
   }
   if (!last_block(counters)) return;
-  sum_g = sum_gx = 0.f;
-  if (c < channels) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) sum_g[j] = sum_gx[j] = 0.f;
+  if (mine) {
     for (int p = threadIdx.y; p < p_count; p += blockDim.y) {
-      const int64_t at = static_cast<int64_t>(p) * channels + c;
-      sum_g += __ldcg(partials + at);
-      sum_gx += __ldcg(partials + plane + at);
+      const int64_t at = static_cast<int64_t>(p) * channels + g * V;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        sum_g[j] += __ldcg(partials + at + j);
+        sum_gx[j] += __ldcg(partials + plane + at + j);
+      }
     }
   }
-  block_sum2(sum_g, sum_gx, sa, sb);
-  if (threadIdx.y == 0 && c < channels) {
-    const float g = sa[threadIdx.x], gx = sb[threadIdx.x];
-    dsum[c] = g;
-    dsum[channels + c] = gx;
-    if (dgamma) dgamma[c] = accumulate ? dgamma[c] + gx : gx;
-    if (dbeta) dbeta[c] = accumulate ? dbeta[c] + g : g;
+  block_sum2<V>(sum_g, sum_gx, sa, sb);
+  if (threadIdx.y == 0 && mine) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int c = g * V + j;
+      const float sg = sa[j * kThreads + threadIdx.x], sgx = sb[j * kThreads + threadIdx.x];
+      dsum[c] = sg;
+      dsum[channels + c] = sgx;
+      if (dgamma) dgamma[c] = accumulate ? dgamma[c] + sgx : sgx;
+      if (dbeta) dbeta[c] = accumulate ? dbeta[c] + sg : sg;
+    }
   }
 }
 
-template <typename T>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                          const float* __restrict__ gamma, const float* __restrict__ beta,
-                          const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                          const float* __restrict__ dsum, T* __restrict__ dx) {
-  const int c = blockIdx.y * blockDim.x + threadIdx.x;
-  if (c >= channels) return;
-  const float mu = mean[c], is = invstd[c], ga = gamma[c], be = beta[c];
+    bn_backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+                             const float* __restrict__ gamma, const float* __restrict__ beta,
+                             const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
+                             const float* __restrict__ dsum, T* __restrict__ dx) {
+  const int g = blockIdx.y * blockDim.x + threadIdx.x;
+  if (g * V >= channels) return;
   const float inv_m = 1.f / static_cast<float>(rows);
-  const float mean_g = dsum[c] * inv_m, mean_gx = dsum[channels + c] * inv_m;
-  const float k = ga * is;
+  float mu[V], is[V], ga[V], be[V], mean_g[V], mean_gx[V], xv[V], gv[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = g * V + j;
+    mu[j] = mean[c];
+    is[j] = invstd[c];
+    ga[j] = gamma[c];
+    be[j] = beta[c];
+    mean_g[j] = dsum[c] * inv_m;
+    mean_gx[j] = dsum[channels + c] * inv_m;
+  }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-    const int64_t i = r * channels + c;
-    const float xhat = (load(x, i) - mu) * is;
-    const float g = bn_out_grad(dy, i, xhat * ga + be, act);
-    store(dx, i, k * (g - mean_g - xhat * mean_gx));
+    const int64_t i = r * channels + g * V;
+    load_pack<T, V>(x, i, xv);
+    load_pack<T, V>(dy, i, gv);
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float xhat = (xv[j] - mu[j]) * is[j];
+      const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j], act);
+      xv[j] = ga[j] * is[j] * (gr - mean_g[j] - xhat * mean_gx[j]);
+    }
+    store_pack<T, V>(dx, i, xv);
   }
 }
 
-int channels_per_block(int channels) {
+int channels_per_block(int groups) {
   int cx = 1;
-  while (cx < channels && cx < 32) cx <<= 1;
+  while (cx < groups && cx < 32) cx <<= 1;
   return cx;
 }
 
@@ -248,9 +360,11 @@ struct Grid {
   int channel_blocks;
 };
 
-Grid grid_for(int channels) {
-  const int cx = channels_per_block(channels);
-  return {dim3(cx, kThreads / cx), (channels + cx - 1) / cx};
+// Over channel groups of `vec` channels.
+Grid grid_for(int channels, int vec) {
+  const int groups = channels / vec;
+  const int cx = channels_per_block(groups);
+  return {dim3(cx, kThreads / cx), (groups + cx - 1) / cx};
 }
 
 // Row-blocks for the elementwise kernels: enough blocks to fill the GPU several times over.
@@ -273,29 +387,44 @@ void dispatch(DType t, Fn&& fn) {
   }
 }
 
+template <typename Fn>
+void dispatch_vec(int vec, Fn&& fn) {
+  if (vec == kVec)
+    fn(std::integral_constant<int, kVec>{});
+  else
+    fn(std::integral_constant<int, 1>{});
+}
+
 }  // namespace
 
-int bn_act_row_blocks(int64_t rows, int channels) {
-  const Grid g = grid_for(channels);
+int bn_act_vector_width(int channels) { return channels % kVec == 0 ? kVec : 1; }
+
+int bn_act_row_blocks(int64_t rows, int channels, int vec) {
+  const Grid g = grid_for(channels, vec);
   // At least ~4 rows per thread, at most ~1024 blocks in all.
   const int64_t want = (rows + 4 * g.block.y - 1) / (4 * g.block.y);
   const int64_t cap = std::max<int64_t>(1, 1024 / g.channel_blocks);
   return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
 }
 
-int bn_act_counters(int channels) { return grid_for(channels).channel_blocks; }
+int bn_act_counters(int channels, int vec) { return grid_for(channels, vec).channel_blocks; }
 
 void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, const float* beta,
                     float* running_mean, float* running_var, float momentum, float eps, float* partials,
                     unsigned* counters, float* mean, float* invstd, void* y) {
-  const Grid g = grid_for(l.channels);
+  if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument("bn_act_forward: unsupported vector width");
+  const Grid g = grid_for(l.channels, l.vec);
   dispatch(l.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    stats_kernel<T><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-        static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
-        running_var, momentum, eps);
-    apply_kernel<T><<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-        static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
+    dispatch_vec(l.vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      bn_stats_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+          static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
+          running_var, momentum, eps);
+      bn_apply_act_kernel<T, V>
+          <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
+              static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
+    });
   });
   check(cudaGetLastError(), "bn_act_forward");
 }
@@ -304,18 +433,22 @@ void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const 
                      const float* beta, const float* mean, const float* invstd, float* partials,
                      unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
                      void* dx) {
-  const Grid g = grid_for(l.channels);
+  if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument("bn_act_backward: unsupported vector width");
+  const Grid g = grid_for(l.channels, l.vec);
   dispatch(l.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    backward_reduce_kernel<T><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
-        l.act, partials, counters, dsum, dgamma, dbeta, accumulate);
-    if (dx) {
-      backward_elemt_kernel<T>
-          <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-              static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean,
-              invstd, l.act, dsum, static_cast<T*>(dx));
-    }
+    dispatch_vec(l.vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+          static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
+          l.act, partials, counters, dsum, dgamma, dbeta, accumulate);
+      if (dx) {
+        bn_backward_elemt_kernel<T, V>
+            <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
+                static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean,
+                invstd, l.act, dsum, static_cast<T*>(dx));
+      }
+    });
   });
   check(cudaGetLastError(), "bn_act_backward");
 }

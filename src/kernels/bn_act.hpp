@@ -24,13 +24,22 @@ struct BnActLaunch {
   DType dtype = DType::Float32;
   bool act = true;         // SiLU after the affine transform
   cudaStream_t stream = nullptr;
+  // Channels per thread, accessed as one vector: 1, or bn_act_max_vector_width() when C is a
+  // multiple of it and every pointer of the launch is aligned to vec * sizeof(element).
+  int vec = 1;
 };
 
+constexpr int bn_act_max_vector_width() { return 8; }
+// The widest vector the channel count allows (the caller still checks pointer alignment).
+int bn_act_vector_width(int channels);
 // Number of row-blocks for a launch (the size of the partials' P dimension).
-int bn_act_row_blocks(int64_t rows, int channels);
+int bn_act_row_blocks(int64_t rows, int channels, int vec);
 // Counters needed for a launch (one per channel block). bn_act_max_counters() bounds it.
-int bn_act_counters(int channels);
+int bn_act_counters(int channels, int vec);
 constexpr int bn_act_max_counters() { return 4096; }
+// Bound on P * C over every launch: P <= max(1, 1024 / channel_blocks) row-blocks of at most 32
+// channel groups of `vec` channels each.
+constexpr long long bn_act_max_partials_per_plane() { return 1024LL * 32 * bn_act_max_vector_width(); }
 
 // Forward. partials: 3*P*C floats (scratch). mean/invstd: C floats each (out, kept for backward).
 // running_mean/var (C floats) are updated in place with `momentum`, the variance unbiased.

@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ class DetectionLoss {
                              int64_t img_h, int64_t img_w) = 0;
   // Names of the terms in LossOutput::terms, fixed for the loss's lifetime.
   virtual const std::vector<std::string>& term_names() const = 0;
+  // What compute() reads that the loss keeps between calls (cached anchor grids and the like): a
+  // captured step holds these handles, so that they outlive any later cache eviction. A loss whose
+  // compute() would change with host-side state (a switch such as YOLOX's L1 term) needs the
+  // trainer to invalidate captured steps when that state changes (Family::on_close_mosaic).
+  virtual std::vector<std::shared_ptr<const void>> capture_keep_alive() const { return {}; }
 };
 
 }  // namespace libreyolo

@@ -137,7 +137,7 @@ Yolo9Loss::Yolo9Loss(int nc, std::vector<int64_t> strides, int reg_max)
 const AnchorGrid& Yolo9Loss::anchor_grid(const std::vector<std::array<int64_t, 2>>& level_hw,
                                          const torch::Device& device) {
   for (const auto& g : grids_)
-    if (g.device == device && g.level_hw == level_hw) return g;
+    if (g->device == device && g->level_hw == level_hw) return *g;
   if (level_hw.size() != strides_.size())
     throw UsageError(strfmt("Yolo9Loss: %zu levels given, the loss has %zu strides",
                             level_hw.size(), strides_.size()));
@@ -163,8 +163,8 @@ const AnchorGrid& Yolo9Loss::anchor_grid(const std::vector<std::array<int64_t, 2
   g.stride = g.points.stride;
   g.xy_grid = g.xy / g.stride;
   if (grids_.size() >= kMaxCachedGrids) grids_.pop_front();
-  grids_.push_back(std::move(g));
-  return grids_.back();
+  grids_.push_back(std::make_shared<const AnchorGrid>(std::move(g)));
+  return *grids_.back();
 }
 
 void Yolo9Loss::check_inputs(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,

@@ -72,6 +72,9 @@ class Yolo9Loss : public DetectionLoss {
   }
   LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                      int64_t img_h, int64_t img_w) override;
+  std::vector<std::shared_ptr<const void>> capture_keep_alive() const override {
+    return {grids_.begin(), grids_.end()};
+  }
 
   // The pieces of compute(), public for tests and benchmarks.
   Decoded decode(const std::vector<torch::Tensor>& raw, const AnchorGrid& grid) const;
@@ -104,7 +107,7 @@ class Yolo9Loss : public DetectionLoss {
   int nc_;
   std::vector<int64_t> strides_;
   int reg_max_;
-  std::deque<AnchorGrid> grids_;  // the most recent (level sizes, device) pairs seen
+  std::deque<std::shared_ptr<const AnchorGrid>> grids_;  // the most recent (level sizes, device) pairs seen
 };
 
 }  // namespace libreyolo::loss

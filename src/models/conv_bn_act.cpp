@@ -62,9 +62,10 @@ bool kernel_dtype(at::ScalarType t, kernels::DType* out) {
 //
 // Scratch bound: a launch needs 3*P*C floats (forward) or 2*P*C + 2*C (backward), P the
 // row-blocks. bn_act_row_blocks() gives P <= max(1, 1024 / channel_blocks) with at most 32
-// channels per block, so P*C <= max(1024 * 32, C); use_kernels() admits C <= 32 * max_counters.
+// channel groups (of up to 8 channels) per block, so P*C <= max(bn_act_max_partials_per_plane(),
+// C); use_kernels() admits C <= 32 * max_counters.
 constexpr int64_t kMaxChannels = int64_t{32} * kernels::bn_act_max_counters();
-constexpr int64_t kScratchFloats = 4 * std::max<int64_t>(1024 * 32, kMaxChannels);
+constexpr int64_t kScratchFloats = 4 * std::max<int64_t>(kernels::bn_act_max_partials_per_plane(), kMaxChannels);
 
 struct KernelBuffers {
   unsigned* counters;
@@ -98,11 +99,17 @@ bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
          z.size(1) <= kMaxChannels;
 }
 
-kernels::BnActLaunch launch_for(const at::Tensor& z, bool act) {
+// `tensors`: every activation the launch reads or writes; vector accesses only when all of them
+// are aligned for it.
+kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_list<const at::Tensor*> tensors) {
   kernels::BnActLaunch l;
   l.channels = static_cast<int>(z.size(1));
   l.rows = z.numel() / z.size(1);
-  l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels);
+  l.vec = kernels::bn_act_vector_width(l.channels);
+  const auto bytes = static_cast<uintptr_t>(l.vec) * z.element_size();
+  for (const at::Tensor* t : tensors)
+    if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % bytes != 0) l.vec = 1;
+  l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels, l.vec);
   kernel_dtype(z.scalar_type(), &l.dtype);
   l.act = act;
   l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
@@ -241,11 +248,11 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
 #ifdef LIBREYOLO_CUDA_KERNELS
     if (!sync && use_kernels(z, *p)) {
       c10::cuda::CUDAGuard guard(z.device());
-      const auto l = launch_for(z, p->act);
+      y = at::empty_like(z);
+      const auto l = launch_for(z, p->act, {&z, &y});
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       at::Tensor stats = at::empty({2, l.channels}, f32);
       const KernelBuffers buf = kernel_buffers(z.device(), 3 * static_cast<int64_t>(l.row_blocks) * l.channels);
-      y = at::empty_like(z);
       kernels::bn_act_forward(l, z.data_ptr(), p->gamma->data_ptr<float>(), p->beta->data_ptr<float>(),
                               p->running_mean->data_ptr<float>(), p->running_var->data_ptr<float>(),
                               static_cast<float>(p->momentum), static_cast<float>(p->eps),
@@ -293,7 +300,8 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     if (saved.size() == 7) {  // forward took the CUDA kernels
       c10::cuda::CUDAGuard guard(z.device());
       dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
-      const auto l = launch_for(z, act);
+      dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
+      const auto l = launch_for(z, act, {&z, &dy, &dz});
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       const KernelBuffers buf =
           kernel_buffers(z.device(), 2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels);
@@ -308,7 +316,6 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       at::Tensor dg, db;
       if (!in_place && need_g) dg = at::empty({l.channels}, f32);
       if (!in_place && need_b) db = at::empty({l.channels}, f32);
-      dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
       float* dsum = partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
       kernels::bn_act_backward(
           l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(),

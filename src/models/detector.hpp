@@ -63,6 +63,9 @@ struct Family {
   bool default_amp = true;
   bool default_sync_bn = false;
   bool supports_spawn = true;
+  // The whole training step (forward, loss with its assigner, backward, update) is free of host
+  // synchronisation and data-dependent shapes, so it can be captured in a CUDA graph.
+  bool capture_train_step = false;
   std::string task = "detect";
 
   // A fresh model (default init) of a size and class count.

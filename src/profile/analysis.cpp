@@ -41,7 +41,7 @@ const std::vector<CatRule>& cat_rules() {
     const auto f = std::regex::ECMAScript | std::regex::optimize;
     std::vector<CatRule> r;
     r.push_back({"reduction / norm",
-                 std::regex("bn_bw|bn_fw|batchnorm|batch_norm|layer_norm|group_norm|instance_norm|softmax|welford|"
+                 std::regex("bn_bw|bn_fw|\\bbn_(stats|apply|backward)|batchnorm|batch_norm|layer_norm|group_norm|instance_norm|softmax|welford|"
                             "\\breduce|variance|rms_norm",
                             f)});
     r.push_back({"layout / copy", std::regex("nchwtonhwc|nhwctonchw", f)});
@@ -91,6 +91,10 @@ bool is_tensorcore(const std::string& raw_name) {
 std::string kernel_label(const std::string& raw_name) {
   const std::string l = lower(raw_name);
   static const std::vector<std::pair<const char*, const char*>> table = {
+      {"bn_stats", "fused batchnorm stats"},
+      {"bn_apply_act", "fused batchnorm+act"},
+      {"bn_backward_reduce", "fused batchnorm (bwd reduce)"},
+      {"bn_backward_elemt", "fused batchnorm+act (bwd)"},
       {"bn_bw", "cudnn batchnorm (bwd)"},
       {"bn_fw", "cudnn batchnorm (fwd)"},
       {"nchwtonhwc", "layout nchw->nhwc"},
@@ -288,9 +292,21 @@ struct WindowSel {
   double w0 = -std::numeric_limits<double>::infinity();
   double w1 = std::numeric_limits<double>::infinity();
   int n_real = 1;
-  double wall_us = 0;
+  double wall_us = 0;  // with markers: the time inside the selected steps' spans only
   bool has_markers = false;
-  bool in(double ts) const { return ts >= w0 && ts < w1; }
+  // The selected steps' spans (ProfilerStep markers), sorted and disjoint. Work launched between
+  // them (epoch-end validation, checkpoint writes, the profiler's own bookkeeping) is not part of
+  // a training step and is left out of every per-step figure.
+  std::vector<std::pair<double, double>> spans;
+  bool in_range(double ts) const { return ts >= w0 && ts < w1; }
+  bool in(double ts) const {
+    if (!in_range(ts)) return false;
+    if (spans.empty()) return true;
+    auto it = std::upper_bound(spans.begin(), spans.end(), std::make_pair(ts, std::numeric_limits<double>::infinity()));
+    if (it == spans.begin()) return false;
+    --it;
+    return ts >= it->first && ts < it->second;
+  }
 };
 
 const json* jget(const json* j, const char* a, const char* b = nullptr) {
@@ -340,9 +356,11 @@ WindowSel select_window(const Parsed& p, const json* summary) {
   if (w.w1 <= w.w0) w.w1 = w.w0 + 1;
   std::set<std::string> ids;
   std::vector<double> starts;
+  std::vector<std::pair<double, double>> spans;
   for (const Ev* m : marks) {
     if (!w.in(m->ts)) continue;
     starts.push_back(m->ts);
+    spans.emplace_back(m->ts, std::min(m->ts + std::max(m->dur, 1.0), w.w1));
     auto pos = m->name.find('#');
     if (pos != std::string::npos) ids.insert(m->name.substr(pos + 1));
   }
@@ -353,7 +371,16 @@ WindowSel select_window(const Parsed& p, const json* summary) {
       if (starts[i] - starts[i - 1] > 1.0) ++n_real;
   }
   w.n_real = std::max(1, n_real);
-  w.wall_us = w.w1 - w.w0;
+  // Disjoint spans (a marker nested in another, as a second profiler's would be, counts once).
+  std::sort(spans.begin(), spans.end());
+  for (const auto& sp : spans) {
+    if (!w.spans.empty() && sp.first < w.spans.back().second)
+      w.spans.back().second = std::max(w.spans.back().second, sp.second);
+    else
+      w.spans.push_back(sp);
+  }
+  w.wall_us = 0;
+  for (const auto& sp : w.spans) w.wall_us += sp.second - sp.first;
   w.has_markers = true;
   return w;
 }
@@ -466,7 +493,13 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
     }
 
   for (const auto& e : p.ev) {
-    if (!w.in(e.ts)) continue;
+    // A kernel belongs to the step that launched it (it may run after the step's CPU span ends).
+    double at = e.ts;
+    if (e.kind == Kind::Kernel && e.corr >= 0) {
+      auto it = launch_ts.find(e.corr);
+      if (it != launch_ts.end()) at = it->second;
+    }
+    if (!w.in(at)) continue;
     switch (e.kind) {
       case Kind::Kernel: {
         ++n_kern;
@@ -477,9 +510,6 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
         ++k.count;
         if (is_tensorcore(e.name)) tc_us += e.dur;
         cat_us[kernel_category(e.name)] += e.dur;
-        double at = e.ts;
-        auto it = e.corr >= 0 ? launch_ts.find(e.corr) : launch_ts.end();
-        if (it != launch_ts.end()) at = it->second;
         const std::string ph = spans.at(at);
         auto& kp = k_by_phase[ph][e.name];
         kp.us += e.dur;
@@ -545,8 +575,8 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
   const auto dataload_frac = jnum(summary, "real", "dataload_frac");
   std::optional<double> img_per_s = jnum(summary, "real", "img_per_s");
   const double busy_ms = busy_us / 1000.0 / n_real;
-  // Utilisation compares busy time with the wall time of the SAME steps (the marker-delimited
-  // window); the headline step_ms is the mean over the whole unsynced half, which can differ
+
+
   // when steps vary.
   const double window_step_ms = w.has_markers ? w.wall_us / 1000.0 / n_real : step_ms;
   const double util_raw = window_step_ms > 0 ? busy_ms / window_step_ms : 0;
@@ -700,7 +730,7 @@ json timeline_events(const json& trace, const json* summary) {
   };
   std::vector<TE> steps, pcpu, pgpu, cops, kern, mem;
   for (const auto& e : p.ev) {
-    if (!w.in(e.ts)) continue;
+    if (!w.in_range(e.ts)) continue;  // the timeline shows the gaps between steps too
     switch (e.kind) {
       case Kind::Step: steps.push_back({e.ts, e.dur, e.name, "step", "step"}); break;
       case Kind::CpuAnn: pcpu.push_back({e.ts, e.dur, e.name.substr(5), "phase \u00b7 CPU", e.name.substr(5)}); break;
@@ -752,7 +782,7 @@ json timeline_events(const json& trace, const json* summary) {
   std::unordered_map<long long, double> fs;
   json flows = json::array();
   for (const auto& e : p.ev)
-    if (e.kind == Kind::FlowS && w.in(e.ts)) fs[e.corr] = e.ts;
+    if (e.kind == Kind::FlowS && w.in_range(e.ts)) fs[e.corr] = e.ts;
   for (const auto& e : p.ev) {
     if (flows.size() >= 4000) break;
     if (e.kind != Kind::FlowF) continue;

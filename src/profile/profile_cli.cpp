@@ -379,7 +379,7 @@ const char* kUsage =
     "Usage: libreyolo profile <subcommand> [args] [--json]\n"
     "\n"
     "  run <data>            profile a training window: --weights --size --batch --imgsz --workers\n"
-    "                        --amp/--no-amp --steps --warmup --repeat --device --project --json\n"
+    "                        --amp/--no-amp --amp-dtype D --cuda-graph --steps --warmup --repeat --device --project --json\n"
     "  infer [source]        profile inference (not yet in this build)\n"
     "  summary <file>        headline, verdict, kernel mix and top kernels\n"
     "  get <file> [field]    list the metrics, or print one\n"

@@ -120,6 +120,7 @@ Family make_family() {
   f.default_amp = true;
   f.default_sync_bn = true;
   f.supports_spawn = true;
+  f.capture_train_step = true;
   f.task = "detect";
   f.build = build;
   f.build_like = build_like;
