@@ -1,12 +1,15 @@
 // YOLOX-n on CUDA: fixture parity in float32 (TF32 off) within 1e-3 (network, SimOTA, loss with
-// L1 off and on, gradients), bf16 autocast keeping the loss in float32, and the loss plus its
-// backward captured in a CUDA graph (no host synchronisation anywhere in SimOTA).
+// L1 off and on, gradients), bf16 autocast keeping the loss in float32, the loss plus its
+// backward captured in a CUDA graph (no host synchronisation anywhere in SimOTA), and whole
+// training steps replayed from graphs equal to eager bit for bit across the L1 switch.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
+#include "engine/step.hpp"
 #include "io/pickle.hpp"
 #include "loss/yolox_loss.hpp"
 #include "models/detector.hpp"
+#include "step_check.hpp"
 #include "support.hpp"
 
 #ifdef LIBREYOLO_CUDA
@@ -206,5 +209,67 @@ TEST(YoloxGpuParity, LossAndBackwardCaptureInACudaGraph) {
   EXPECT_EQ(item(captured.num_fg), item(eager.num_fg));
   EXPECT_GT(item(eager.num_fg), 0.0);
   for (size_t l = 0; l < raw.size(); ++l) EXPECT_LT(rel_err(raw[l].grad(), eager_in[l].grad()), 1e-5) << l;
+}
+#endif
+
+#ifdef LIBREYOLO_CUDA
+TEST(YoloxGpuStepGraph, GraphedStepsEqualEagerBitForBitAcrossTheL1Switch) {
+  LY_REQUIRE_CUDA();
+  const bool bench = at::globalContext().benchmarkCuDNN(), det = at::globalContext().deterministicCuDNN();
+  at::globalContext().setBenchmarkCuDNN(false);
+  at::globalContext().setDeterministicCuDNN(true);
+  const torch::Device dev(torch::kCUDA, 0);
+  const models::Family* fam = models::find_family("yolox");
+  libreyolo::TrainConfig cfg;
+  cfg.batch = 4;
+  cfg.epochs = 10;
+  cfg.warmup_epochs = 1;
+  cfg.momentum = 0.9;
+  cfg.scheduler = "yoloxwarmcos";
+  cfg.no_aug_epochs = 2;
+  const auto amp = libreyolo::engine::plan_amp(true, "bfloat16", dev);
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < 30; ++i) {
+    auto [im, t] = libreyolo::test::step_batch(2000 + i, 4, 128);
+    batches.emplace_back(im.pin_memory(), t.pin_memory());
+  }
+  struct Run {
+    std::vector<torch::Tensor> losses, params;
+    libreyolo::engine::StepGraphStats stats;
+  };
+  auto run = [&](bool graphs) {
+    torch::manual_seed(0);
+    auto model = fam->build("n", 2);
+    model->to(dev);
+    libreyolo::engine::to_channels_last(*model);
+    model->train();
+    auto setup = libreyolo::engine::make_step_runner(cfg, model, fam->make_loss(*model), nullptr, dev, amp, true, 3,
+                                                     fam->input);
+    auto& runner = *setup.runner;
+    if (graphs) {
+      EXPECT_EQ(runner.enable_cuda_graphs(), "");
+    }
+    Run r;
+    for (int i = 0; i < 30; ++i) {
+      if (i == 15 && fam->on_close_mosaic(*model, runner.loss())) runner.invalidate_cuda_graphs("L1 switch");
+      auto out = runner.forward_backward(batches[i].first, batches[i].second, 1.0);
+      r.losses.push_back(torch::cat({out.total.reshape({1}).to(torch::kFloat), out.terms.to(torch::kFloat)}).cpu());
+      runner.optimizer_step();
+    }
+    torch::cuda::synchronize();
+    for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu());
+    r.stats = runner.graph_stats();
+    return r;
+  };
+  const Run eager = run(false), graphed = run(true);
+  at::globalContext().setBenchmarkCuDNN(bench);
+  at::globalContext().setDeterministicCuDNN(det);
+  ASSERT_EQ(eager.losses.size(), graphed.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_TRUE(torch::equal(eager.losses[i], graphed.losses[i])) << i;
+  for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(torch::equal(eager.params[i], graphed.params[i])) << i;
+  EXPECT_EQ(graphed.stats.invalidations, 1);
+  EXPECT_GE(graphed.stats.replayed_micro_steps, 20);
+  EXPECT_EQ(eager.losses[5][4].item<float>(), 0.0f);  // l1 term before the switch
+  EXPECT_GT(eager.losses[20][4].item<float>(), 0.0f);  // and after
 }
 #endif

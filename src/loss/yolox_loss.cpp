@@ -40,7 +40,7 @@ std::pair<torch::Tensor, torch::Tensor> YoloxLoss::grid(const std::vector<torch:
   const auto device = raw[0].device();
   const auto dtype = compute_dtype(raw[0]);
   for (const auto& g : grids_)
-    if (g.hw == hw && g.device == device && g.dtype == dtype) return {g.cells, g.strides};
+    if (g->hw == hw && g->device == device && g->dtype == dtype) return {g->cells, g->strides};
   const auto opt = torch::TensorOptions().dtype(dtype);
   std::vector<torch::Tensor> cells, st;
   for (size_t i = 0; i < raw.size(); ++i) {
@@ -50,10 +50,10 @@ std::pair<torch::Tensor, torch::Tensor> YoloxLoss::grid(const std::vector<torch:
     cells.push_back(torch::cat({gx, gy}, 1));
     st.push_back(torch::full({h * w}, static_cast<double>(strides_[i]), opt));
   }
-  Grid g{hw, device, dtype, torch::cat(cells, 0).to(device), torch::cat(st).to(device)};
+  auto g = std::make_shared<const Grid>(Grid{hw, device, dtype, torch::cat(cells, 0).to(device), torch::cat(st).to(device)});
   if (grids_.size() >= kMaxCachedGrids) grids_.pop_front();
   grids_.push_back(g);
-  return {g.cells, g.strides};
+  return {g->cells, g->strides};
 }
 
 torch::Tensor YoloxLoss::flatten(const std::vector<torch::Tensor>& raw) const {

@@ -13,6 +13,7 @@
 #include <array>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,11 @@ class YoloxLoss : public DetectionLoss {
   // Cell indices [A, 2] (gx, gy) and strides [A] for the maps' level sizes (cached per device).
   std::pair<torch::Tensor, torch::Tensor> grid(const std::vector<torch::Tensor>& raw);
 
+  // The cached anchor grids, held by a captured step so that an eviction cannot free them.
+  std::vector<std::shared_ptr<const void>> capture_keep_alive() const override {
+    return {grids_.begin(), grids_.end()};
+  }
+
   bool use_l1() const { return use_l1_; }
   void set_use_l1(bool on) { use_l1_ = on; }
   int num_classes() const { return nc_; }
@@ -71,7 +77,7 @@ class YoloxLoss : public DetectionLoss {
     torch::ScalarType dtype;
     torch::Tensor cells, strides;
   };
-  std::deque<Grid> grids_;
+  std::deque<std::shared_ptr<const Grid>> grids_;
 };
 
 }  // namespace libreyolo::loss

@@ -116,6 +116,9 @@ Family make_family() {
   f.default_amp = true;
   f.default_sync_bn = true;  // M6; only has an effect under DDP
   f.supports_spawn = true;
+  // Forward, SimOTA (dense, fixed shapes, no host reads), loss and backward: capturable. The L1
+  // switch invalidates captured steps through on_close_mosaic's return value.
+  f.capture_train_step = true;
   f.task = "detect";
   f.build = build;
   f.build_like = build_like;
