@@ -1,6 +1,6 @@
 // Training-step benchmark: one real-looking batch replayed (no data loader), as the reference's
 // figures in gpu_machine.md were taken: forward + loss + backward + SGD step, 640 px.
-//   bench_train_step --device cuda --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
+//   bench_train_step --device cuda [--family yolo9|yolox] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
 //                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
 //                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]
 //                    [--cuda-graph off|on|off,on]
@@ -113,8 +113,8 @@ int64_t count_kernels(const std::function<void()>& step) {
 #endif
 
 struct Options {
-  std::string device = "cpu", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto", fused = "on",
-              graphs = "off";
+  std::string device = "cpu", family = "yolo9", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto",
+              fused = "on", graphs = "off";
   int steps = 24, warmup = 15, imgsz = 640;  // warm-up also lets cuDNN autotune and GPU clocks rise
   bool ema = false, kernels = true, diagnose = false, cudnn_benchmark = false;
 };
@@ -128,6 +128,7 @@ bool parse_args(int argc, char** argv, Options& o) {
       return argv[++i];
     };
     if (a == "--device") o.device = val();
+    else if (a == "--family") o.family = val();
     else if (a == "--sizes") o.sizes = val();
     else if (a == "--batches") o.batches = val();
     else if (a == "--dtypes") o.dtypes = val();
@@ -287,7 +288,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
 #endif
   const std::vector<double> ms = time_steps(*b, dev, o.warmup, o.steps);
   const int64_t B = c.batch;
-  json r = {{"model", "yolo9" + c.size}, {"batch", B}, {"dtype", c.dtype}, {"channels_last", b->sc.channels_last},
+  json r = {{"model", fam.name + c.size}, {"batch", B}, {"dtype", c.dtype}, {"channels_last", b->sc.channels_last},
             {"fused_conv", c.fused}, {"cudnn_benchmark", o.cudnn_benchmark}, {"cuda_graph", c.graph},
             {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
             {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
@@ -333,7 +334,11 @@ int main(int argc, char** argv) {
     std::cerr << "no CUDA device\n";
     return 1;
   }
-  const models::Family* fam = models::find_family("yolo9");
+  const models::Family* fam = models::find_family(o.family);
+  if (!fam) {
+    std::cerr << "unknown family " << o.family << "\n";
+    return 2;
+  }
   at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark);
   json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", o.imgsz}, {"steps", o.steps},
               {"warmup", o.warmup}, {"ema", o.ema}, {"results", json::array()}};

@@ -385,3 +385,88 @@ TEST(DataAugment, FusedHsvShiftEqualsConvertShiftConvertBack) {
       for (int c = 0; c < 3; ++c) ASSERT_EQ(flipped[3 * i + c], expect[3 * (n - 1 - i) + c]);
   }
 }
+
+// ---- YOLOX pipeline: mosaic canvas, random affine, mixup (yolox.md §5.9) ---------------------
+
+TEST(DataAugmentYolox, AffineDrawFollowsTheRangesAndZeroMagnitudesGiveTheIdentity) {
+  AugmentOptions o;
+  o.degrees = 0;  // integer zero magnitudes are fine (yolox.md §10.2)
+  o.shear = 0;
+  o.translate = 0;
+  o.mosaic_scale_lo = o.mosaic_scale_hi = 1.0;
+  Rng rng(3);
+  const AffineParams id = draw_affine(rng, o, 64);
+  const std::array<double, 6> want{1, 0, 0, 0, 1, 0};
+  for (int i = 0; i < 6; ++i) EXPECT_NEAR(id.m[i], want[i], 1e-12) << i;
+  // Default ranges: scale in [0.1, 2], translation within 10% of S.
+  AugmentOptions d;
+  for (int k = 0; k < 200; ++k) {
+    const AffineParams p = draw_affine(rng, d, 100);
+    const double scale = std::sqrt(std::abs(p.m[0] * p.m[4] - p.m[1] * p.m[3]));
+    EXPECT_GT(scale, 0.09);
+    EXPECT_LT(scale, 2.1);
+    EXPECT_LE(std::abs(p.m[2]), 10.0);
+    EXPECT_LE(std::abs(p.m[5]), 10.0);
+  }
+}
+
+TEST(DataAugmentYolox, AffineWarpsPixelsAndBoxes) {
+  // A 2S canvas with a distinct colour per quadrant and one box.
+  const int S = 32;
+  Sample canvas = solid(2 * S, 2 * S, 10, 20, 30, {{8, 4, 40, 60, 2}});
+  canvas.image.slice(0, S).slice(1, S).fill_(200);
+  // Identity: the output is the canvas's top-left S x S; the box is clipped to it.
+  AffineParams id;
+  Sample a = warp_affine(canvas, id, S);
+  EXPECT_TRUE(torch::equal(a.image, canvas.image.slice(0, 0, S).slice(1, 0, S)));
+  ASSERT_EQ(a.boxes.size(), 1u);
+  expect_box(a.boxes[0], 8, 4, 32, 32, 2);
+  // Scale 0.5 about the origin: the whole canvas, output (x, y) = canvas (2x, 2y).
+  AffineParams half;
+  half.m = {0.5, 0, 0, 0, 0.5, 0};
+  Sample b = warp_affine(canvas, half, S);
+  EXPECT_EQ(pixel(b.image, 3, 3), (std::vector<uint8_t>{10, 20, 30}));
+  EXPECT_EQ(pixel(b.image, S - 2, S - 2), (std::vector<uint8_t>{200, 200, 200}));
+  expect_box(b.boxes[0], 4, 2, 20, 30, 2);
+  // A shift past the canvas shows the border value 114.
+  AffineParams shift;
+  shift.m = {1, 0, 0, 0, 1, -40};  // source y = output y + 40
+  Sample c = warp_affine(canvas, shift, S);
+  EXPECT_EQ(pixel(c.image, 30, 5), (std::vector<uint8_t>{114, 114, 114}));
+  EXPECT_EQ(pixel(c.image, 10, 5), (std::vector<uint8_t>{10, 20, 30}));
+  expect_box(c.boxes[0], 8, 0, 32, 20, 2);  // moved up and clipped
+  // A 90-degree rotation maps corners onto a rotated hull.
+  AffineParams rot;
+  rot.m = {0, 1, 0, -1, 0, 64};  // X = y, Y = 64 - x
+  Sample d = warp_affine(solid(64, 64, 1, 2, 3, {{10, 20, 30, 25, 0}}), rot, 64);
+  expect_box(d.boxes[0], 20, 34, 25, 54, 0);
+}
+
+TEST(DataAugmentYolox, MosaicCanvasKeepsTheFullCanvasAndClipsBoxes) {
+  const int S = 16;
+  const Sample t = solid(S, S, 50, 60, 70, {{0, 0, 16, 16, 1}});
+  const Sample c = mosaic_canvas({&t, &t, &t, &t}, S, 16, 16);
+  ASSERT_EQ(c.image.sizes(), (std::vector<int64_t>{2 * S, 2 * S, 3}));
+  EXPECT_EQ(pixel(c.image, 0, 0), (std::vector<uint8_t>{50, 60, 70}));
+  ASSERT_EQ(c.boxes.size(), 4u);
+  expect_box(c.boxes[3], 16, 16, 32, 32, 1);
+}
+
+TEST(DataAugmentYolox, MixupBlendsHalfAndHalfAndKeepsThePartnersBoxes) {
+  const int S = 20;
+  Sample base = solid(S, S, 100, 100, 100, {{1, 1, 5, 5, 0}});
+  const Sample partner = solid(10, 20, 201, 0, 50, {{2, 1, 6, 9, 3}});  // letterbox ratio 1
+  Sample a = base;
+  a.image = base.image.clone();
+  mixup_yolox(a, partner, 1.0, false, 0, 0, S);
+  EXPECT_EQ(pixel(a.image, 2, 2), (std::vector<uint8_t>{150, 50, 75}));      // 0.5 a + 0.5 b, truncated
+  EXPECT_EQ(pixel(a.image, 15, 2), (std::vector<uint8_t>{107, 107, 107}));   // the partner's 114 padding
+  ASSERT_EQ(a.boxes.size(), 2u);
+  expect_box(a.boxes[1], 2, 1, 6, 9, 3);
+  // Scale 1.5, mirrored, cropped at (4, 2): boxes x -> 30 - x, then shifted and clipped to S.
+  Sample b = base;
+  b.image = base.image.clone();
+  mixup_yolox(b, partner, 1.5, true, 4, 2, S);
+  ASSERT_EQ(b.boxes.size(), 2u);
+  expect_box(b.boxes[1], 30 - 9 - 4, 0, 20, 13.5 - 2, 3);
+}

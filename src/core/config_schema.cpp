@@ -30,7 +30,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("momentum", &C::momentum, "SGD momentum")
         .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
         .add("nesterov", &C::nesterov, "Nesterov momentum")
-        .add("scheduler", &C::scheduler, "linear or cos")
+        .add("scheduler", &C::scheduler, "linear, cos or yoloxwarmcos")
         .add("warmup_epochs", &C::warmup_epochs, "linear warm-up length in epochs")
         .add("warmup_lr_start", &C::warmup_lr_start, "learning rate at the start of warm-up")
         .add("min_lr_ratio", &C::min_lr_ratio, "final learning rate as a fraction of lr0")
@@ -42,9 +42,9 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("mixup_prob", &C::mixup_prob, "mixup probability")
         .add("hsv_prob", &C::hsv_prob, "HSV augmentation probability")
         .add("flip_prob", &C::flip_prob, "horizontal flip probability")
-        .add("degrees", &C::degrees, "accepted for compatibility; unused by YOLOv9")
-        .add("translate", &C::translate, "accepted for compatibility; unused by YOLOv9")
-        .add("shear", &C::shear, "accepted for compatibility; unused by YOLOv9")
+        .add("degrees", &C::degrees, "random affine rotation range after mosaic (YOLOX; unused by YOLOv9)")
+        .add("translate", &C::translate, "random affine translation, fraction of imgsz (YOLOX; unused by YOLOv9)")
+        .add("shear", &C::shear, "random affine shear range in degrees (YOLOX; unused by YOLOv9)")
         .add("ema", &C::ema, "keep an exponential moving average of the weights")
         .add("ema_decay", &C::ema_decay, "EMA decay")
         .add("ema_tau", &C::ema_tau, "EMA warm-up constant (updates)")
@@ -147,7 +147,7 @@ void validate(const TrainConfig& c) {
   check_one_of("memory_format", c.memory_format, {"auto", "channels_last", "contiguous"});
   check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step"});
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
-  check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos"});
+  check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos", "yoloxwarmcos"});
   check_one_of("cache", c.cache, {"false", "ram", "true", "0", "1", "no", "yes"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");
   if (c.momentum < 0 || c.momentum >= 1) range_error("momentum", "must be within [0, 1)");

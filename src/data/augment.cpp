@@ -316,7 +316,10 @@ MosaicParams draw_mosaic(Rng& rng, int S, int64_t n) {
   return m;
 }
 
-Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+namespace {
+
+// The four tiles around (xc, yc) on a 2S canvas of 114; boxes shifted, not clipped.
+Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   if (xc < 0 || xc > S2 || yc < 0 || yc > S2) throw UsageError("mosaic centre outside the canvas");
   // empty + memset rather than torch::full: ATen's fill would start an OpenMP team from inside
@@ -367,8 +370,29 @@ Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc)
       boxes.push_back({b.x1 * scale + padw, b.y1 * scale + padh, b.x2 * scale + padw,
                        b.y2 * scale + padh, b.cls});
   }
+  return {canvas, std::move(boxes)};
+}
+
+}  // namespace
+
+Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  Sample out = place_tiles(tiles, S, xc, yc);
+  const double S2 = 2.0 * S;
+  for (Box& b : out.boxes) {
+    b.x1 = std::clamp(b.x1, 0.0, S2);
+    b.x2 = std::clamp(b.x2, 0.0, S2);
+    b.y1 = std::clamp(b.y1, 0.0, S2);
+    b.y2 = std::clamp(b.y2, 0.0, S2);
+  }
+  return out;
+}
+
+Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  const int S2 = 2 * S;
+  const Sample placed = place_tiles(tiles, S, xc, yc);
+  const std::vector<Box>& boxes = placed.boxes;
   Sample out;
-  out.image = ops::resize_bilinear(canvas, S, S).contiguous();
+  out.image = ops::resize_bilinear(placed.image, S, S).contiguous();
   for (const Box& b0 : boxes) {
     Box b = b0;
     b.x1 = std::clamp(b.x1, 0.0, static_cast<double>(S2)) * 0.5;
@@ -378,6 +402,117 @@ Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc)
     if (b.x2 - b.x1 > 2.0 && b.y2 - b.y1 > 2.0) out.boxes.push_back(b);
   }
   return out;
+}
+
+// ---- YOLOX random affine and mixup ---------------------------------------------------------
+AffineParams draw_affine(Rng& rng, const AugmentOptions& opt, int S) {
+  const double deg2rad = M_PI / 180.0;
+  const double angle = rng.uniform(-opt.degrees, opt.degrees) * deg2rad;
+  const double scale = rng.uniform(opt.mosaic_scale_lo, opt.mosaic_scale_hi);
+  const double shx = std::tan(rng.uniform(-opt.shear, opt.shear) * deg2rad);
+  const double shy = std::tan(rng.uniform(-opt.shear, opt.shear) * deg2rad);
+  const double tx = rng.uniform(-opt.translate, opt.translate) * S;
+  const double ty = rng.uniform(-opt.translate, opt.translate) * S;
+  // Rotation and scale about the origin, then the shear rows mixed in.
+  const double a = scale * std::cos(angle), b = scale * std::sin(angle);
+  AffineParams p;
+  p.m = {a - shy * b, b + shy * a, tx, -b + shx * a, a + shx * b, ty};
+  return p;
+}
+
+Sample warp_affine(const Sample& in, const AffineParams& p, int S) {
+  check_image(in.image);
+  const torch::Tensor src_t = in.image.contiguous();
+  const uint8_t* src = src_t.data_ptr<uint8_t>();
+  const int h = static_cast<int>(src_t.size(0)), w = static_cast<int>(src_t.size(1));
+  const auto& m = p.m;
+  const double det = m[0] * m[4] - m[1] * m[3];
+  if (!(std::abs(det) > 1e-12)) throw UsageError("warp_affine: singular matrix");
+  // Inverse: source = R (dst - t).
+  const double r00 = m[4] / det, r01 = -m[1] / det, r10 = -m[3] / det, r11 = m[0] / det;
+  Sample out;
+  out.image = torch::empty({S, S, 3}, torch::kUInt8);
+  uint8_t* dst = out.image.data_ptr<uint8_t>();
+  const auto pixel = [&](int x, int y, int c) -> float {
+    return (x < 0 || y < 0 || x >= w || y >= h) ? static_cast<float>(kPad)
+                                                : static_cast<float>(src[(static_cast<size_t>(y) * w + x) * 3 + c]);
+  };
+  for (int y = 0; y < S; ++y) {
+    const double dy = y - m[5];
+    for (int x = 0; x < S; ++x) {
+      const double dx = x - m[2];
+      const double sx = r00 * dx + r01 * dy, sy = r10 * dx + r11 * dy;
+      uint8_t* d = dst + (static_cast<size_t>(y) * S + x) * 3;
+      if (!(sx > -1 && sy > -1 && sx < w && sy < h)) {
+        d[0] = d[1] = d[2] = kPad;
+        continue;
+      }
+      const int x0 = static_cast<int>(std::floor(sx)), y0 = static_cast<int>(std::floor(sy));
+      const float fx = static_cast<float>(sx - x0), fy = static_cast<float>(sy - y0);
+      for (int c = 0; c < 3; ++c) {
+        const float top = pixel(x0, y0, c) * (1 - fx) + pixel(x0 + 1, y0, c) * fx;
+        const float bottom = pixel(x0, y0 + 1, c) * (1 - fx) + pixel(x0 + 1, y0 + 1, c) * fx;
+        d[c] = round_u8(top * (1 - fy) + bottom * fy);
+      }
+    }
+  }
+  const double Sd = S;
+  for (const Box& b : in.boxes) {
+    const double xs[4] = {b.x1, b.x2, b.x1, b.x2}, ys[4] = {b.y1, b.y1, b.y2, b.y2};
+    double x1 = INFINITY, y1 = INFINITY, x2 = -INFINITY, y2 = -INFINITY;
+    for (int k = 0; k < 4; ++k) {
+      const double X = m[0] * xs[k] + m[1] * ys[k] + m[2], Y = m[3] * xs[k] + m[4] * ys[k] + m[5];
+      x1 = std::min(x1, X), x2 = std::max(x2, X), y1 = std::min(y1, Y), y2 = std::max(y2, Y);
+    }
+    out.boxes.push_back({std::clamp(x1, 0.0, Sd), std::clamp(y1, 0.0, Sd), std::clamp(x2, 0.0, Sd),
+                         std::clamp(y2, 0.0, Sd), b.cls});
+  }
+  return out;
+}
+
+void mixup_yolox(Sample& base, const Sample& partner, double jit, bool flip, int off_x, int off_y, int S) {
+  check_image(base.image);
+  check_image(partner.image);
+  if (base.image.size(0) != S || base.image.size(1) != S) throw UsageError("mixup_yolox: base must be S x S");
+  // Partner letterboxed top-left into S x S, then the whole canvas resized by the jitter.
+  const int ph = static_cast<int>(partner.image.size(0)), pw = static_cast<int>(partner.image.size(1));
+  const double r = std::min(static_cast<double>(S) / ph, static_cast<double>(S) / pw);
+  const int rw = std::max(1, static_cast<int>(pw * r)), rh = std::max(1, static_cast<int>(ph * r));
+  torch::Tensor boxed = torch::empty({S, S, 3}, torch::kUInt8);
+  std::memset(boxed.data_ptr<uint8_t>(), kPad, static_cast<size_t>(S) * S * 3);
+  {
+    const torch::Tensor resized = ops::resize_bilinear(partner.image, rh, rw).contiguous();
+    for (int y = 0; y < rh; ++y)
+      std::memcpy(boxed.data_ptr<uint8_t>() + static_cast<size_t>(y) * S * 3,
+                  resized.data_ptr<uint8_t>() + static_cast<size_t>(y) * rw * 3, static_cast<size_t>(rw) * 3);
+  }
+  const int jw = std::max(1, static_cast<int>(S * jit)), jh = jw;
+  const torch::Tensor jittered = ops::resize_bilinear(boxed, jh, jw).contiguous();
+  const uint8_t* jp = jittered.data_ptr<uint8_t>();
+  // Zero canvas of max(jS, S), the jittered image top-left (mirrored when flip), S x S cropped.
+  uint8_t* bp = base.image.data_ptr<uint8_t>();
+  for (int y = 0; y < S; ++y) {
+    for (int x = 0; x < S; ++x) {
+      const int cy = y + off_y, cx = x + off_x;
+      uint8_t* d = bp + (static_cast<size_t>(y) * S + x) * 3;
+      for (int c = 0; c < 3; ++c) {
+        int v = 0;
+        if (cy < jh && cx < jw) v = jp[(static_cast<size_t>(cy) * jw + (flip ? jw - 1 - cx : cx)) * 3 + c];
+        d[c] = static_cast<uint8_t>(0.5f * d[c] + 0.5f * static_cast<float>(v));  // truncated, as astype(uint8)
+      }
+    }
+  }
+  const double k = r * jit, Sd = S;
+  for (const Box& b : partner.boxes) {
+    double x1 = std::clamp(b.x1 * k, 0.0, static_cast<double>(jw)), x2 = std::clamp(b.x2 * k, 0.0, static_cast<double>(jw));
+    const double y1 = std::clamp(b.y1 * k, 0.0, static_cast<double>(jh)), y2 = std::clamp(b.y2 * k, 0.0, static_cast<double>(jh));
+    if (flip) {
+      const double f1 = jw - x2, f2 = jw - x1;
+      x1 = f1, x2 = f2;
+    }
+    base.boxes.push_back({std::clamp(x1 - off_x, 0.0, Sd), std::clamp(y1 - off_y, 0.0, Sd),
+                          std::clamp(x2 - off_x, 0.0, Sd), std::clamp(y2 - off_y, 0.0, Sd), b.cls});
+  }
 }
 
 // ---- per-sample transform ----------------------------------------------------------------
@@ -423,6 +558,29 @@ void apply_transform(const Sample& in, const TransformParams& p, int S, int max_
 void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
                        Rng& rng, uint8_t* image_out, float* targets_out) {
   const int S = opt.imgsz;
+  if (opt.style == AugmentStyle::Yolox && mosaic && rng.uniform() < opt.mosaic_prob) {
+    const MosaicParams mp = draw_mosaic(rng, S, ds.size());
+    const Sample t0 = ds.load_resized(index);
+    const Sample t1 = ds.load_resized(mp.others[0]);
+    const Sample t2 = ds.load_resized(mp.others[1]);
+    const Sample t3 = ds.load_resized(mp.others[2]);
+    Sample m = warp_affine(mosaic_canvas({&t0, &t1, &t2, &t3}, S, mp.xc, mp.yc), draw_affine(rng, opt, S), S);
+    if (opt.mixup_prob > 0 && !m.boxes.empty() && rng.uniform() < opt.mixup_prob) {
+      const double jit = rng.uniform(opt.mixup_scale_lo, opt.mixup_scale_hi);
+      const bool flip = rng.uniform() > 0.5;
+      // A partner with labels (up to 20 draws, else no mixup).
+      Sample partner;
+      for (int tries = 0; tries < 20 && partner.boxes.empty(); ++tries) partner = ds.load_resized(rng.randint(0, ds.size() - 1));
+      if (!partner.boxes.empty()) {
+        const int extra = std::max(1, static_cast<int>(S * jit)) - S;
+        const int off_y = extra > 0 ? static_cast<int>(rng.randint(0, extra - 1)) : 0;
+        const int off_x = extra > 0 ? static_cast<int>(rng.randint(0, extra - 1)) : 0;
+        mixup_yolox(m, partner, jit, flip, off_x, off_y, S);
+      }
+    }
+    apply_transform(m, draw_transform(rng, opt), S, opt.max_labels, image_out, targets_out);
+    return;
+  }
   if (mosaic && rng.uniform() < opt.mosaic_prob) {
     const MosaicParams mp = draw_mosaic(rng, S, ds.size());
     const Sample t0 = ds.load_resized(index);

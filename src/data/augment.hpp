@@ -15,6 +15,13 @@
 
 namespace libreyolo::data {
 
+// The mosaic/mixup pipeline of a family. Yolo9: the 2S mosaic canvas resized to S; mixup blends
+// with a Beta(32, 32) weight and keeps the mosaic's labels only. Yolox (yolox.md §5.9): the 2S
+// canvas goes through a random affine (rotation, scale, shear, translation about the canvas
+// origin) to S x S; mixup pastes a scaled, maybe flipped partner at a fixed 0.5 weight and keeps
+// its labels; HSV and flip come after the mixup.
+enum class AugmentStyle { Yolo9, Yolox };
+
 struct AugmentOptions {
   int imgsz = 640;
   int max_labels = 100;
@@ -23,6 +30,11 @@ struct AugmentOptions {
   double hsv_prob = 1.0;
   double flip_prob = 0.5;
   double hgain = 5.0, sgain = 30.0, vgain = 30.0;
+  AugmentStyle style = AugmentStyle::Yolo9;
+  // Yolox only: random affine ranges (degrees, fraction of S, degrees) and the scale ranges.
+  double degrees = 10.0, translate = 0.1, shear = 2.0;
+  double mosaic_scale_lo = 0.1, mosaic_scale_hi = 2.0;
+  double mixup_scale_lo = 0.5, mixup_scale_hi = 1.5;
 };
 
 // ---- HSV in OpenCV's uint8 space (H in [0, 180), S and V in [0, 255]) -----------------------
@@ -50,6 +62,24 @@ MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size);
 // canvas of 114, shifts and clips their boxes, resizes the canvas to S x S and keeps boxes with
 // w > 2 and h > 2. Deterministic: all random choices are in the arguments.
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
+
+// The 2S x 2S mosaic canvas itself (tiles placed as mosaic4 places them), boxes clipped to it.
+Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
+
+// ---- YOLOX random affine and mixup (yolox.md §5.9) -----------------------------------------
+// The 2x3 matrix taking source pixels to output pixels: m = {a, b, tx, c, d, ty}.
+struct AffineParams {
+  std::array<double, 6> m{1, 0, 0, 0, 1, 0};
+};
+// Draw order: angle, scale, shear x, shear y, translation x, y (as the reference).
+AffineParams draw_affine(Rng& rng, const AugmentOptions& opt, int imgsz);
+// Warps the image to S x S (bilinear, border 114): output pixel p samples the source at M^-1 p.
+// Boxes: the four corners transformed, their hull clipped to [0, S]; none dropped here.
+Sample warp_affine(const Sample& in, const AffineParams& p, int imgsz);
+// YOLOX mixup of `base` (S x S) with `partner` (any size): the partner letterboxed top-left
+// into S x S, resized by `scale`, mirrored when `flip`, cropped S x S at (off_x, off_y) of its
+// max(scale S, S) canvas, blended 0.5 / 0.5 (truncated), its boxes moved alike and appended.
+void mixup_yolox(Sample& base, const Sample& partner, double scale, bool flip, int off_x, int off_y, int imgsz);
 
 // ---- Per-sample transform (../shared/reference/yolo9.md §4.5) -------------------------------
 struct TransformParams {

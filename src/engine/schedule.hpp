@@ -1,16 +1,19 @@
-// Per-iteration learning-rate schedules of the YOLOv9 recipe (yolo9.md §3.4, training.md §5.8).
+// Per-iteration learning-rate schedules: the YOLOv9 recipe's linear and cos (yolo9.md §3.4,
+// training.md §5.8) and YOLOX's warm-cos (yolox.md §5.4: quadratic warm-up, cosine, a flat floor
+// over the no-aug epochs).
 #pragma once
 #include <string>
 
 namespace libreyolo::engine {
 
 struct LrSchedule {
-  std::string kind = "linear";  // linear, cos
+  std::string kind = "linear";  // linear, cos, yoloxwarmcos
   double lr0 = 0.01;
   double warmup_lr_start = 1e-4;
   double min_lr_ratio = 0.01;
   long long warmup_iters = 0;  // warmup_epochs * iterations per epoch
   long long total_iters = 1;   // epochs * iterations per epoch
+  long long plateau_iters = 0; // yoloxwarmcos: final iterations held at the floor (no_aug_epochs)
 
   // Learning rate after `it` optimizer steps.
   double at(long long it) const;

@@ -338,6 +338,7 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
   s.schedule.min_lr_ratio = cfg.min_lr_ratio;
   s.schedule.warmup_iters = static_cast<long long>(std::llround(cfg.warmup_epochs * s.steps_per_epoch));
   s.schedule.total_iters = static_cast<long long>(s.steps_per_epoch) * cfg.epochs;
+  s.schedule.plateau_iters = static_cast<long long>(s.steps_per_epoch) * std::max(cfg.no_aug_epochs, 0);
   StepConfig sc;
   sc.device = device;
   sc.amp = amp;

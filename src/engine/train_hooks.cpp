@@ -72,7 +72,12 @@ class EpochActionsHook : public TrainHook {
   bool all_ranks() const override { return true; }
   void before_train(TrainState& s) override {
     const int no_aug_start = s.epochs - s.config->no_aug_epochs;
-    if (s.config->no_aug_epochs > 0 && s.start_epoch > no_aug_start) close_mosaic(s);
+    // A resumed run whose checkpoint was written after the switch keeps it (the checkpoint's
+    // `mosaic_closed`), whatever the epoch count now says; otherwise it follows from the epoch.
+    bool closed = false;
+    if (const auto& ck = t_.resume_checkpoint())
+      if (auto v = ck->get("mosaic_closed"); v && v->kind == io::PyValue::Kind::Bool) closed = v->b;
+    if (closed || (s.config->no_aug_epochs > 0 && s.start_epoch > no_aug_start)) close_mosaic(s);
   }
   void after_train(TrainState& s, TrainResult&) override {
     if (!s.config->cuda_graph) return;
@@ -248,6 +253,8 @@ class CheckpointHook : public TrainHook {
       root->set("ema_updates", io::PyValue::from_int(t_.ema()->updates()));
     }
     root->set("scaler", t_.step_runner().scaler().state_dict());
+    // The close-mosaic switch (and with it the family's per-epoch change, e.g. YOLOX's L1 loss).
+    root->set("mosaic_closed", io::PyValue::from_bool(!t_.train_loader().mosaic()));
     return root;
   }
   Trainer& t_;

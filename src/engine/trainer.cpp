@@ -230,6 +230,10 @@ void Trainer::setup_data() {
   lo.augment.mixup_prob = cfg_.mixup_prob;
   lo.augment.hsv_prob = cfg_.hsv_prob;
   lo.augment.flip_prob = cfg_.flip_prob;
+  lo.augment.style = lm_.family->augment == "yolox" ? data::AugmentStyle::Yolox : data::AugmentStyle::Yolo9;
+  lo.augment.degrees = cfg_.degrees;
+  lo.augment.translate = cfg_.translate;
+  lo.augment.shear = cfg_.shear;
   train_loader_ = std::make_unique<data::DataLoader>(train_set_, lo);
   if (train_loader_->size() == 0)
     throw DataError("The training split has " + std::to_string(train_set_->size()) + " images, fewer than one batch of " +

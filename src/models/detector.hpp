@@ -94,6 +94,8 @@ struct Family {
   // Returns true when it changed what the training step computes (captured graphs must go).
   std::function<bool(Detector& model, DetectionLoss& loss)> on_close_mosaic;
   InputSpec input;
+  // Training augmentation pipeline (data/augment.hpp AugmentStyle): "yolo9" or "yolox".
+  std::string augment = "yolo9";
   std::function<ops::Detections(const torch::Tensor& pred, const PostprocessArgs& args)> postprocess;
   // Postprocess thresholds of validation during training.
   ops::PostprocessThresholds train_val_thresholds = ops::kTrainValThresholds;

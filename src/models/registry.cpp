@@ -5,12 +5,14 @@
 #include "libreyolo/errors.hpp"
 #include "models/detector.hpp"
 #include "models/yolo9/yolo9.hpp"
+#include "models/yolox/yolox.hpp"
 
 namespace libreyolo::models {
 
 const std::vector<const Family*>& families() {
   static const std::vector<const Family*> all = {
       &yolo9::family(),
+      &yolox::family(),
   };
   return all;
 }
