@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph infer_graph yolox; "bench" = all benchmarks.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FINAL=${OUT:-$ROOT/out}
@@ -74,6 +74,18 @@ want graph && {
   run step_graph_kernels 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema \
     ${LIBREYOLO_GRAPH_KERNEL_ARGS:---sizes t --batches 8,32 --dtypes bf16 --cuda-graph on --steps 3 --warmup 6}
 }
+# Inference forward, eager vs one CUDA graph per shape (uint8 images on the device -> predictions).
+want infer_graph && {
+  run forward_graph_fp32 200 "$BIN/bench_forward" --device cuda --dtype fp32 --channels-last --sizes t --batches 1 \
+    --cuda-graph off,on --iters 100 --warmup 10
+  run forward_graph_bf16 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1,32 \
+    --cuda-graph off,on --iters 100 --warmup 10
+}
+# YOLOX beside YOLOv9 (issue 14): step times eager and graphed.
+want yolox && for fam in yolox yolo9; do
+  run step_${fam}_s 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema --no-kernels --family $fam \
+    --sizes s --batches 16,32 --dtypes bf16 --cuda-graph off,on --steps 24 --warmup 12
+done
 # The profiler's verdicts on real configurations (issue 8), on the bench's 810x1080 JPEG dataset.
 want verdicts && {
   E2E_DIR=/tmp/libreyolo_e2e_810x1080

@@ -42,10 +42,12 @@ TEST(GpuInferenceGraph, ReplayEqualsEagerBitForBitOnTwoProbes) {
   LY_REQUIRE_CUDA();
   Deterministic det;
   const torch::Device dev(torch::kCUDA, 0);
-  const models::Family* fam = models::find_family("yolo9");
-  ASSERT_TRUE(fam->capture_inference);
+  for (const char* family : {"yolo9", "yolox"}) {
+  const models::Family* fam = models::find_family(family);
+  ASSERT_NE(fam, nullptr) << family;
+  ASSERT_TRUE(fam->capture_inference) << family;
   torch::manual_seed(0);
-  auto model = fam->build("t", 80);
+  auto model = fam->build(fam->default_size, 80);
   model->to(dev);
   model->eval();
   for (const char* dtype : {"fp32", "bf16"}) {
@@ -57,12 +59,13 @@ TEST(GpuInferenceGraph, ReplayEqualsEagerBitForBitOnTwoProbes) {
     for (const auto& probe : probes(2, 320)) {
       const torch::Tensor want = graphs.forward(*model, *fam, probe, spec, models::GraphMode::Off).clone();
       const torch::Tensor got = graphs.forward(*model, *fam, probe, spec, models::GraphMode::On).clone();
-      EXPECT_TRUE(torch::equal(want, got)) << dtype << " max diff " << (want - got).abs().max().item<float>();
+      EXPECT_TRUE(torch::equal(want, got)) << family << " " << dtype << " max diff " << (want - got).abs().max().item<float>();
     }
     const auto info = graphs.info();
     EXPECT_EQ(info.captures, 1) << dtype;   // one shape, captured on the first graphed use
     EXPECT_EQ(info.replays, 2) << dtype;    // the first graphed call replays right after capturing
     EXPECT_EQ(info.captured.size(), 1u) << dtype;
+  }
   }
 }
 

@@ -119,6 +119,7 @@ Family make_family() {
   // Forward, SimOTA (dense, fixed shapes, no host reads), loss and backward: capturable. The L1
   // switch invalidates captured steps through on_close_mosaic's return value.
   f.capture_train_step = true;
+  f.capture_inference = true;
   f.task = "detect";
   f.build = build;
   f.build_like = build_like;
