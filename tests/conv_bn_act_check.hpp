@@ -134,6 +134,19 @@ std::pair<double, std::string> compare_module(MakeFn make, std::vector<int64_t> 
 // running statistic equal with the fused node and with the composed ops.
 inline void check_blocks(const torch::Device& device, bool channels_last, double tol) {
   using namespace libreyolo::models::yolo9;
+  // Both sides in true fp32 with cuDNN's heuristic choice: TF32 convolutions (PyTorch's default)
+  // and autotuned algorithms would add their own ~1e-3 differences to what is compared here.
+  auto& ctx = at::globalContext();
+  const bool tf32 = ctx.allowTF32CuDNN(), bench = ctx.benchmarkCuDNN();
+  ctx.setAllowTF32CuDNN(false);
+  ctx.setBenchmarkCuDNN(false);
+  struct Restore {
+    bool tf32, bench;
+    ~Restore() {
+      at::globalContext().setAllowTF32CuDNN(tf32);
+      at::globalContext().setBenchmarkCuDNN(bench);
+    }
+  } restore{tf32, bench};
   const std::vector<int64_t> in{2, 16, 12, 12};
   auto check = [&](const char* name, auto make, std::vector<int64_t> shape) {
     auto [err, where] = compare_module(make, shape, device, channels_last);

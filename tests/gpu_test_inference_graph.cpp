@@ -94,8 +94,11 @@ TEST(GpuInferenceGraph, AutoCapturesOnTheThirdUseAndInvalidates) {
   model->eval();
   graphs.forward(*model, *fam, images, spec, models::GraphMode::On);
   EXPECT_EQ(graphs.info().captured.size(), 1u);
-  // Another parameter dtype: dropped, and the new dtype's forward captured.
+  // Another parameter dtype: dropped, and the new dtype's forward captured (half parameters run
+  // under float16 autocast: the float input is cast for each convolution).
   model->to(torch::kHalf);
+  spec.amp = true;
+  spec.amp_dtype = torch::kHalf;
   graphs.forward(*model, *fam, images, spec, models::GraphMode::On);
   EXPECT_EQ(graphs.info().releases, 2);
   EXPECT_EQ(graphs.info().captured.size(), 1u);
