@@ -13,6 +13,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "profile/analysis.hpp"
+#include "profile/infer.hpp"
 #include "profile/profile_cli.hpp"
 #include "profile/timeline.hpp"
 #include "support.hpp"
@@ -445,7 +446,7 @@ TEST(ProfileReaders, ExitCodesAndRawTraces) {
   write_file(d + "/other.json", "{\"a\": 1}");
   EXPECT_EQ(cli({"summary", d + "/other.json"}, &out, &err), 1);
   EXPECT_EQ(cli({"run", "data.yaml"}, &out, &err), 2);
-  EXPECT_NE(err.find("not yet in this build"), std::string::npos) << err;
+  EXPECT_NE(err.find("use the libreyolo command"), std::string::npos) << err;  // the library has only the readers
   EXPECT_EQ(cli({"infer"}, &out, &err), 2);
   EXPECT_EQ(cli({"frobnicate", "x"}, &out, &err), 2);
   EXPECT_EQ(cli({}, &out, &err), 2);
@@ -529,4 +530,26 @@ TEST(ProfileTimeline, DrawsInHeadlessChromium) {
          " --window-size=1400,900 file://" + page,
      &shot_log);
   EXPECT_TRUE(fs::exists(logs / "timeline_screenshot.png")) << shot_log;
+}
+
+// ------------------------------------------------------------------ inference profiler rules
+TEST(ProfileInfer, PercentilesRoundHalfToEvenAsTheReference) {
+  const std::vector<double> v = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  EXPECT_DOUBLE_EQ(lp::percentile(v, 50), 5.0);   // 0.5 * 9 = 4.5 -> 4 (half to even)
+  EXPECT_DOUBLE_EQ(lp::percentile(v, 90), 9.0);   // 8.1 -> 8
+  EXPECT_DOUBLE_EQ(lp::percentile(v, 99), 10.0);  // 8.91 -> 9
+  EXPECT_DOUBLE_EQ(lp::percentile({3, 7}, 50), 3.0);  // 0.5 -> 0
+  EXPECT_DOUBLE_EQ(lp::percentile({}, 50), 0.0);
+}
+
+TEST(ProfileInfer, VerdictRulesFirstMatchWins) {
+  EXPECT_EQ(lp::inference_verdict(0, 0, 0, true, 1.0).first, "inference");
+  EXPECT_EQ(lp::inference_verdict(1, 2, 3, true, 1.0).first, "nms / postprocess");  // post 50% >= fwd
+  EXPECT_EQ(lp::inference_verdict(4, 2, 1, true, 1.0).first, "preprocess");         // pre 57%
+  EXPECT_EQ(lp::inference_verdict(1, 5, 1, false, 0.1).first, "compute");           // CPU
+  EXPECT_EQ(lp::inference_verdict(1, 5, 1, true, 0.5).first, "host / launch");       // util < 0.8
+  EXPECT_EQ(lp::inference_verdict(1, 5, 1, true, 0.9).first, "compute");
+  // post >= fwd but under 35% of the step: not the postprocess rule.
+  EXPECT_EQ(lp::inference_verdict(10, 3, 3, true, 0.9).first, "preprocess");
+  EXPECT_NE(lp::inference_verdict(1, 2, 3, true, 1.0).second.find("max_det"), std::string::npos);
 }

@@ -1,6 +1,7 @@
 // `libreyolo profile ...` reached through the main command line, and `profile run` for real on
 // the CPU: a profile-only training run, its files, the readers on them, and --repeat.
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -12,8 +13,10 @@ namespace fs = std::filesystem;
 
 TEST(ProfileCli, DispatchedFromTheMainCommand) {
   std::ostringstream out, err;
-  EXPECT_EQ(libreyolo::cli::run({"profile", "infer"}, out, err), 2);
-  EXPECT_NE(err.str().find("not yet in this build"), std::string::npos) << err.str();
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "/no/such/folder", "--device", "cpu"}, out, err), 2);
+  EXPECT_NE(err.str().find("no images found at: /no/such/folder"), std::string::npos) << err.str();
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "--runz", "3"}, out, err), 2);
+  EXPECT_NE(err.str().find("Unknown option --runz"), std::string::npos) << err.str();
   EXPECT_EQ(libreyolo::cli::run({"profile", "run", "--help"}, out, err), 0);
   EXPECT_NE(out.str().find("--repeat"), std::string::npos);
   EXPECT_EQ(libreyolo::cli::run({"profile", "--help"}, out, err), 0);
@@ -69,4 +72,48 @@ TEST(ProfileCli, RunProfilesATrainingWindowOnTheCpu) {
   EXPECT_TRUE(fs::exists(fs::path(project) / "prof_1" / "profile.json"));
   ASSERT_TRUE(fs::exists(fs::path(project) / "profile_repeat.json"));
   EXPECT_NE(out.str().find("(n=2)"), std::string::npos) << out.str();
+}
+
+// `profile infer` for real on the CPU (the sample image, a fresh v9-t): the JSON headline, the
+// files in the mode-"inference" schema, a reader on them, and --repeat.
+TEST(ProfileCli, InferProfilesPredictIterationsOnTheCpu) {
+  const std::string project = libreyolo::test::temp_dir("prof_infer");
+  std::ostringstream out, err;
+  const std::vector<std::string> base = {"profile", "infer", "--imgsz", "128", "--warmup", "1", "--runs", "6",
+                                         "--device", "cpu", "--project", project};
+  std::vector<std::string> args = base;
+  args.push_back("--json");
+  ASSERT_EQ(libreyolo::cli::run(args, out, err), 0) << err.str();
+  const auto j = nlohmann::json::parse(out.str());
+  EXPECT_EQ(j["mode"], "inference");
+  EXPECT_GT(j["img_per_s"].get<double>(), 0.0);
+  const double p50 = j["latency_p50_ms"].get<double>(), p90 = j["latency_p90_ms"].get<double>(),
+               p99 = j["latency_p99_ms"].get<double>();
+  EXPECT_GT(p50, 0.0);
+  EXPECT_LE(p50, p90);
+  EXPECT_LE(p90, p99);
+  for (const char* k : {"preprocess", "forward", "postprocess"}) EXPECT_GE(j["stages_ms"][k].get<double>(), 0.0) << k;
+  EXPECT_GT(j["stages_ms"]["forward"].get<double>(), 0.0);
+  const std::string bound = j["bound"].get<std::string>();
+  EXPECT_TRUE(bound == "compute" || bound == "preprocess" || bound == "nms / postprocess") << bound;
+  const fs::path dir = fs::path(project) / "infer";
+  for (const char* f : {"profile.json", "profile_summary.json", "profile_trace.json"})
+    EXPECT_TRUE(fs::exists(dir / f)) << f;
+  std::ifstream in(dir / "profile.json");
+  const auto prof = nlohmann::json::parse(in);
+  EXPECT_EQ(prof["mode"], "inference");
+  EXPECT_EQ(prof["schema"], "libreyolo.profile.analysis/v1");
+  EXPECT_EQ(prof["latency"]["n"], 3);  // the unsynced half of 6 runs
+  EXPECT_TRUE(prof["metrics"].contains("latency_p99_ms"));
+  out.str("");
+  EXPECT_EQ(libreyolo::cli::run({"profile", "summary", (dir / "profile.json").string()}, out, err), 0) << err.str();
+  // --repeat 2
+  out.str("");
+  args = base;
+  args.insert(args.end(), {"--repeat", "2", "--no-trace"});
+  ASSERT_EQ(libreyolo::cli::run(args, out, err), 0) << err.str();
+  EXPECT_TRUE(fs::exists(fs::path(project) / "infer_0" / "profile.json"));
+  EXPECT_TRUE(fs::exists(fs::path(project) / "infer_1" / "profile.json"));
+  EXPECT_FALSE(fs::exists(fs::path(project) / "infer_1" / "profile_trace.json"));
+  ASSERT_TRUE(fs::exists(fs::path(project) / "infer_repeat.json"));
 }

@@ -91,6 +91,24 @@ struct PredictConfig {
   bool exist_ok = false;
 };
 
+// `libreyolo profile infer` / LibreYOLO::profile_inference (perf_tools.md §2.2, §3).
+struct InferProfileConfig {
+  std::string source = "SAMPLE_IMAGE";  // image file, directory, or SAMPLE_IMAGE
+  int batch = 1;
+  int imgsz = 640;
+  bool half = false;                    // autocast on CUDA
+  std::string amp_dtype = "float16";    // float16 or bfloat16 (with half)
+  int warmup = 20;
+  int runs = 100;                       // measured iterations: half unsynced, half synced per stage
+  double conf = 0.25;
+  double iou = 0.45;
+  int max_det = 300;
+  bool trace = true;
+  std::string cuda_graph = "false";     // false, true, auto: the forward from CUDA graphs
+  std::string project = "runs/profile";
+  std::string name = "infer";
+};
+
 struct ValConfig {
   std::string data;
   std::string split = "val";

@@ -81,6 +81,15 @@ struct TrainCallbacks {
   std::function<void(const std::exception&)> on_train_exception;
 };
 
+// The result of LibreYOLO::profile_inference (the files are in save_dir).
+struct InferenceProfile {
+  std::string save_dir, profile_path, summary_path, trace_path;  // trace_path "" without a trace
+  std::string bound, bound_why;  // preprocess, nms / postprocess, host / launch, compute, memory-pressure
+  double img_per_s = 0, p50_ms = 0, p90_ms = 0, p99_ms = 0;
+  double preprocess_ms = 0, forward_ms = 0, postprocess_ms = 0;  // synced means
+  std::string report;  // the printable report
+};
+
 // What the captured inference forwards of a model are (LibreYOLO::graph_info()).
 struct GraphInfo {
   std::vector<std::string> captured;  // one per graph alive: "1x3x640x640 fp32"
@@ -131,6 +140,9 @@ class LibreYOLO {
   void capture_graph(int imgsz = 640, int batch = 1, const std::string& dtype = "float32");
   GraphInfo graph_info() const;
   void release_graphs();
+
+  // The inference profiler: latency percentiles, the stage split, a verdict and the profile files.
+  InferenceProfile profile_inference(const InferProfileConfig& config);
 
   struct Impl;
 

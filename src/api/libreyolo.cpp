@@ -7,6 +7,7 @@
 #include "core/options.hpp"
 #include "core/config_schema.hpp"
 #include "engine/predictor.hpp"
+#include "engine/profile_infer.hpp"
 #include "engine/train.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"
@@ -130,6 +131,10 @@ GraphInfo LibreYOLO::graph_info() const {
 }
 
 void LibreYOLO::release_graphs() { impl_->graphs->release("release_graphs()"); }
+
+InferenceProfile LibreYOLO::profile_inference(const InferProfileConfig& config) {
+  return engine::run_profile_infer(*impl_, config);
+}
 
 ModelInfo LibreYOLO::info() const {
   ModelInfo i;

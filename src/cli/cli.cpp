@@ -492,12 +492,15 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
   // `profile` has its own sub-app grammar (--name value, positional files): the readers are in
   // src/profile/, `profile run` trains through the API (cli/profile_run.cpp).
   const bool help_asked = std::find(args.begin(), args.end(), "--help") != args.end();
-  if (args[0] == "profile" && !(args.size() > 1 && args[1] == "run" && !help_asked))
+  const bool profiles = args.size() > 1 && (args[1] == "run" || args[1] == "infer");
+  if (args[0] == "profile" && !(profiles && !help_asked))
     return profile::run_profile_command(std::vector<std::string>(args.begin() + 1, args.end()), out, err);
   const Command* cmd = nullptr;
   for (const auto& c : cmds)
     if (c.name == args[0]) cmd = &c;
   try {
+    if (args[0] == "profile" && args[1] == "infer")
+      return cmd_profile_infer(std::vector<std::string>(args.begin() + 2, args.end()), out);
     if (args[0] == "profile") return cmd_profile_run(std::vector<std::string>(args.begin() + 2, args.end()), out);
     if (!cmd) {
       std::vector<std::string> names;

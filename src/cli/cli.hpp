@@ -30,6 +30,8 @@ ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<st
 
 // `libreyolo profile run <data> [--options]` (cli/profile_run.cpp). Throws libreyolo::Error.
 int cmd_profile_run(const std::vector<std::string>& args, std::ostream& out);
+// `libreyolo profile infer [source]`: the inference profiler (cli/profile_run.cpp).
+int cmd_profile_infer(const std::vector<std::string>& args, std::ostream& out);
 
 // Runs a command line; output to `out` (results) and `err` (messages). Returns the exit code.
 int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

@@ -1,6 +1,7 @@
 // `libreyolo profile run <data>`: a profile-only training run (SPEC P5). It trains with the
 // profiler on, mosaic closing never (no_aug_epochs=0), and stops when the window closes; with
 // --repeat N it runs N trials (prof_0..prof_{N-1}) and writes <project>/profile_repeat.json.
+#include <cmath>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -158,6 +159,132 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
     out << strfmt(" +/- %.2f (n=%d)", result["img_per_s_std"].get<double>(), a.repeat);
   out << "  |  " << (result.contains("bound") && result["bound"].is_string() ? result["bound"].get<std::string>() : "?")
       << "\nprofile: " << shown << "\nnext:    libreyolo profile summary " << shown << "\n";
+  return 0;
+}
+
+namespace {
+
+struct InferArgs {
+  InferProfileConfig cfg;
+  std::string weights, size = "t", device = "auto";
+  int repeat = 1;
+  bool json = false;
+};
+
+double to_double(const std::string& flag, const std::string& v) {
+  try {
+    size_t used = 0;
+    const double x = std::stod(v, &used);
+    if (used == v.size()) return x;
+  } catch (const std::exception&) {
+  }
+  throw UsageError("Invalid value for --" + flag + ": '" + v + "'", "Pass a number.", "config_type_error");
+}
+
+InferArgs parse_infer(const std::vector<std::string>& args) {
+  InferArgs r;
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string a = args[i];
+    if (a == "--json") { r.json = true; continue; }
+    if (a == "--half" || a == "--no-half") { r.cfg.half = a == "--half"; continue; }
+    if (a == "--trace" || a == "--no-trace") { r.cfg.trace = a == "--trace"; continue; }
+    if (a.rfind("--", 0) != 0) { positional.push_back(a); continue; }
+    std::string key = a.substr(2), value;
+    if (auto eq = key.find('='); eq != std::string::npos) {
+      value = key.substr(eq + 1);
+      key = key.substr(0, eq);
+    } else if (key == "cuda-graph" || key == "cuda_graph") {
+      // A bare --cuda-graph means true; a following mode word is its value.
+      const bool has_value = i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false" || args[i + 1] == "auto");
+      value = has_value ? args[++i] : "true";
+    } else {
+      if (i + 1 >= args.size()) throw UsageError("--" + key + " requires a value", "", "config_type_error");
+      value = args[++i];
+    }
+    if (key == "weights") r.weights = value;
+    else if (key == "size") r.size = value;
+    else if (key == "device") r.device = value;
+    else if (key == "project") r.cfg.project = value;
+    else if (key == "batch") r.cfg.batch = to_int(key, value);
+    else if (key == "imgsz") r.cfg.imgsz = to_int(key, value);
+    else if (key == "warmup") r.cfg.warmup = to_int(key, value);
+    else if (key == "runs") r.cfg.runs = to_int(key, value);
+    else if (key == "repeat") r.repeat = to_int(key, value);
+    else if (key == "max-det" || key == "max_det") r.cfg.max_det = to_int(key, value);
+    else if (key == "conf") r.cfg.conf = to_double(key, value);
+    else if (key == "iou") r.cfg.iou = to_double(key, value);
+    else if (key == "amp-dtype" || key == "amp_dtype") r.cfg.amp_dtype = value;
+    else if (key == "cuda-graph" || key == "cuda_graph") r.cfg.cuda_graph = value;
+    else
+      throw UsageError("Unknown option --" + key + " for 'profile infer'",
+                       "Options: --weights --size --batch --imgsz --half/--no-half --amp-dtype --warmup --runs --repeat "
+                       "--conf --iou --max-det --device --trace/--no-trace --cuda-graph --project --json",
+                       "config_unknown_key");
+  }
+  if (positional.size() > 1)
+    throw UsageError("profile infer takes at most one source: libreyolo profile infer [image|folder] [options]", "",
+                     "config_type_error");
+  if (!positional.empty()) r.cfg.source = positional[0];
+  if (r.repeat < 1) throw UsageError("--repeat must be at least 1", "", "config_range_error");
+  if (r.cfg.amp_dtype != "float16" && r.cfg.amp_dtype != "bfloat16" && r.cfg.amp_dtype != "fp16" &&
+      r.cfg.amp_dtype != "bf16")
+    throw UsageError("Invalid value for --amp-dtype: '" + r.cfg.amp_dtype + "' is not one of: float16, bfloat16", "",
+                     "config_range_error");
+  return r;
+}
+
+}  // namespace
+
+int cmd_profile_infer(const std::vector<std::string>& raw, std::ostream& out) {
+  const InferArgs a = parse_infer(raw);
+  // Without --weights: a fresh model of the size (this build downloads nothing).
+  LibreYOLO model(a.weights.empty() ? "yolo9" + a.size : a.weights, a.device);
+  std::vector<InferenceProfile> runs;
+  for (int i = 0; i < a.repeat; ++i) {
+    InferProfileConfig cfg = a.cfg;
+    cfg.name = a.repeat > 1 ? "infer_" + std::to_string(i) : "infer";
+    runs.push_back(model.profile_inference(cfg));
+    std::cerr << runs.back().report;
+  }
+  const InferenceProfile& last = runs.back();
+  std::string shown = last.profile_path;
+  double mean = 0, var = 0;
+  for (const auto& r : runs) mean += r.img_per_s / static_cast<double>(runs.size());
+  for (const auto& r : runs) var += (r.img_per_s - mean) * (r.img_per_s - mean) / static_cast<double>(runs.size());
+  const double stdev = std::sqrt(var);
+  if (a.repeat > 1) {
+    nlohmann::json trials = nlohmann::json::array();
+    for (const auto& r : runs) trials.push_back({{"profile", r.profile_path}, {"img_per_s", profile::round_to(r.img_per_s, 2)}});
+    nlohmann::json rep = profile::load_profile(last.profile_path);
+    rep["img_per_s"] = profile::round_to(mean, 2);
+    rep["img_per_s_std"] = profile::round_to(stdev, 2);
+    rep["img_per_s_n"] = a.repeat;
+    rep["trials"] = trials;
+    if (!rep.contains("metrics") || !rep["metrics"].is_object()) rep["metrics"] = nlohmann::json::object();
+    rep["metrics"]["throughput_img_s"] = profile::round_to(mean, 2);
+    shown = (fs::path(a.cfg.project) / "infer_repeat.json").string();
+    write_file_atomic(shown, rep.dump() + "\n");
+  }
+  if (a.json) {
+    out << nlohmann::json{{"profile", shown},
+                          {"mode", "inference"},
+                          {"img_per_s", profile::round_to(a.repeat > 1 ? mean : last.img_per_s, 2)},
+                          {"img_per_s_std", a.repeat > 1 ? nlohmann::json(profile::round_to(stdev, 2)) : nlohmann::json(nullptr)},
+                          {"img_per_s_n", a.repeat},
+                          {"latency_p50_ms", last.p50_ms},
+                          {"latency_p90_ms", last.p90_ms},
+                          {"latency_p99_ms", last.p99_ms},
+                          {"bound", last.bound},
+                          {"stages_ms",
+                           {{"preprocess", last.preprocess_ms}, {"forward", last.forward_ms}, {"postprocess", last.postprocess_ms}}}}
+               .dump()
+        << "\n";
+    return 0;
+  }
+  out << strfmt("img/s: %.2f  |  p50 %.2f ms  p90 %.2f ms  p99 %.2f ms  |  %s\nprofile: %s\nnext:    libreyolo profile summary %s\n",
+                a.repeat > 1 ? mean : last.img_per_s, last.p50_ms, last.p90_ms, last.p99_ms, last.bound.c_str(),
+                shown.c_str(), shown.c_str());
   return 0;
 }
 

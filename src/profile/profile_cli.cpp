@@ -380,7 +380,9 @@ const char* kUsage =
     "\n"
     "  run <data>            profile a training window: --weights --size --batch --imgsz --workers\n"
     "                        --amp/--no-amp --amp-dtype D --cuda-graph --steps --warmup --repeat --device --project --json\n"
-    "  infer [source]        profile inference (not yet in this build)\n"
+    "  infer [source]        profile inference: --weights --size --batch --imgsz --half/--no-half --amp-dtype D\n"
+    "                        --warmup --runs --repeat --conf --iou --max-det --device --trace/--no-trace\n"
+    "                        --cuda-graph [false|true|auto] --project --json\n"
     "  summary <file>        headline, verdict, kernel mix and top kernels\n"
     "  get <file> [field]    list the metrics, or print one\n"
     "  phases <file>         GPU and wall time per phase\n"
@@ -424,11 +426,9 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
         out << kUsage;
         return 0;
       }
-      // `run` is dispatched by the CLI before it reaches the readers (cli/profile_run.cpp).
-      throw UsageError("'libreyolo profile infer' is not yet in this build: it needs the inference runner's "
-                       "profile mode (the inference issue)",
-                       "The readers (summary, get, phases, kernels, ops, compare, what-if) work on an existing "
-                       "profile.json or trace; 'profile run' profiles training.",
+      // `run` and `infer` are dispatched by the CLI before they reach the readers
+      // (cli/profile_run.cpp); this library entry point only has the readers.
+      throw UsageError("'libreyolo profile " + sub + "' runs a model: use the libreyolo command", "",
                        "not_implemented");
     }
     Spec spec;
