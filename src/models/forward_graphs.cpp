@@ -121,8 +121,10 @@ torch::Tensor ForwardGraphs::forward(Detector& model, const Family& family, cons
                                      const ForwardSpec& spec, GraphMode mode) {
   std::string why;
   bool graphable = mode != GraphMode::Off && cuda_graphs_supported(spec.device, &why);
-  if (mode == GraphMode::On && !graphable)
-    log_info("CUDA graphs off for inference (" + why + "): running eager");  // once per call is fine: rare
+  if (mode == GraphMode::On && !graphable && !said_off_) {
+    log_info("CUDA graphs off for inference (" + why + "): running eager");
+    said_off_ = true;  // once per model, not once per batch
+  }
   if (graphable && !family.capture_inference) {
     if (mode == GraphMode::On)
       throw UsageError("cuda_graph=true: the " + family.name + " family does not declare a capturable inference forward",

@@ -66,6 +66,7 @@ class ForwardGraphs {
   bool try_capture(Detector& model, const Family& family, Entry& e, const ForwardSpec& spec);
   std::vector<std::unique_ptr<Entry>> entries_;  // most recently used last
   ForwardGraphInfo counts_;
+  bool said_off_ = false;
 };
 
 }  // namespace libreyolo::models
