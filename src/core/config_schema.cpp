@@ -148,7 +148,7 @@ void validate(const TrainConfig& c) {
   check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step"});
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
   check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos", "yoloxwarmcos"});
-  check_one_of("cache", c.cache, {"false", "ram", "true", "0", "1", "no", "yes"});
+  check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");
   if (c.momentum < 0 || c.momentum >= 1) range_error("momentum", "must be within [0, 1)");
   if (c.weight_decay < 0) range_error("weight_decay", "must be >= 0");

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/log.hpp"
+#include "data/disk_cache.hpp"
 #include "data/parallel.hpp"
 #include "io/image.hpp"
 #include "ops/image_ops.hpp"
@@ -246,6 +247,7 @@ YoloDataset::YoloDataset(const std::vector<std::string>& image_files, DatasetOpt
   bad_.reset(new std::atomic<bool>[records_.size()]);
   for (size_t i = 0; i < records_.size(); ++i) bad_[i] = false;
   if (options_.cache == CacheMode::Ram && !records_.empty()) fill_cache();
+  if (options_.cache == CacheMode::Disk && !records_.empty()) fill_disk_cache();
 
   if (skipped_ > 0)
     log_warn(strfmt("%lld of %lld images skipped as corrupt or unreadable",
@@ -304,6 +306,72 @@ void YoloDataset::fill_cache() {
   boxes_ = std::move(kept_boxes);
 }
 
+void YoloDataset::fill_disk_cache() {
+  const int S = options_.imgsz;
+  // Which entries are missing or stale, and the room their files need.
+  std::vector<char> valid(records_.size(), 0);
+  parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
+    valid[static_cast<size_t>(i)] = read_disk_cache(records_[static_cast<size_t>(i)].path, S).has_value();
+  });
+  int64_t need = 0, missing = 0;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (valid[i]) continue;
+    const Record& r = records_[i];
+    const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
+    need += disk_cache_entry_bytes(std::max(1, static_cast<int>(r.h0 * ratio)), std::max(1, static_cast<int>(r.w0 * ratio)));
+    ++missing;
+  }
+  if (missing > 0) {
+    std::error_code ec;
+    const auto dir = std::filesystem::path(records_.front().path).parent_path();
+    const auto space = std::filesystem::space(dir, ec);
+    if (!ec && static_cast<int64_t>(space.available) < need + need / 10) {
+      log_warn(strfmt("cache=disk needs %.2f GB beside the images but only %.2f GB is free; not caching", need / 1e9,
+                      static_cast<double>(space.available) / 1e9));
+      return;
+    }
+    log_info(strfmt("Caching %lld of %zu images at imgsz %d on disk (%.2f GB, <image dir>/.libreyolo_cache)",
+                    static_cast<long long>(missing), records_.size(), S, need / 1e9));
+  } else {
+    log_info(strfmt("cache=disk: all %zu images found in .libreyolo_cache at imgsz %d", records_.size(), S));
+  }
+  std::atomic<int64_t> failed{0};
+  std::vector<std::string> problems(records_.size());
+  parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
+    if (valid[static_cast<size_t>(i)]) return;
+    const std::string& path = records_[static_cast<size_t>(i)].path;
+    try {
+      if (!write_disk_cache(path, S, decode_resized(path))) failed.fetch_add(1);
+    } catch (const DataError& e) {
+      problems[static_cast<size_t>(i)] = path + " (" + e.what() + ")";
+    }
+  });
+  if (failed.load() > 0)
+    log_warn(strfmt("cache=disk: %lld entries could not be written (read-only folder?); those images are decoded "
+                    "each time",
+                    static_cast<long long>(failed.load())));
+  // Undecodable images are dropped now, as the RAM cache does.
+  std::vector<std::string> dropped;
+  std::vector<Record> kept;
+  std::vector<Box> kept_boxes;
+  for (size_t i = 0; i < records_.size(); ++i) {
+    if (!problems[i].empty()) {
+      dropped.push_back(problems[i]);
+      continue;
+    }
+    Record r = records_[i];
+    r.box_begin = kept_boxes.size();
+    kept_boxes.insert(kept_boxes.end(), boxes_.begin() + records_[i].box_begin,
+                      boxes_.begin() + records_[i].box_begin + records_[i].box_count);
+    kept.push_back(std::move(r));
+  }
+  report_problems(dropped, "corrupt image skipped");
+  skipped_ += static_cast<int64_t>(dropped.size());
+  records_ = std::move(kept);
+  boxes_ = std::move(kept_boxes);
+  disk_cache_ = true;
+}
+
 std::pair<int, int> YoloDataset::original_hw(int64_t i) const {
   const Record& r = records_.at(static_cast<size_t>(i));
   return {r.h0, r.w0};
@@ -329,7 +397,21 @@ Sample YoloDataset::load_record(int64_t i) const {
   const Record& r = records_[static_cast<size_t>(i)];
   const int S = options_.imgsz;
   Sample s;
-  s.image = cache_.empty() ? decode_resized(r.path) : cache_[static_cast<size_t>(i)];
+  if (!cache_.empty()) {
+    s.image = cache_[static_cast<size_t>(i)];
+  } else if (disk_cache_) {
+    // The entry, unless the image changed since (or the entry is damaged): then decoded again
+    // and the entry rewritten.
+    auto cached = read_disk_cache(r.path, S);
+    if (cached) {
+      s.image = std::move(*cached);
+    } else {
+      s.image = decode_resized(r.path);
+      write_disk_cache(r.path, S, s.image);
+    }
+  } else {
+    s.image = decode_resized(r.path);
+  }
   // Labels scale with the header size, as the reference does (PIL size, not decoded pixels).
   const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
   s.boxes.assign(boxes_.begin() + r.box_begin, boxes_.begin() + r.box_begin + r.box_count);

@@ -24,7 +24,9 @@ struct Sample {
   std::vector<Box> boxes;
 };
 
-enum class CacheMode { None, Ram };
+// Ram: resized images held in memory; Disk: stored beside the images once (data/disk_cache.hpp)
+// and read back instead of decoding.
+enum class CacheMode { None, Ram, Disk };
 
 struct DatasetOptions {
   int imgsz = 640;
@@ -85,6 +87,7 @@ class YoloDataset {
   int64_t num_label_rows_skipped() const { return labels_skipped_; }
   int64_t num_label_rows_clipped() const { return labels_clipped_; }
   bool cached() const { return !cache_.empty(); }
+  bool disk_cached() const { return disk_cache_; }
 
  private:
   struct Record {
@@ -95,11 +98,13 @@ class YoloDataset {
   Sample load_record(int64_t i) const;
   torch::Tensor decode_resized(const std::string& path) const;
   void fill_cache();
+  void fill_disk_cache();
 
   DatasetOptions options_;
   std::vector<Record> records_;
   std::vector<Box> boxes_;
   std::vector<torch::Tensor> cache_;
+  bool disk_cache_ = false;  // cache=disk is in use (it can be turned off for lack of space)
   std::unique_ptr<std::atomic<bool>[]> bad_;
   int64_t skipped_ = 0;
   int64_t labels_skipped_ = 0, labels_clipped_ = 0;

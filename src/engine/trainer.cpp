@@ -205,7 +205,8 @@ void Trainer::setup_data() {
   data::DatasetOptions dopt;
   dopt.imgsz = cfg_.imgsz;
   dopt.num_classes = spec.nc;
-  dopt.cache = (cfg_.cache == "ram" || cfg_.cache == "true" || cfg_.cache == "1" || cfg_.cache == "yes")
+  dopt.cache = cfg_.cache == "disk" ? data::CacheMode::Disk
+               : (cfg_.cache == "ram" || cfg_.cache == "true" || cfg_.cache == "1" || cfg_.cache == "yes")
                    ? data::CacheMode::Ram
                    : data::CacheMode::None;
   train_set_ = std::make_shared<data::YoloDataset>(data::list_split_images(spec, "train"), dopt);
