@@ -1,7 +1,7 @@
 // Data loader throughput: training images per second (mosaic + HSV + flip at imgsz) by worker
 // thread count, over synthetic 1080 x 810 JPEGs generated into a temporary directory.
 //
-//   bench_loader [--count 256] [--threads 1,2,4] [--imgsz 640] [--batch 16] [--cache none|ram]
+//   bench_loader [--count 256] [--threads 1,2,4] [--imgsz 640] [--batch 16] [--cache none|ram|disk]
 //                [--no-mosaic] [--dir DIR (reuse or keep the images)]
 // Prints one JSON object on stdout.
 #include <unistd.h>
@@ -34,7 +34,7 @@ double seconds_since(Clock::time_point t0) {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_loader: %s\nusage: bench_loader [--count N] [--threads 1,2,4] [--imgsz S] "
-               "[--batch B] [--cache none|ram] [--no-mosaic] [--dir DIR]\n",
+               "[--batch B] [--cache none|ram|disk] [--no-mosaic] [--dir DIR]\n",
                why.c_str());
   std::exit(2);
 }
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     }
   }
   if (count < 1 || imgsz < 32 || batch < 1) usage("need count >= 1, imgsz >= 32, batch >= 1");
-  if (cache != "none" && cache != "ram") usage("cache must be none or ram");
+  if (cache != "none" && cache != "ram" && cache != "disk") usage("cache must be none, ram or disk");
   set_log_level(LogLevel::Warning);
 
   bool temp = false;
@@ -112,7 +112,7 @@ int main(int argc, char** argv) {
     const auto t_index = Clock::now();
     DatasetOptions d;
     d.imgsz = imgsz;
-    d.cache = cache == "ram" ? CacheMode::Ram : CacheMode::None;
+    d.cache = cache == "ram" ? CacheMode::Ram : cache == "disk" ? CacheMode::Disk : CacheMode::None;
     auto ds = std::make_shared<const YoloDataset>(
         list_split_images(load_dataset_yaml(yaml.string()), "train"), d);
     const double index_s = seconds_since(t_index);
