@@ -136,17 +136,7 @@ inline void check_blocks(const torch::Device& device, bool channels_last, double
   using namespace libreyolo::models::yolo9;
   // Both sides in true fp32 with cuDNN's heuristic choice: TF32 convolutions (PyTorch's default)
   // and autotuned algorithms would add their own ~1e-3 differences to what is compared here.
-  auto& ctx = at::globalContext();
-  const bool tf32 = ctx.allowTF32CuDNN(), bench = ctx.benchmarkCuDNN();
-  ctx.setAllowTF32CuDNN(false);
-  ctx.setBenchmarkCuDNN(false);
-  struct Restore {
-    bool tf32, bench;
-    ~Restore() {
-      at::globalContext().setAllowTF32CuDNN(tf32);
-      at::globalContext().setBenchmarkCuDNN(bench);
-    }
-  } restore{tf32, bench};
+  const CudnnSettings fp32(/*benchmark=*/false, at::globalContext().deterministicCuDNN(), /*allow_tf32=*/false);
   const std::vector<int64_t> in{2, 16, 12, 12};
   auto check = [&](const char* name, auto make, std::vector<int64_t> shape) {
     auto [err, where] = compare_module(make, shape, device, channels_last);

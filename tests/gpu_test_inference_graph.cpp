@@ -14,19 +14,6 @@ using namespace libreyolo;
 
 namespace {
 
-struct Deterministic {
-  bool bench = at::globalContext().benchmarkCuDNN();
-  bool det = at::globalContext().deterministicCuDNN();
-  Deterministic() {
-    at::globalContext().setBenchmarkCuDNN(false);
-    at::globalContext().setDeterministicCuDNN(true);
-  }
-  ~Deterministic() {
-    at::globalContext().setBenchmarkCuDNN(bench);
-    at::globalContext().setDeterministicCuDNN(det);
-  }
-};
-
 // Two probes: uniform noise, and a smooth gradient with a bright square (another distribution).
 std::vector<torch::Tensor> probes(int64_t b, int64_t s) {
   torch::manual_seed(7);
@@ -40,7 +27,7 @@ std::vector<torch::Tensor> probes(int64_t b, int64_t s) {
 
 TEST(GpuInferenceGraph, ReplayEqualsEagerBitForBitOnTwoProbes) {
   LY_REQUIRE_CUDA();
-  Deterministic det;
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
   for (const char* family : {"yolo9", "yolox"}) {
   const models::Family* fam = models::find_family(family);

@@ -215,9 +215,7 @@ TEST(YoloxGpuParity, LossAndBackwardCaptureInACudaGraph) {
 #ifdef LIBREYOLO_CUDA
 TEST(YoloxGpuStepGraph, GraphedStepsEqualEagerBitForBitAcrossTheL1Switch) {
   LY_REQUIRE_CUDA();
-  const bool bench = at::globalContext().benchmarkCuDNN(), det = at::globalContext().deterministicCuDNN();
-  at::globalContext().setBenchmarkCuDNN(false);
-  at::globalContext().setDeterministicCuDNN(true);
+  const libreyolo::test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
   const models::Family* fam = models::find_family("yolox");
   libreyolo::TrainConfig cfg;
@@ -262,8 +260,6 @@ TEST(YoloxGpuStepGraph, GraphedStepsEqualEagerBitForBitAcrossTheL1Switch) {
     return r;
   };
   const Run eager = run(false), graphed = run(true);
-  at::globalContext().setBenchmarkCuDNN(bench);
-  at::globalContext().setDeterministicCuDNN(det);
   ASSERT_EQ(eager.losses.size(), graphed.losses.size());
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_TRUE(torch::equal(eager.losses[i], graphed.losses[i])) << i;
   for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(torch::equal(eager.params[i], graphed.params[i])) << i;

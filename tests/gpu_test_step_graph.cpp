@@ -18,21 +18,6 @@ using namespace libreyolo;
 
 namespace {
 
-// Deterministic cuDNN for the length of a test (the eager and graphed runs must pick the same
-// algorithms); restored afterwards.
-struct Deterministic {
-  bool bench = at::globalContext().benchmarkCuDNN();
-  bool det = at::globalContext().deterministicCuDNN();
-  Deterministic() {
-    at::globalContext().setBenchmarkCuDNN(false);
-    at::globalContext().setDeterministicCuDNN(true);
-  }
-  ~Deterministic() {
-    at::globalContext().setBenchmarkCuDNN(bench);
-    at::globalContext().setDeterministicCuDNN(det);
-  }
-};
-
 // A loss whose value depends on host-side state (as YOLOX's L1 switch does): `factor` scales the
 // wrapped loss; `sync_on_call` makes one call read a value on the host (illegal in a capture).
 class SwitchLoss : public DetectionLoss {
@@ -148,8 +133,18 @@ int count_loss_differences(const std::vector<torch::Tensor>& a, const std::vecto
   return n;
 }
 
+// The two runs' losses and final states equal bit for bit (failures name the first step and the
+// first tensors that differ).
+void expect_same_run(const std::vector<torch::Tensor>& losses_a, const std::vector<std::pair<std::string, torch::Tensor>>& state_a,
+                     const std::vector<torch::Tensor>& losses_b, const std::vector<std::pair<std::string, torch::Tensor>>& state_b) {
+  int first = -1;
+  EXPECT_EQ(count_loss_differences(losses_a, losses_b, &first), 0) << "first differing step " << first;
+  std::string names;
+  EXPECT_EQ(count_differences(state_a, state_b, &names), 0) << names;
+}
+
 void expect_bitwise_equal(const char* dtype, bool force_overflow) {
-  Deterministic det;
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
   TrainConfig cfg;
   cfg.batch = 4;
@@ -184,10 +179,7 @@ void expect_bitwise_equal(const char* dtype, bool force_overflow) {
   double scale_eager = 0, scale_graph = 0;
   auto [l_eager, s_eager] = run(false, &scale_eager);
   auto [l_graph, s_graph] = run(true, &scale_graph);
-  int first_step = -1;
-  EXPECT_EQ(count_loss_differences(l_eager, l_graph, &first_step), 0) << "first differing step " << first_step;
-  std::string names;
-  EXPECT_EQ(count_differences(s_eager, s_graph, &names), 0) << names;
+  expect_same_run(l_eager, s_eager, l_graph, s_graph);
   EXPECT_EQ(scale_eager, scale_graph);
   if (force_overflow) {
     EXPECT_LT(scale_graph, std::ldexp(1.0, 40)) << "no overflow step was skipped";
@@ -213,7 +205,7 @@ TEST(GpuStepGraph, AccumulationAndAnOddLastBatchEqualEager) {
   // Accumulation windows of 2 with 5 batches per epoch (windows 2, 2, 1), and every fifth batch
   // smaller (a last partial batch): that shape occurs often enough to be captured too.
   LY_REQUIRE_CUDA();
-  Deterministic det;
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
   TrainConfig cfg;
   cfg.batch = 4;
@@ -231,10 +223,7 @@ TEST(GpuStepGraph, AccumulationAndAnOddLastBatchEqualEager) {
   };
   auto [l_eager, s_eager, g_eager] = run(false);
   auto [l_graph, s_graph, g_graph] = run(true);
-  int first = -1;
-  EXPECT_EQ(count_loss_differences(l_eager, l_graph, &first), 0) << "first differing step " << first;
-  std::string names;
-  EXPECT_EQ(count_differences(s_eager, s_graph, &names), 0) << names;
+  expect_same_run(l_eager, s_eager, l_graph, s_graph);
   // 24 batches of 4 (captured on the 3rd), 6 of 3 (captured on the 3rd): 4 + 2 eager.
   EXPECT_EQ(g_graph.captured_shapes, 2);
   EXPECT_EQ(g_graph.eager_micro_steps, 4);
@@ -245,7 +234,7 @@ TEST(GpuStepGraph, InvalidationRecapturesWhatTheStepNowComputes) {
   // A host-side switch at step 12 (as a family's close-mosaic action): with invalidation the
   // graphed run equals eager; without it the old graph keeps computing the old loss.
   LY_REQUIRE_CUDA();
-  Deterministic det;
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
   TrainConfig cfg;
   cfg.batch = 4;
@@ -264,16 +253,14 @@ TEST(GpuStepGraph, InvalidationRecapturesWhatTheStepNowComputes) {
   };
   auto [l_eager, s_eager, g_eager] = run(false, false);
   auto [l_graph, s_graph, g_graph] = run(true, true);
-  int first = -1;
-  EXPECT_EQ(count_loss_differences(l_eager, l_graph, &first), 0) << "first differing step " << first;
-  std::string names;
-  EXPECT_EQ(count_differences(s_eager, s_graph, &names), 0) << names;
+  expect_same_run(l_eager, s_eager, l_graph, s_graph);
   EXPECT_EQ(g_graph.invalidations, 1);
   EXPECT_EQ(g_graph.captured_shapes, 1);
   // Steps 0-1 eager, 2-11 replayed, 12-13 eager again, 14-23 replayed.
   EXPECT_EQ(g_graph.eager_micro_steps, 4);
   EXPECT_EQ(g_graph.replayed_micro_steps, 20);
   auto [l_stale, s_stale, g_stale] = run(true, false);
+  int first = -1;
   EXPECT_GT(count_loss_differences(l_eager, l_stale, &first), 0) << "the test cannot see a stale graph";
   EXPECT_EQ(first, 12);
 }
@@ -282,7 +269,7 @@ TEST(GpuStepGraph, FailedCaptureTrainsOnEagerWithNothingLost) {
   // The loss reads a value on the host during the capture (3rd call): the capture fails, the run
   // goes on eager and ends equal to a run that never tried.
   LY_REQUIRE_CUDA();
-  Deterministic det;
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
   TrainConfig cfg;
   cfg.batch = 4;
@@ -303,10 +290,7 @@ TEST(GpuStepGraph, FailedCaptureTrainsOnEagerWithNothingLost) {
   EXPECT_EQ(gs.replayed_micro_steps, 0);
   EXPECT_EQ(gs.eager_micro_steps, 8);
   EXPECT_NE(log.find("the rest of the run trains eager"), std::string::npos) << log;
-  int first = -1;
-  EXPECT_EQ(count_loss_differences(l_eager, l_graph, &first), 0) << "first differing step " << first;
-  std::string names;
-  EXPECT_EQ(count_differences(state_of(eager), state_of(rig), &names), 0) << names;
+  expect_same_run(l_eager, state_of(eager), l_graph, state_of(rig));
 }
 
 TEST(GpuStepGraph, LoaderThreadPinningMemoryDoesNotBreakTheCapture) {

@@ -2,6 +2,8 @@
 
 #include "core/paths.hpp"
 
+#include <ATen/Context.h>
+
 #include <ftw.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -88,6 +90,23 @@ double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   auto bd = b.detach().to(torch::kCPU, torch::kDouble);
   double denom = std::max(bd.abs().max().item<double>(), 1e-12);
   return (ad - bd).abs().max().item<double>() / denom;
+}
+
+CudnnSettings::CudnnSettings(bool benchmark, bool deterministic, bool allow_tf32) {
+  auto& ctx = at::globalContext();
+  benchmark_ = ctx.benchmarkCuDNN();
+  deterministic_ = ctx.deterministicCuDNN();
+  tf32_ = ctx.allowTF32CuDNN();
+  ctx.setBenchmarkCuDNN(benchmark);
+  ctx.setDeterministicCuDNN(deterministic);
+  ctx.setAllowTF32CuDNN(allow_tf32);
+}
+
+CudnnSettings::~CudnnSettings() {
+  auto& ctx = at::globalContext();
+  ctx.setBenchmarkCuDNN(benchmark_);
+  ctx.setDeterministicCuDNN(deterministic_);
+  ctx.setAllowTF32CuDNN(tf32_);
 }
 
 }  // namespace libreyolo::test

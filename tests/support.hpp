@@ -20,6 +20,19 @@ double rel_err(const torch::Tensor& a, const torch::Tensor& b);
 // Runs a shell command, returns exit status; captures combined output.
 int run_command(const std::string& cmd, std::string* output = nullptr);
 
+// cuDNN settings for the length of a scope (process-global: restored on exit, also when an
+// assertion returns early). Comparisons of two computations want benchmark off (the same
+// heuristic algorithms both times), deterministic algorithms, and no TF32.
+struct CudnnSettings {
+  CudnnSettings(bool benchmark, bool deterministic, bool allow_tf32);
+  ~CudnnSettings();
+  CudnnSettings(const CudnnSettings&) = delete;
+  CudnnSettings& operator=(const CudnnSettings&) = delete;
+
+ private:
+  bool benchmark_, deterministic_, tf32_;
+};
+
 }  // namespace libreyolo::test
 
 #define LY_REQUIRE_FIXTURES(var)                                                           \

@@ -284,10 +284,15 @@ void YoloDataset::fill_cache() {
       problems[static_cast<size_t>(i)] = records_[static_cast<size_t>(i)].path + " (" + e.what() + ")";
     }
   });
+  for (size_t i : drop_unreadable(problems)) cache_.push_back(std::move(cache[i]));
+}
+
+std::vector<size_t> YoloDataset::drop_unreadable(const std::vector<std::string>& problems) {
   // Undecodable images are dropped now, exactly like those whose header failed.
   std::vector<std::string> dropped;
   std::vector<Record> kept;
   std::vector<Box> kept_boxes;
+  std::vector<size_t> kept_index;
   for (size_t i = 0; i < records_.size(); ++i) {
     if (!problems[i].empty()) {
       dropped.push_back(problems[i]);
@@ -298,12 +303,13 @@ void YoloDataset::fill_cache() {
     kept_boxes.insert(kept_boxes.end(), boxes_.begin() + records_[i].box_begin,
                       boxes_.begin() + records_[i].box_begin + records_[i].box_count);
     kept.push_back(std::move(r));
-    cache_.push_back(std::move(cache[i]));
+    kept_index.push_back(i);
   }
   report_problems(dropped, "corrupt image skipped");
   skipped_ += static_cast<int64_t>(dropped.size());
   records_ = std::move(kept);
   boxes_ = std::move(kept_boxes);
+  return kept_index;
 }
 
 void YoloDataset::fill_disk_cache() {
@@ -350,25 +356,7 @@ void YoloDataset::fill_disk_cache() {
     log_warn(strfmt("cache=disk: %lld entries could not be written (read-only folder?); those images are decoded "
                     "each time",
                     static_cast<long long>(failed.load())));
-  // Undecodable images are dropped now, as the RAM cache does.
-  std::vector<std::string> dropped;
-  std::vector<Record> kept;
-  std::vector<Box> kept_boxes;
-  for (size_t i = 0; i < records_.size(); ++i) {
-    if (!problems[i].empty()) {
-      dropped.push_back(problems[i]);
-      continue;
-    }
-    Record r = records_[i];
-    r.box_begin = kept_boxes.size();
-    kept_boxes.insert(kept_boxes.end(), boxes_.begin() + records_[i].box_begin,
-                      boxes_.begin() + records_[i].box_begin + records_[i].box_count);
-    kept.push_back(std::move(r));
-  }
-  report_problems(dropped, "corrupt image skipped");
-  skipped_ += static_cast<int64_t>(dropped.size());
-  records_ = std::move(kept);
-  boxes_ = std::move(kept_boxes);
+  drop_unreadable(problems);
   disk_cache_ = true;
 }
 

@@ -99,6 +99,9 @@ class YoloDataset {
   torch::Tensor decode_resized(const std::string& path) const;
   void fill_cache();
   void fill_disk_cache();
+  // Drops the records whose `problems` entry is set (undecodable images), reporting them; returns
+  // the indices (before dropping) of the records kept, in order.
+  std::vector<size_t> drop_unreadable(const std::vector<std::string>& problems);
 
   DatasetOptions options_;
   std::vector<Record> records_;

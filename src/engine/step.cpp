@@ -49,12 +49,16 @@ StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<
 
 StepRunner::~StepRunner() {
   // Graphs may still be queued: let them finish before their memory pools go.
-  if (update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph != nullptr; })) {
+  if (has_graphs()) {
     try {
       synchronize(cfg_.device);
     } catch (...) {
     }
   }
+}
+
+bool StepRunner::has_graphs() const {
+  return update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph != nullptr; });
 }
 
 void StepRunner::set_global_step(int64_t s) {
@@ -233,7 +237,7 @@ std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence) {
 }
 
 void StepRunner::invalidate_cuda_graphs(const std::string& why) {
-  const bool had = update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph != nullptr; });
+  const bool had = has_graphs();
   if (had) synchronize(cfg_.device);  // queued replays finish before the graphs go
   for (auto& s : slots_) {
     s->graph.reset();

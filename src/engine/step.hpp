@@ -166,6 +166,7 @@ class StepRunner {
   void convert_input(Slot& s);
   LossOutput micro_step(Slot& s, bool capturing);
   void graphs_failed(const std::string& what, const std::string& why);
+  bool has_graphs() const;  // any micro-step or update graph alive
   void run_update();
 
   std::shared_ptr<models::Detector> model_;

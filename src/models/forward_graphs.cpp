@@ -90,13 +90,20 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
   return *entries_.back();
 }
 
+torch::Tensor eager_forward(Detector& model, const Family& family, const torch::Tensor& images, const ForwardSpec& spec,
+                            torch::Tensor* input, bool autocast_cache) {
+  torch::InferenceMode guard;
+  torch::Tensor x = to_network_input(images, family.input, spec.device, spec.channels_last,
+                                     input ? *input : torch::Tensor());
+  if (input) *input = x;
+  AutocastGuard ac(spec.device, spec.amp, spec.amp_dtype, autocast_cache);
+  return model.predict_tensor(x).to(torch::kFloat);
+}
+
 torch::Tensor ForwardGraphs::eager(Detector& model, const Family& family, Entry& e, const ForwardSpec& spec,
                                    bool capturing) {
-  torch::InferenceMode guard;
-  e.input = to_network_input(e.images, family.input, spec.device, spec.channels_last, e.input);
   // (The autocast cache would keep casts made inside a capture beyond it.)
-  AutocastGuard ac(spec.device, spec.amp, spec.amp_dtype, /*cache=*/!capturing);
-  return model.predict_tensor(e.input).to(torch::kFloat);
+  return eager_forward(model, family, e.images, spec, &e.input, /*autocast_cache=*/!capturing);
 }
 
 bool ForwardGraphs::try_capture(Detector& model, const Family& family, Entry& e, const ForwardSpec& spec) {
@@ -139,12 +146,8 @@ torch::Tensor ForwardGraphs::forward(Detector& model, const Family& family, cons
   if (std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) { return e->param_dtype != pdt; }))
     release("the parameters' dtype changed");
   if (!graphable) {
-    // The plain path: no static buffers.
-    torch::InferenceMode guard;
-    torch::Tensor x = to_network_input(images, family.input, spec.device, spec.channels_last);
-    AutocastGuard ac(spec.device, spec.amp, spec.amp_dtype, true);
     ++counts_.eager_runs;
-    return model.predict_tensor(x).to(torch::kFloat);
+    return eager_forward(model, family, images, spec);  // the plain path: no static buffers
   }
   Entry& e = entry_for(images, spec, pdt);
   ++e.seen;

@@ -37,6 +37,12 @@ struct ForwardSpec {
   bool channels_last = true;
 };
 
+// The eager inference forward: input conversion (into *input when given, reused while the shape
+// holds), the network and decode under autocast when asked, float32 predictions. What a graph
+// captures, and what runs when none is used.
+torch::Tensor eager_forward(Detector& model, const Family& family, const torch::Tensor& images, const ForwardSpec& spec,
+                            torch::Tensor* input = nullptr, bool autocast_cache = true);
+
 struct ForwardGraphInfo {
   std::vector<std::string> captured;  // "1x3x640x640 bf16" per graph alive
   int64_t replays = 0, eager_runs = 0, captures = 0, failures = 0, releases = 0;

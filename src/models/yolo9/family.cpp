@@ -14,27 +14,19 @@ namespace {
 
 // The key as LibreYOLO names it today: without DDP's "module." prefix, with the legacy
 // "detect." head prefix renamed to "head.".
-std::string canonical_key(std::string key) {
-  while (starts_with(key, "module.")) key.erase(0, 7);
+std::string canonical_key(const std::string& name) {
+  std::string key = io::strip_ddp_prefix(name);
   if (starts_with(key, "detect.")) key.replace(0, 7, "head.");
   return key;
 }
 
 const torch::Tensor* find(const io::StateDict& sd, const std::string& key) {
-  for (const auto& kv : sd) {
-    if (kv.first == key) return &kv.second;
-  }
-  for (const auto& kv : sd) {
-    if (canonical_key(kv.first) == key) return &kv.second;
-  }
-  return nullptr;
+  return io::find_tensor(sd, key, canonical_key);
 }
 
 // Leading dimension of a weight, if present and at least 1-D.
 std::optional<int64_t> out_channels(const io::StateDict& sd, const std::string& key) {
-  const torch::Tensor* t = find(sd, key);
-  if (!t || !t->defined() || t->dim() < 1) return std::nullopt;
-  return t->size(0);
+  return io::leading_dim(sd, key, canonical_key);
 }
 
 bool can_load(const io::StateDict& sd) {

@@ -16,23 +16,14 @@ namespace libreyolo::models::yolox {
 namespace {
 
 // Without DDP's "module." prefix.
-std::string canonical_key(std::string key) {
-  while (starts_with(key, "module.")) key.erase(0, 7);
-  return key;
-}
+std::string canonical_key(const std::string& key) { return io::strip_ddp_prefix(key); }
 
 const torch::Tensor* find(const io::StateDict& sd, const std::string& key) {
-  for (const auto& kv : sd)
-    if (kv.first == key) return &kv.second;
-  for (const auto& kv : sd)
-    if (canonical_key(kv.first) == key) return &kv.second;
-  return nullptr;
+  return io::find_tensor(sd, key, canonical_key);
 }
 
 std::optional<int64_t> out_channels(const io::StateDict& sd, const std::string& key) {
-  const torch::Tensor* t = find(sd, key);
-  if (!t || !t->defined() || t->dim() < 1) return std::nullopt;
-  return t->size(0);
+  return io::leading_dim(sd, key, canonical_key);
 }
 
 // yolox.md §8.2: a key containing "backbone.backbone" or "head.stems", unless another family's
