@@ -3,6 +3,9 @@
 #   LIBREYOLO_PY        python with torch==2.11.0 (its libtorch is what we link against)
 #   LIBREYOLO_TORCH_CMAKE  torch.utils.cmake_prefix_path of that python
 #   LIBREYOLO_NV_ROOT   site-packages/nvidia of that python (nccl.h lives there)
+#   LIBREYOLO_GLOO_INCLUDE  gloo's headers (the wheel has Gloo compiled in but ships no gloo
+#                       headers; Debian's libgloo-dev has them: extracted into the cache, not
+#                       installed). Empty when unavailable: CPU multi-process training is then off.
 #
 # On a fresh Debian machine this installs the small -dev packages from Debian and
 # creates a virtual environment with the torch wheel in a cache OUTSIDE the clone
@@ -32,6 +35,25 @@ _ly_apt_deps() {
     _ly_log "apt-get install failed for:$missing"; return 1; }
 }
 
+_ly_gloo_headers() {
+  local dir
+  for dir in "${LIBREYOLO_GLOO_INCLUDE:-}" /usr/include "$LIBREYOLO_CACHE/gloo/usr/include"; do
+    if [ -n "$dir" ] && [ -f "$dir/gloo/context.h" ]; then LIBREYOLO_GLOO_INCLUDE=$dir; return 0; fi
+  done
+  LIBREYOLO_GLOO_INCLUDE=""
+  command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 || return 0
+  local tmp
+  tmp=$(mktemp -d)
+  if (cd "$tmp" && apt-get download -qq libgloo-dev >/dev/null 2>&1) && mkdir -p "$LIBREYOLO_CACHE/gloo" &&
+     dpkg -x "$tmp"/libgloo-dev_*.deb "$LIBREYOLO_CACHE/gloo" && [ -f "$LIBREYOLO_CACHE/gloo/usr/include/gloo/context.h" ]; then
+    LIBREYOLO_GLOO_INCLUDE="$LIBREYOLO_CACHE/gloo/usr/include"
+    _ly_log "gloo headers from Debian's libgloo-dev in $LIBREYOLO_GLOO_INCLUDE"
+  else
+    _ly_log "could not fetch libgloo-dev: CPU multi-process (Gloo) training will be off in this build"
+  fi
+  rm -rf "$tmp"
+}
+
 _ly_torch_ok() {  # $1 = python
   "$1" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$LIBREYOLO_TORCH_VERSION' else 1)" 2>/dev/null
 }
@@ -57,7 +79,8 @@ _ly_setup() {
   fi
   LIBREYOLO_TORCH_CMAKE=$("$LIBREYOLO_PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
   LIBREYOLO_NV_ROOT=$("$LIBREYOLO_PY" -c 'import nvidia;print(list(nvidia.__path__)[0])' 2>/dev/null || true)
-  export LIBREYOLO_PY LIBREYOLO_TORCH_CMAKE LIBREYOLO_NV_ROOT
+  [ "${LIBREYOLO_SYSTEM_TORCH:-0}" = 1 ] || _ly_gloo_headers
+  export LIBREYOLO_PY LIBREYOLO_TORCH_CMAKE LIBREYOLO_NV_ROOT LIBREYOLO_GLOO_INCLUDE
 }
 
 _ly_setup || { _ly_log "environment setup failed"; return 1 2>/dev/null || exit 1; }

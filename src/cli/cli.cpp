@@ -13,8 +13,10 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "core/config_schema.hpp"
+#include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/strings.hpp"
+#include "dist/spawn.hpp"
 #include "data/dataset_yaml.hpp"
 #include "io/checkpoint.hpp"
 #include "profile/profile_cli.hpp"
@@ -172,7 +174,12 @@ int cmd_predict(const ParsedArgs& a, std::ostream& out) {
   return 0;
 }
 
-int cmd_train(const ParsedArgs& a, std::ostream& out) {
+int cmd_train(const ParsedArgs& a, std::ostream& out_) {
+  // Workers print no summary: the parent that spawned them does (and under torchrun, rank 0).
+  std::ostream null_out(nullptr);
+  const char* rank = std::getenv("RANK");
+  const bool silent = dist::is_spawned_worker() || (rank && std::getenv("LOCAL_RANK") && std::string(rank) != "0");
+  std::ostream& out = silent ? null_out : out_;
   std::string model_name = kw_get(a.kwargs, "model", "yolo9t");
   const bool dry_run = parse_bool("dry_run", kw_get(a.kwargs, "dry_run", "false"));
   TrainConfig cfg;
@@ -182,10 +189,12 @@ int cmd_train(const ParsedArgs& a, std::ostream& out) {
   if (cfg.data.empty() && !resuming)
     throw UsageError("Missing option 'data'", "Pass data=<dataset.yaml> or data=builtin.", "config_required_key");
   validate(cfg);
+  // Multi-GPU training (device=0,1) loads the model on the CPU: each worker moves its copy to its GPU.
+  const std::string model_device = wants_distributed(cfg.device) ? "cpu" : cfg.device;
   if (dry_run) {
     // What the real run checks before training: the device, the model (name or checkpoint) and
     // the dataset YAML. Loading the model is the same call the real run makes.
-    LibreYOLO checked(model_name, cfg.device);
+    LibreYOLO checked(model_name, model_device);
     if (!cfg.data.empty() && cfg.data != "builtin") data::load_dataset_yaml(cfg.data);
     json j = {{"valid", true}, {"mode", "train"}, {"model", model_name}, {"resolved_config", json::object()}};
     for (const auto& [k, v] : train_schema().dump(cfg)) j["resolved_config"][k] = v;
@@ -202,7 +211,7 @@ int cmd_train(const ParsedArgs& a, std::ostream& out) {
       out << "Training " << model_name << " on " << cfg.data << " for " << cfg.epochs << " epochs...\n";
   }
   out.flush();
-  LibreYOLO model(model_name, cfg.device);
+  LibreYOLO model(model_name, model_device);
   TrainResult r = model.train(kw_without(a.kwargs, {"model", "dry_run"}));
   const double hours = r.total_seconds / 3600.0;
   if (a.json) {
@@ -518,6 +527,10 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
       return 0;
     }
     set_log_level(p.quiet ? LogLevel::Warning : p.verbose ? LogLevel::Debug : LogLevel::Info);
+    // A data-parallel rank other than 0 (torchrun, or a spawned worker) says only warnings and
+    // errors: rank 0 (or the parent that spawned the workers) speaks for the run.
+    if (const char* rank = std::getenv("RANK"); rank && std::getenv("LOCAL_RANK") && std::string(rank) != "0")
+      set_log_level(LogLevel::Warning);
     for (const auto& [k, v] : p.kwargs)
       if (std::find(cmd->keys.begin(), cmd->keys.end(), k) == cmd->keys.end())
         throw_unknown_key(k, cmd->keys, cmd->name);

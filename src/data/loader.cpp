@@ -126,7 +126,11 @@ void DataLoader::make_sample(int64_t position, int64_t index, int64_t epoch, boo
     make_val_sample(*dataset_, index, opt_.augment.max_labels, image, targets);
     return;
   }
-  Rng rng = Rng::for_sample(opt_.seed, epoch, position, opt_.rank);
+  // Keyed by the sample's place in the whole epoch (the permutation every rank shares), not by
+  // its place on this rank: ranks draw different streams, and N ranks with batch B/N augment
+  // exactly what one process with batch B would.
+  const int64_t global_position = position * opt_.world + opt_.rank;
+  Rng rng = Rng::for_sample(opt_.seed, epoch, global_position, 0);
   make_train_sample(*dataset_, index, mosaic, opt_.augment, rng, image, targets);
 }
 

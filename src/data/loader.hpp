@@ -3,7 +3,7 @@
 //
 // Workers are threads that claim single samples in order and write them straight into the
 // batch tensors; batches come out in order. Every sample's randomness comes from
-// (seed, epoch, position in the rank's epoch, rank), so the output depends on the seed only,
+// (seed, epoch, position in the epoch's shared permutation), so the output depends on the seed only,
 // not on the number of workers or their timing.
 #pragma once
 #include <condition_variable>
@@ -37,7 +37,7 @@ struct LoaderOptions {
   // drop_last=False). false truncates instead (drop_last=True, the reference's choice when the
   // dataset has at least world_size images): every rank then sees floor(n / world).
   bool pad_shards = true;
-  uint64_t seed = 0;  // shuffle order: seed + epoch; augmentation: (seed, epoch, position, rank)
+  uint64_t seed = 0;  // shuffle order: seed + epoch; augmentation: (seed, epoch, global position)
   AugmentOptions augment;  // augment.imgsz is taken from the dataset
 };
 

@@ -85,16 +85,18 @@ void TrainLoop::run(EpochSteps& steps, TrainResult& result, std::chrono::steady_
           throw InterruptedError(strfmt("Training interrupted (%s) during epoch %d of %d",
                                         interrupt_signal() == SIGTERM ? "SIGTERM" : "Ctrl-C", epoch + 1, s_.epochs));
         }
-        if (s_.stop) break;
+        if (s_.stop && s_.world_size == 1) break;
       }
       // A stop in the middle of an epoch abandons it: no summary, validation or checkpoint.
       if (s_.stop && steps.has_next(s_)) break;
       EpochSummary e = steps.end_epoch(s_);
       call([&](TrainHook& h) { h.after_epoch(s_, e); });
+      steps.sync_after_epoch(s_);
       result.epochs.push_back(e);
       result.final_loss = e.loss;
     }
     if (s_.stop && !s_.stop_reason.empty()) log_info(s_.stop_reason);
+    steps.sync_before_end(s_);
     result.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
     call([&](TrainHook& h) { h.after_train(s_, result); });
   } catch (const std::exception& ex) {

@@ -32,6 +32,12 @@ class EpochSteps {
   virtual bool next_batch(TrainState& s) = 0;
   virtual void run_step(TrainState& s) = 0;
   virtual EpochSummary end_epoch(TrainState& s) = 0;
+  // After the epoch's after_epoch hooks: under data parallelism every rank takes rank 0's
+  // s.stop (rank 0's hooks decide: validation, patience). Nothing to do in one process.
+  virtual void sync_after_epoch(TrainState& s) {}
+  // Before after_train: under data parallelism every rank waits until rank 0 has written its
+  // last files, and learns where they are.
+  virtual void sync_before_end(TrainState& s) {}
 };
 
 class TrainLoop : public PhaseObserver {
@@ -45,7 +51,8 @@ class TrainLoop : public PhaseObserver {
   bool observing_phases() const { return observing_; }
 
   // Epochs s.start_epoch .. s.epochs-1, until a hook sets s.stop (in the middle of an epoch: that
-  // epoch is abandoned, without after_epoch). Checks for Ctrl-C/SIGTERM after each step
+  // epoch is abandoned, without after_epoch; under data parallelism, where ranks must run the
+  // same steps, a stop takes effect at the end of the epoch). Checks for Ctrl-C/SIGTERM after each step
   // (InterruptedError). Fills result.epochs/final_loss and hands `result` to after_train.
   // result.total_seconds counts from `started`.
   void run(EpochSteps& steps, TrainResult& result, std::chrono::steady_clock::time_point started);

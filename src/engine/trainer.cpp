@@ -10,9 +10,12 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
+#include "core/strings.hpp"
 #include "data/dataset_yaml.hpp"
 #include "core/config_schema.hpp"
+#include "dist/syncs.hpp"
 #include "engine/validator.hpp"
+#include "loss/normalizer.hpp"
 #include "io/checkpoint.hpp"
 #include "models/coco_names.hpp"
 
@@ -65,7 +68,14 @@ Trainer::Trainer(models::LoadedModel& lm, TrainConfig cfg, Kwargs given)
   state_.config = &cfg_;
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  if (group_) {
+    set_count_sync(nullptr);
+    models::set_bn_stats_sync(nullptr);
+    group_->shutdown();
+  }
+  if (saved_log_level_) set_log_level(*saved_log_level_);
+}
 
 void Trainer::add_hook(std::shared_ptr<TrainHook> hook) {
   loop_.add_hook(std::move(hook));
@@ -99,8 +109,12 @@ void Trainer::setup() {
   setup_device();
   setup_data();
   setup_model();
-  state_.save_dir = make_run_dir(cfg_.project, cfg_.name, cfg_.exist_ok);
-  write_file_atomic((fs::path(state_.save_dir) / "train_config.yaml").string(), to_yaml(train_schema(), cfg_));
+  // Rank 0 owns every file: it makes the run directory and tells the other ranks its name.
+  if (state_.rank == 0) {
+    state_.save_dir = make_run_dir(cfg_.project, cfg_.name, cfg_.exist_ok);
+    write_file_atomic((fs::path(state_.save_dir) / "train_config.yaml").string(), to_yaml(train_schema(), cfg_));
+  }
+  if (group_) state_.save_dir = group_->broadcast_string(state_.save_dir);
   setup_optimization();
   if (resume_ckpt_) resume();
   state_.epochs = cfg_.epochs;
@@ -169,10 +183,19 @@ void Trainer::setup_resume_config() {
 }
 
 void Trainer::setup_device() {
-  if (wants_distributed(cfg_.device))
-    throw UsageError("Multi-GPU training (device=" + cfg_.device + ") is not available in this build yet",
-                     "Train on one device: device=0.", "config_unsupported");
-  device_ = resolve_device(cfg_.device);
+  if (auto env = dist::rank_env_from_environment()) {
+    setup_distributed(*env);
+  } else {
+    if (wants_distributed(cfg_.device))
+      throw UsageError(
+          "Multi-GPU device " + cfg_.device + " was passed to the trainer directly, without a process group",
+          strfmt("Use the model API or the CLI, which start one worker per GPU (model.train({{\"device\", \"%s\"}, "
+                 "...}) / libreyolo train device=%s ...), or launch with torchrun: torchrun --nproc_per_node=%zu "
+                 "--no-python libreyolo train ...",
+                 cfg_.device.c_str(), cfg_.device.c_str(), parse_device_list(cfg_.device).size()),
+          "config_unsupported");
+    device_ = resolve_device(cfg_.device);
+  }
   if (device_ != lm_.device) lm_.to(device_);
   if (cfg_.seed >= 0) torch::manual_seed(static_cast<uint64_t>(cfg_.seed));
   amp_ = plan_amp(cfg_.amp, cfg_.amp_dtype, device_);
@@ -195,6 +218,65 @@ void Trainer::setup_device() {
   // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
   // fastest (measured on an H200: v9-t batch 8 bf16 step 75 -> 67 ms).
   if (device_.is_cuda()) at::globalContext().setBenchmarkCuDNN(true);
+}
+
+// Under torchrun every rank trains, whatever `device` says (as in LibreYOLO): rank i on
+// cuda:LOCAL_RANK, or on the CPU (Gloo) with device=cpu or without CUDA.
+void Trainer::setup_distributed(const dist::RankEnv& env) {
+  const std::string d = lower(trim(cfg_.device));
+  if (d == "cpu" || d == "mps" || !torch::cuda::is_available()) {
+    device_ = torch::Device(torch::kCPU);
+  } else {
+    if (env.local_rank >= static_cast<int>(torch::cuda::device_count()))
+      throw UsageError(strfmt("LOCAL_RANK=%d but this process sees %d GPU(s)", env.local_rank,
+                              static_cast<int>(torch::cuda::device_count())),
+                       "Launch at most one rank per visible GPU (torchrun --nproc_per_node).", "config_invalid");
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(env.local_rank));
+  }
+  if (env.rank != 0 && log_level() < LogLevel::Warning) {
+    saved_log_level_ = log_level();
+    set_log_level(LogLevel::Warning);
+  }
+  group_ = dist::Group::create(env, device_);
+  state_.rank = env.rank;
+  state_.world_size = env.world_size;
+  log_info(strfmt("DDP active: rank=%d/%d device=%s backend=%s%s", env.rank, env.world_size, device_.str().c_str(),
+                  group_->backend_name().c_str(), env.spawned ? " (spawned workers)" : ""));
+  if (cfg_.profile) {
+    log_warn("profile=true is not available under multi-GPU training: the profiler is off for this run "
+             "(profile on one GPU: the per-GPU step is the same)");
+    cfg_.profile = false;
+  }
+}
+
+void Trainer::install_syncs() {
+  step_->set_grad_sync(std::make_unique<dist::AllReduceGradSync>(group_));
+  set_count_sync(std::make_shared<dist::GroupCountSync>(group_));
+  bool has_bn = false;
+  for (const auto& m : model_->modules(false)) has_bn = has_bn || models::is_batchnorm(*m);
+  if (cfg_.sync_bn) models::set_bn_stats_sync(std::make_shared<dist::GroupBnStatsSync>(group_));
+  const int per_rank = cfg_.batch / state_.world_size;
+  log_info(strfmt("Multi-GPU: %d ranks x batch %d (global batch %d); gradients averaged; loss normalisers "
+                  "averaged over ranks; sync_bn %s",
+                  state_.world_size, per_rank, cfg_.batch, cfg_.sync_bn ? "on" : "off"));
+  if (has_bn && !cfg_.sync_bn && per_rank < 16)
+    log_warn(strfmt("DDP per-rank batch is %d (global batch %d / world_size %d) and sync_bn is disabled; BatchNorm "
+                    "running statistics are computed per rank on this small shard, which can reduce accuracy versus "
+                    "single-GPU. Consider setting sync_bn=true.",
+                    per_rank, cfg_.batch, state_.world_size));
+}
+
+void Trainer::sync_after_epoch(TrainState& s) {
+  if (!group_) return;
+  const bool stop = group_->broadcast_flag(s.stop);
+  if (stop && !s.stop) s.stop = true;
+}
+
+void Trainer::sync_before_end(TrainState& s) {
+  if (!group_) return;
+  group_->barrier();
+  result_.best_checkpoint = group_->broadcast_string(result_.best_checkpoint);
+  result_.last_checkpoint = group_->broadcast_string(result_.last_checkpoint);
 }
 
 void Trainer::setup_data() {
@@ -220,9 +302,21 @@ void Trainer::setup_data() {
     log_warn("batch=-1 (autobatch) is not available in this build; using batch=16");
     cfg_.batch = 16;
   }
+  const int ws = state_.world_size;
+  if (ws > 1 && cfg_.batch % ws != 0) {
+    const int lower = (cfg_.batch / ws) * ws, higher = lower + ws;
+    throw UsageError(strfmt("batch=%d is the global batch and must be divisible by world_size=%d: each rank trains at "
+                            "batch / world_size, so this value would silently train at a different global batch than "
+                            "requested",
+                            cfg_.batch, ws),
+                     lower > 0 ? strfmt("Use batch=%d or batch=%d.", lower, higher) : strfmt("Use batch=%d.", higher),
+                     "config_invalid");
+  }
   data::LoaderOptions lo;
   lo.mode = data::LoaderMode::Train;
-  lo.batch = cfg_.batch;
+  lo.batch = cfg_.batch / ws;
+  lo.rank = state_.rank;
+  lo.world = ws;
   lo.workers = workers_;
   lo.pin_memory = device_.is_cuda();
   lo.shuffle = true;
@@ -240,8 +334,9 @@ void Trainer::setup_data() {
     throw DataError("The training split has " + std::to_string(train_set_->size()) + " images, fewer than one batch of " +
                         std::to_string(cfg_.batch),
                     "Use a smaller batch.", "data_invalid");
-  log_info(strfmt("Train: %lld images, %lld batches of %d per epoch%s", static_cast<long long>(train_set_->size()),
-                  static_cast<long long>(train_loader_->size()), cfg_.batch,
+  log_info(strfmt("Train: %lld images, %lld batches of %d per epoch%s%s", static_cast<long long>(train_set_->size()),
+                  static_cast<long long>(train_loader_->size()), cfg_.batch / ws,
+                  ws > 1 ? strfmt(" on each of %d ranks", ws).c_str() : "",
                   val_set_ ? strfmt("; val: %lld images", static_cast<long long>(val_set_->size())).c_str() : ""));
 }
 
@@ -267,6 +362,9 @@ void Trainer::setup_model() {
   lm_.imgsz = cfg_.imgsz;
   model_->train();
   apply_freeze();
+  // Every rank starts from rank 0's weights (they load the same file, but a fresh model's
+  // initialisation need not agree).
+  if (group_) dist::broadcast_module(*model_, *group_);
   if (cfg_.ema) {
     ema_model_ = lm_.family->build_like(models::state_dict(*model_), nc);
     models::load_state_dict(*ema_model_, models::state_dict(*model_), true);
@@ -333,7 +431,10 @@ void Trainer::setup_optimization() {
                   g.size() > 1 ? g[1].params.size() : 0, g.size() > 2 ? g[2].params.size() : 0));
   if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg_.nbs));
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
-  if (cfg_.cuda_graph) {
+  if (group_) install_syncs();
+  if (cfg_.cuda_graph && group_) {
+    log_info("CUDA graphs off (not captured under multi-GPU gradient synchronisation): training eager");
+  } else if (cfg_.cuda_graph) {
     std::string why;
     if (!lm_.family->capture_train_step)
       why = lm_.family->name + " does not declare a capturable training step";

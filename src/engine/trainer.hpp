@@ -13,7 +13,9 @@
 #include <libreyolo/hooks.hpp>
 #include <libreyolo/libreyolo.hpp>
 
+#include "core/log.hpp"
 #include "core/options.hpp"
+#include "dist/group.hpp"
 #include "data/loader.hpp"
 #include "engine/step.hpp"
 #include "engine/train_loop.hpp"
@@ -55,6 +57,8 @@ class Trainer : private EpochSteps {
   models::Detector* ema_model() { return ema_model_.get(); }
   ModelEMA* ema() { return ema_.get(); }
   const torch::Device& device() const { return device_; }
+  // The data-parallel process group (nullptr when training in one process).
+  dist::Group* group() const { return group_.get(); }
   const AmpPlan& amp() const { return amp_; }
   StepRunner& step_runner() { return *step_; }
   data::DataLoader& train_loader() { return *train_loader_; }
@@ -91,6 +95,12 @@ class Trainer : private EpochSteps {
   bool next_batch(TrainState& s) override;
   void run_step(TrainState& s) override;
   EpochSummary end_epoch(TrainState& s) override;
+  void sync_after_epoch(TrainState& s) override;
+  void sync_before_end(TrainState& s) override;
+  // Data parallelism (torchrun's environment, or a spawned worker): the process group, the
+  // device cuda:LOCAL_RANK (or the CPU), the syncs of dist/syncs.hpp.
+  void setup_distributed(const dist::RankEnv& env);
+  void install_syncs();
 
   models::LoadedModel& lm_;
   TrainConfig cfg_;
@@ -124,6 +134,8 @@ class Trainer : private EpochSteps {
   std::vector<std::string> frozen_prefixes_;
   BestMetric best_;
   TrainResult result_;
+  std::shared_ptr<dist::Group> group_;  // null in one process
+  std::optional<LogLevel> saved_log_level_;  // ranks other than 0 log warnings and errors only
 };
 
 

@@ -1,5 +1,7 @@
 #include "loss/yolo9_loss.hpp"
 
+#include "loss/normalizer.hpp"
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cmath>
@@ -309,8 +311,9 @@ LossOutput Yolo9Loss::loss_terms(const Decoded& d, const Assignment& a,
                                  const AnchorGrid& grid) const {
   const int64_t B = d.boxes.size(0);
   const auto score = a.score.to(d.boxes.scalar_type());
-  // N: the sum of the soft targets over the batch, at least 1.
-  const auto norm = score.sum().clamp_min(1.0);
+  // N: the sum of the soft targets over the batch, at least 1 (under data parallelism: the mean
+  // over the processes of that sum, loss/normalizer.hpp).
+  const auto norm = loss_normalizer(score.sum());
 
   auto cls_target = torch::zeros(d.cls_logits.sizes(), d.cls_logits.options());
   cls_target.scatter_(1, a.classes.unsqueeze(1), score.unsqueeze(1));

@@ -1,5 +1,7 @@
 #include "loss/yolox_loss.hpp"
 
+#include "loss/normalizer.hpp"
+
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <cmath>
@@ -173,7 +175,7 @@ LossOutput YoloxLoss::compute(const std::vector<torch::Tensor>& raw, const torch
 
   const auto fg = a.fg;
   const auto fgf = fg.to(dtype);
-  const auto n = fgf.sum().clamp_min(1);
+  const auto n = loss_normalizer(fgf.sum());  // positives, at least 1 (loss/normalizer.hpp)
   const auto idx = a.matched_gt.clamp_min(0);  // [B, A]
   const auto gt_rows = gt.gather(1, idx.unsqueeze(2).expand({-1, -1, 5}));  // [B, A, 5]
   const auto gt_box = gt_rows.narrow(2, 1, 4);

@@ -168,18 +168,22 @@ struct SyncedBn {
 // Training-mode BatchNorm with the global batch's statistics (see BnStatsSync), in float32.
 SyncedBn synced_batch_norm(const at::Tensor& z, const ConvBnActParams& p, BnStatsSync& sync) {
   const at::Tensor zf = z.to(at::kFloat);
-  at::Tensor sum = zf.sum({0, 2, 3});
-  at::Tensor sumsq = zf.square().sum({0, 2, 3});
+  // The moments in float64: the variance is sumsq/count - mean^2, which cancels badly in float32
+  // when |mean| is large against the spread (BatchNorm's own kernels avoid the cancellation with
+  // a two-pass or Welford variance, which a sum all-reduce cannot carry).
+  at::Tensor sum = zf.sum({0, 2, 3}, false, at::kDouble);
+  at::Tensor sumsq = zf.square().sum({0, 2, 3}, false, at::kDouble);
   at::Tensor count = at::full({1}, static_cast<double>(z.numel() / z.size(1)), sum.options());
   sync.all_reduce_stats(sum, sumsq, count);
   SyncedBn r;
-  r.count = count;
-  r.mean = sum / count;
-  const at::Tensor var = (sumsq / count - r.mean.square()).clamp_min(0.0);
-  r.invstd = (var + p.eps).rsqrt();
+  r.count = count.to(at::kFloat);
+  const at::Tensor mean64 = sum / count;
+  const at::Tensor var64 = (sumsq / count - mean64.square()).clamp_min(0.0);
+  r.mean = mean64.to(at::kFloat);
+  r.invstd = (var64 + p.eps).rsqrt().to(at::kFloat);
   const double m = p.momentum;
   p.running_mean->mul_(1.0 - m).add_(r.mean, m);
-  p.running_var->mul_(1.0 - m).add_(var * (count / (count - 1.0)), m);
+  p.running_var->mul_(1.0 - m).add_((var64 * (count / (count - 1.0))).to(at::kFloat), m);
   const at::Tensor scale = r.invstd * *p.gamma;
   r.out = ((zf - per_channel(r.mean)) * per_channel(scale) + per_channel(*p.beta)).to(z.scalar_type());
   return r;

@@ -86,7 +86,7 @@ class DeferredWeightGrads {
 class BnStatsSync {
  public:
   virtual ~BnStatsSync() = default;
-  // sum, sumsq: [C] float32; count: [1] float32; on the activations' device.
+  // sum, sumsq: [C] float64; count: [1] float64; on the activations' device.
   virtual void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) = 0;
   // sum_dy, sum_dy_xmu: [C] float32.
   virtual void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) = 0;

@@ -1,0 +1,53 @@
+// The three synchronisations of data-parallel training, each the implementation of a seam that
+// the single-process code leaves empty:
+//  - gradients (engine/step.hpp GradSync): bucketed all-reduce after the last backward of an
+//    accumulation window, then divided by the world size: every rank steps with the mean;
+//  - BatchNorm statistics (models/conv_bn_act.hpp BnStatsSync): sync_bn, the global batch's
+//    statistics in every fused Conv+BN node;
+//  - loss normalisers (loss/normalizer.hpp CountSync): the mean over ranks of each rank's count.
+// With all three, N ranks training at batch B/N compute the update of one process at batch B.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "dist/group.hpp"
+#include "engine/step.hpp"
+#include "loss/normalizer.hpp"
+#include "models/conv_bn_act.hpp"
+
+namespace libreyolo::dist {
+
+class AllReduceGradSync final : public engine::GradSync {
+ public:
+  explicit AllReduceGradSync(std::shared_ptr<Group> group, int64_t bucket_bytes = 25 << 20);
+  void after_backward(std::vector<torch::Tensor>& grads) override;
+
+ private:
+  std::shared_ptr<Group> group_;
+  int64_t bucket_bytes_;
+};
+
+class GroupBnStatsSync final : public models::BnStatsSync {
+ public:
+  explicit GroupBnStatsSync(std::shared_ptr<Group> group) : group_(std::move(group)) {}
+  void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) override;
+  void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) override;
+
+ private:
+  std::shared_ptr<Group> group_;
+};
+
+class GroupCountSync final : public CountSync {
+ public:
+  explicit GroupCountSync(std::shared_ptr<Group> group) : group_(std::move(group)) {}
+  void all_reduce_sum(torch::Tensor& t) override;
+  int world_size() const override { return group_->world_size(); }
+
+ private:
+  std::shared_ptr<Group> group_;
+};
+
+// Rank src's parameters and buffers on every rank (the start of data-parallel training).
+void broadcast_module(torch::nn::Module& m, Group& group, int src = 0);
+
+}  // namespace libreyolo::dist

@@ -1,0 +1,31 @@
+#include "loss/normalizer.hpp"
+
+#include <mutex>
+
+namespace libreyolo {
+
+namespace {
+std::mutex g_mutex;
+std::shared_ptr<CountSync> g_sync;
+}  // namespace
+
+void set_count_sync(std::shared_ptr<CountSync> sync) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  g_sync = std::move(sync);
+}
+
+std::shared_ptr<CountSync> count_sync() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  return g_sync;
+}
+
+torch::Tensor loss_normalizer(const torch::Tensor& local) {
+  auto sync = count_sync();
+  if (!sync || sync->world_size() <= 1) return local.clamp_min(1.0);
+  // A private float32 copy: the all-reduce writes into it.
+  torch::Tensor t = local.detach().to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).reshape({1});
+  sync->all_reduce_sum(t);
+  return (t.clamp_min(1.0) / static_cast<double>(sync->world_size())).reshape({}).to(local.scalar_type());
+}
+
+}  // namespace libreyolo

@@ -1,0 +1,31 @@
+// Loss normalisers under data parallelism. YOLOv9 divides its terms by the sum of the soft
+// targets, YOLOX by the positive count: per-batch counts. Under data parallelism each process
+// sees only its shard, so every process divides by the mean over all processes of those counts
+// (the sum of the shards' counts, at least 1, over the world size). With the gradients averaged
+// across processes, the update then equals one process training on the global batch.
+//
+// Without a sync installed (one process, the default) loss_normalizer(c) is c.clamp_min(1):
+// exactly what the losses computed before this seam existed.
+#pragma once
+#include <torch/torch.h>
+
+#include <memory>
+
+namespace libreyolo {
+
+class CountSync {
+ public:
+  virtual ~CountSync() = default;
+  // Replaces `t` (float32, on the loss's device) in place by its sum over all processes.
+  virtual void all_reduce_sum(torch::Tensor& t) = 0;
+  virtual int world_size() const = 0;
+};
+
+// Process-wide (one process per device); set before training starts, not during a step.
+void set_count_sync(std::shared_ptr<CountSync> sync);
+std::shared_ptr<CountSync> count_sync();
+
+// The normaliser of a loss whose local (this shard's) count is `local` (a 0-dim tensor, no grad).
+torch::Tensor loss_normalizer(const torch::Tensor& local);
+
+}  // namespace libreyolo
