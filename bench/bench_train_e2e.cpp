@@ -95,7 +95,10 @@ int main(int argc, char** argv) {
         std::cerr << "--profile takes off/on items, got " << mode << "\n";
         return 2;
       }
-      libreyolo::LibreYOLO m(model, device);
+      // Several GPUs ("0,1"): the model is loaded on the CPU and train() spawns one worker per GPU;
+      // the epochs then come back in the result (the callbacks run in rank 0's worker).
+      const bool multi = device.find(',') != std::string::npos;
+      libreyolo::LibreYOLO m(model, multi ? "cpu" : device);
       std::vector<libreyolo::EpochSummary> eps;
       libreyolo::TrainCallbacks cb;
       cb.on_epoch_end = [&](const libreyolo::EpochSummary& e) { eps.push_back(e); };
@@ -117,6 +120,7 @@ int main(int argc, char** argv) {
                             {"run_in_process", run_i}, {"first_steps_s", first->at},
                             {"epochs", nlohmann::json::array()}};
       const int iters = images / batch;
+      if (eps.empty()) eps = r.epochs;
       for (const auto& e : eps)
         run["epochs"].push_back({{"epoch", e.epoch}, {"seconds", e.seconds}, {"iteration_ms", 1000.0 * e.seconds / iters},
                                  {"img_per_s", static_cast<double>(iters) * batch / e.seconds}, {"loss", e.loss}});

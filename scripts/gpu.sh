@@ -4,7 +4,9 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph yolox; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph infer_graph yolox dist; "bench" = all benchmarks.
+#   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
+#   and torchrun) and two torchrun "nodes" of one GPU each.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 FINAL=${OUT:-$ROOT/out}
@@ -116,6 +118,32 @@ want e2e && {
 # End to end: eager vs graphed, profile off vs on (the profiler's cost once its window is over).
 want e2e_graph && run e2e_graph 500 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16 \
   --epochs 3 --cuda-graph off,on ${LIBREYOLO_E2E_ARGS:-}
+want dist && {
+  run dist_tests 500 "$BIN/libreyolo_gpu_tests" --gtest_filter='DistGpu*'
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |REPORT|^\[       OK|^\[  FAILED' "$LOG/dist_tests.json" | tee -a "$LOG/summary.txt"
+  E2E_DIR=/tmp/libreyolo_e2e_810x1080
+  [ -f "$E2E_DIR/data.yaml" ] || timeout 200 "$BIN/bench_train_e2e" --device cuda --workers 16 --epochs 1 > /dev/null 2>&1
+  # Scaling at the same per-GPU batch (16), 640 px, bf16, 16 loader threads per rank.
+  E="--workers 16 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16"
+  run scale_1gpu 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E
+  run scale_2gpu_spawn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E
+  TR=$(python3 -c 'import shutil;print(shutil.which("torchrun") or "")')
+  A="train model=yolo9t data=$E2E_DIR/data.yaml imgsz=640 epochs=${LIBREYOLO_DIST_EPOCHS:-3} workers=16 amp_dtype=bfloat16 val=false no_aug_epochs=0 exist_ok=true project=$LOG/torchrun"
+  if [ -n "$TR" ]; then
+    run torchrun_2gpu 400 "$TR" --nproc_per_node=2 --no-python "$BIN/libreyolo" $A batch=32 device=0,1 name=one_node
+    PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+    N="--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $PORT --no-python"
+    CUDA_VISIBLE_DEVICES=1 timeout 400 "$TR" $N --node_rank 1 "$BIN/libreyolo" $A batch=32 name=two_nodes > "$LOG/torchrun_node1.log" 2>&1 &
+    run torchrun_2nodes 400 env CUDA_VISIBLE_DEVICES=0 "$TR" $N --node_rank 0 "$BIN/libreyolo" $A batch=32 name=two_nodes
+    wait
+    summary "torchrun node 1 log tail: $(tail -2 "$LOG/torchrun_node1.log" | tr '\n' ' ')"
+  else
+    summary "torchrun: not found on this machine"
+  fi
+  for f in torchrun_2gpu torchrun_2nodes; do
+    grep -E "DDP active|Epoch [0-9]+/|Error|error" "$LOG/$f.log" | head -8 | sed "s/^/$f: /" | tee -a "$LOG/summary.txt"
+  done
+}
 python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
 import json, sys, os, glob
 log = sys.argv[1]

@@ -410,7 +410,7 @@ class ProgressHook : public TrainHook {
     images_ = 0;
   }
   void after_step(TrainState& s) override {
-    images_ += s.batch_images;
+    images_ += s.batch_images * s.world_size;  // every rank trains a batch this size: the global count
     if (!s.config->verbose) return;
     const bool last_batch = s.batch_index + 1 >= s.batches_per_epoch;
     const double since = seconds_since(last_print_);
