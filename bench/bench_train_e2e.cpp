@@ -44,6 +44,7 @@ int main(int argc, char** argv) {
               graphs = "off";
   std::string dir = (std::filesystem::temp_directory_path() / "libreyolo_e2e_810x1080").string();
   int images = 1024, epochs = 2, batch = 16, imgsz = 640;
+  std::vector<std::string> extra;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -58,6 +59,7 @@ int main(int argc, char** argv) {
     else if (a == "--dir") dir = val();
     else if (a == "--profile") profile = val();
     else if (a == "--cuda-graph") graphs = val();
+    else if (a == "--set") extra.push_back(val());  // key=value: one more training option
     else if (a == "--sizes" || a == "--batches" || a == "--dtypes") val();
     else {
       std::cerr << "unknown argument " << a << "\n";
@@ -109,6 +111,10 @@ int main(int argc, char** argv) {
           {"amp_dtype", amp_dtype}, {"val", "false"}, {"no_aug_epochs", "0"}, {"ema", "true"},
           {"project", dir + "/runs"}, {"name", name}, {"exist_ok", "true"}, {"verbose", "true"}};
       if (gm == "on") opts.emplace_back("cuda_graph", "true");
+      for (const auto& kv : extra) {
+        const size_t eq = kv.find('=');
+        if (eq != std::string::npos) opts.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+      }
       if (mode == "on") {
         opts.emplace_back("profile", "true");
         opts.emplace_back("profile_open", "false");

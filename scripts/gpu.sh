@@ -127,6 +127,13 @@ want dist && {
   E="--workers 16 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16"
   run scale_1gpu 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E
   run scale_2gpu_spawn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E
+  if [ -n "${LIBREYOLO_DIST_DIAG:-}" ]; then  # where the time goes: SyncBN, loader threads, one rank
+    run scale_2gpu_nosyncbn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set sync_bn=false
+    run scale_2gpu_nosyncbn_w8 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 --workers 8 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16 --set sync_bn=false
+    PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+    run group_of_one 400 env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT "$BIN/libreyolo" train model=yolo9t data=$E2E_DIR/data.yaml imgsz=640 epochs=${LIBREYOLO_DIST_EPOCHS:-3} workers=16 amp_dtype=bfloat16 val=false no_aug_epochs=0 exist_ok=true project=$LOG/g1 name=g1 batch=16
+    grep -E "Epoch [0-9]+/" "$LOG/group_of_one.log" | sed "s/^/group_of_one: /" | tee -a "$LOG/summary.txt"
+  fi
   TR=$(python3 -c 'import shutil;print(shutil.which("torchrun") or "")')
   A="train model=yolo9t data=$E2E_DIR/data.yaml imgsz=640 epochs=${LIBREYOLO_DIST_EPOCHS:-3} workers=16 amp_dtype=bfloat16 val=false no_aug_epochs=0 exist_ok=true project=$LOG/torchrun"
   if [ -n "$TR" ]; then

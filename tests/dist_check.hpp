@@ -83,7 +83,7 @@ inline Env rank_env(int rank, int world, int port) {
   return {{"RANK", std::to_string(rank)},         {"LOCAL_RANK", std::to_string(rank)},
           {"WORLD_SIZE", std::to_string(world)},  {"LOCAL_WORLD_SIZE", std::to_string(world)},
           {"MASTER_ADDR", "127.0.0.1"},           {"MASTER_PORT", std::to_string(port)},
-          {"OMP_NUM_THREADS", "1"}};
+          {"OMP_NUM_THREADS", "1"},                {"LIBREYOLO_TF32", "0"}};
 }
 
 inline bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include "conv_bn_act_check.hpp"
 #include "data/synthetic.hpp"
+#include "models/conv_bn_act.hpp"
 #include "dist_check.hpp"
 #include "support.hpp"
 
@@ -49,7 +51,7 @@ TEST(DistGpu, TwoGpusTakeTheStepOfOneGpuWithTheGlobalBatch) {
   auto a = args(dir, "single", 1, 32, "0");
   a.push_back("val=false");
   {
-    const pid_t pid = launch(a, {}, dir + "/single.txt");
+    const pid_t pid = launch(a, {{"LIBREYOLO_TF32", "0"}}, dir + "/single.txt");
     auto st = wait_for(pid, 300);
     ASSERT_TRUE(st && exited_ok(*st)) << slurp(dir + "/single.txt");
   }
@@ -109,4 +111,96 @@ TEST(DistGpu, SpawnTrainsOnBothGpusAndHandsBackTheResult) {
   EXPECT_TRUE(fs::exists(fs::path(dir) / "run" / "weights" / "best.pt"));
   EXPECT_TRUE(fs::exists(fs::path(dir) / "run" / "results.csv"));
   EXPECT_FALSE(fs::exists(fs::path(dir) / "run2"));  // one run directory: rank 0's
+}
+
+// The CUDA SyncBN path of the fused node (ATen's SyncBatchNorm kernels: Welford statistics per
+// process, the rows gathered by an all-reduce, one combination kernel), with a stats sync that
+// plays a second process (its batch b and the gradient at its output): the node on batch a
+// computes what BatchNorm over the concatenated batch computes for a's rows. One GPU is enough.
+TEST(DistGpu, CudaSyncBnNormalisesWithTheGlobalBatch) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "needs CUDA";
+  using namespace libreyolo::models;
+  const CudnnSettings fp32(/*benchmark=*/false, /*deterministic=*/true, /*allow_tf32=*/false);
+  struct OtherProcess : BnStatsSync {
+    torch::Tensor zb, gb, gamma, beta, mean;
+    double eps = 0;
+    bool act = false;
+    int stats_calls = 0, grad_calls = 0;
+    int rank() const override { return 0; }
+    int world_size() const override { return 2; }
+    void all_reduce_sum(torch::Tensor& t) override {
+      const int64_t C = zb.size(1);
+      auto v = [](const torch::Tensor& x) { return x.view({1, -1, 1, 1}); };
+      if (t.dim() == 2) {  // the rows [mean, invstd, count]: fill process 1's
+        const double nb = static_cast<double>(zb.numel() / C);
+        const auto mb = zb.mean({0, 2, 3});
+        const auto vb = (zb - v(mb)).square().mean({0, 2, 3});
+        t[1].narrow(0, 0, C).copy_(mb);
+        t[1].narrow(0, C, C).copy_((vb + eps).rsqrt());
+        t[1][2 * C].fill_(nb);
+        const auto na = t[0][2 * C];
+        mean = (t[0].narrow(0, 0, C) * na + mb * nb) / (na + nb);
+        ++stats_calls;
+      } else {  // [sum dy, sum dy*(z-mean)]
+        // Process 1's BatchNorm output (for SiLU's backward) uses the global invstd, given below.
+        const auto xmu = zb - v(mean);
+        const auto g = act ? at::silu_backward(gb, xmu * v(global_invstd * gamma) + v(beta)) : gb;
+        t.narrow(0, 0, C).add_(g.sum({0, 2, 3}));
+        t.narrow(0, C, C).add_((g * xmu).sum({0, 2, 3}));
+        ++grad_calls;
+      }
+    }
+    torch::Tensor global_invstd;  // of both batches together (the test computes it)
+  };
+  const auto dev = torch::Device(torch::kCUDA, 0);
+  for (bool act : {false, true}) {
+    torch::manual_seed(11);
+    const auto a = torch::randn({2, 4, 6, 5}).to(dev), b = torch::randn({3, 4, 6, 5}).to(dev);
+    const auto ga = torch::randn({2, 6, 6, 5}).to(dev), gb = torch::randn({3, 6, 6, 5}).to(dev);
+    auto make_conv = [&] {
+      torch::manual_seed(12);
+      yolo9::Conv c(4, 6, 3, 1, 1, act);
+      {
+        torch::NoGradGuard ng;
+        c->bn->weight.uniform_(0.5, 1.5);
+        c->bn->bias.uniform_(-0.5, 0.5);
+      }
+      c->to(dev);
+      c->train();
+      return c;
+    };
+    set_fused_conv_training(false);  // reference: the composed ops over both batches
+    auto ref = make_conv();
+    auto x = torch::cat({a, b}).set_requires_grad(true);
+    auto y_ref = ref->forward(x);
+    y_ref.backward(torch::cat({ga, gb}));
+    set_fused_conv_training(true);
+
+    auto conv = make_conv();
+    auto sync = std::make_shared<OtherProcess>();
+    {
+      torch::NoGradGuard ng;
+      sync->zb = torch::conv2d(b, conv->conv->weight, {}, 1, 1);
+      const auto za = torch::conv2d(a, conv->conv->weight, {}, 1, 1);
+      const auto all = torch::cat({za, sync->zb});
+      const auto var = all.var({0, 2, 3}, /*unbiased=*/false);
+      sync->global_invstd = (var + conv->bn->options.eps()).rsqrt();
+    }
+    sync->gb = gb;
+    sync->gamma = conv->bn->weight.detach();
+    sync->beta = conv->bn->bias.detach();
+    sync->eps = conv->bn->options.eps();
+    sync->act = act;
+    set_bn_stats_sync(sync);
+    auto xa = a.clone().set_requires_grad(true);
+    auto ya = conv->forward(xa);
+    ya.backward(ga);
+    set_bn_stats_sync(nullptr);
+    EXPECT_EQ(sync->stats_calls, 1);
+    EXPECT_EQ(sync->grad_calls, 1);
+    EXPECT_LT(rel_err(ya, y_ref.slice(0, 0, 2)), 1e-4) << "act " << act;
+    EXPECT_LT(rel_err(xa.grad(), x.grad().slice(0, 0, 2)), 1e-4) << "act " << act;
+    EXPECT_LT(rel_err(conv->bn->running_mean, ref->bn->running_mean), 1e-5);
+    EXPECT_LT(rel_err(conv->bn->running_var, ref->bn->running_var), 1e-5);
+  }
 }

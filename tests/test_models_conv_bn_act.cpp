@@ -172,26 +172,34 @@ TEST(ConvBnAct, SingleValuePerChannelIsAClearError) {
 // computes for a's rows: output, input gradient, running statistics. Each hook runs once.
 TEST(ConvBnAct, StatsSyncNormalisesWithTheGlobalBatch) {
   using namespace libreyolo::models;
+  // The other process's contribution, as the CPU path reduces: [sum, sumsq, count] (float64)
+  // forward, [sum dy, sum dy*(z-mean)] backward.
   struct OtherProcess : BnStatsSync {
     torch::Tensor zb, gb, gamma, beta, mean, invstd;
     double eps = 0;
     bool act = false;
     int stats_calls = 0, grad_calls = 0;
-    void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) override {
-      sum.add_(zb.sum({0, 2, 3}));
-      sumsq.add_(zb.square().sum({0, 2, 3}));
-      count.add_(static_cast<double>(zb.numel() / zb.size(1)));
-      mean = sum / count;
-      invstd = (sumsq / count - mean.square() + eps).rsqrt();
-      ++stats_calls;
-    }
-    void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) override {
-      auto v = [](const torch::Tensor& t) { return t.view({1, -1, 1, 1}); };
-      const auto xmu = zb - v(mean);
-      const auto g = act ? at::silu_backward(gb, xmu * v(invstd * gamma) + v(beta)) : gb;
-      sum_dy.add_(g.sum({0, 2, 3}));
-      sum_dy_xmu.add_((g * xmu).sum({0, 2, 3}));
-      ++grad_calls;
+    int rank() const override { return 0; }
+    int world_size() const override { return 2; }
+    void all_reduce_sum(torch::Tensor& t) override {
+      const int64_t C = zb.size(1);
+      if (t.scalar_type() == torch::kDouble) {  // the statistics
+        auto zd = zb.to(torch::kDouble);
+        t.narrow(0, 0, C).add_(zd.sum({0, 2, 3}));
+        t.narrow(0, C, C).add_(zd.square().sum({0, 2, 3}));
+        t.narrow(0, 2 * C, 1).add_(static_cast<double>(zb.numel() / C));
+        const auto count = t.narrow(0, 2 * C, 1);
+        mean = (t.narrow(0, 0, C) / count).to(torch::kFloat);
+        invstd = (t.narrow(0, C, C) / count - (t.narrow(0, 0, C) / count).square() + eps).rsqrt().to(torch::kFloat);
+        ++stats_calls;
+      } else {  // the gradient sums
+        auto v = [](const torch::Tensor& x) { return x.view({1, -1, 1, 1}); };
+        const auto xmu = zb - v(mean);
+        const auto g = act ? at::silu_backward(gb, xmu * v(invstd * gamma) + v(beta)) : gb;
+        t.narrow(0, 0, C).add_(g.sum({0, 2, 3}));
+        t.narrow(0, C, C).add_((g * xmu).sum({0, 2, 3}));
+        ++grad_calls;
+      }
     }
   };
   for (bool act : {false, true}) {

@@ -39,21 +39,9 @@ void AllReduceGradSync::after_backward(std::vector<torch::Tensor>& grads) {
   }
 }
 
-void GroupBnStatsSync::all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) {
-  const int64_t c = sum.numel();
-  std::vector<torch::Tensor> buf{torch::cat({sum.reshape({-1}), sumsq.reshape({-1}), count.reshape({-1})})};
-  group_->all_reduce_sum(buf);
-  sum.copy_(buf[0].narrow(0, 0, c).view(sum.sizes()));
-  sumsq.copy_(buf[0].narrow(0, c, c).view(sumsq.sizes()));
-  count.copy_(buf[0].narrow(0, 2 * c, count.numel()).view(count.sizes()));
-}
-
-void GroupBnStatsSync::all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) {
-  const int64_t c = sum_dy.numel();
-  std::vector<torch::Tensor> buf{torch::cat({sum_dy.reshape({-1}), sum_dy_xmu.reshape({-1})})};
-  group_->all_reduce_sum(buf);
-  sum_dy.copy_(buf[0].narrow(0, 0, c).view(sum_dy.sizes()));
-  sum_dy_xmu.copy_(buf[0].narrow(0, c, c).view(sum_dy_xmu.sizes()));
+void GroupBnStatsSync::all_reduce_sum(torch::Tensor& t) {
+  std::vector<torch::Tensor> v{t};
+  group_->all_reduce_sum(v);
 }
 
 void GroupCountSync::all_reduce_sum(torch::Tensor& t) {

@@ -30,8 +30,9 @@ class AllReduceGradSync final : public engine::GradSync {
 class GroupBnStatsSync final : public models::BnStatsSync {
  public:
   explicit GroupBnStatsSync(std::shared_ptr<Group> group) : group_(std::move(group)) {}
-  void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) override;
-  void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) override;
+  int rank() const override { return group_->rank(); }
+  int world_size() const override { return group_->world_size(); }
+  void all_reduce_sum(torch::Tensor& t) override;
 
  private:
   std::shared_ptr<Group> group_;

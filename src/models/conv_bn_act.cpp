@@ -165,23 +165,45 @@ struct SyncedBn {
   at::Tensor out, mean, invstd, count;
 };
 
-// Training-mode BatchNorm with the global batch's statistics (see BnStatsSync), in float32.
+// Training-mode BatchNorm with the global batch's statistics (see BnStatsSync). mean and invstd
+// are float32 [C]; count is the global row count (float32 [1]).
 SyncedBn synced_batch_norm(const at::Tensor& z, const ConvBnActParams& p, BnStatsSync& sync) {
-  const at::Tensor zf = z.to(at::kFloat);
-  // The moments in float64: the variance is sumsq/count - mean^2, which cancels badly in float32
-  // when |mean| is large against the spread (BatchNorm's own kernels avoid the cancellation with
-  // a two-pass or Welford variance, which a sum all-reduce cannot carry).
-  at::Tensor sum = zf.sum({0, 2, 3}, false, at::kDouble);
-  at::Tensor sumsq = zf.square().sum({0, 2, 3}, false, at::kDouble);
-  at::Tensor count = at::full({1}, static_cast<double>(z.numel() / z.size(1)), sum.options());
-  sync.all_reduce_stats(sum, sumsq, count);
+  const int64_t C = z.size(1);
+  const double n = static_cast<double>(z.numel() / C);
+  const double m = p.momentum;
   SyncedBn r;
+  if (z.is_cuda()) {
+    // This process's row [mean, invstd, count] in a zeroed [world, 2C+1] buffer; the sum over the
+    // processes is every process's row (an all-gather), which ATen's kernel combines (and uses to
+    // update the running statistics) in one launch.
+    const int world = sync.world_size();
+    at::Tensor rows = at::zeros({world, 2 * C + 1}, z.options().dtype(at::kFloat));
+    auto local = at::batch_norm_stats(z, p.eps);
+    at::Tensor mine = rows[sync.rank()];
+    at::cat_out(mine, {std::get<0>(local), std::get<1>(local), at::full({1}, n, rows.options())}, 0);
+    sync.all_reduce_sum(rows);
+    const at::Tensor means = rows.narrow(1, 0, C).contiguous(), invstds = rows.narrow(1, C, C).contiguous();
+    const at::Tensor counts = rows.select(1, 2 * C).contiguous();
+    auto global = at::batch_norm_gather_stats_with_counts(z, means, invstds, *p.running_mean, *p.running_var, m, p.eps,
+                                                          counts);
+    r.mean = std::get<0>(global);
+    r.invstd = std::get<1>(global);
+    r.count = counts.sum().reshape({1});
+    r.out = at::batch_norm_elemt(z, *p.gamma, *p.beta, r.mean, r.invstd, p.eps);
+    return r;
+  }
+  // The CPU: sum and sum of squares in float64 (sumsq/count - mean^2 cancels badly in float32 when
+  // |mean| is large against the spread).
+  const at::Tensor zf = z.to(at::kFloat);
+  at::Tensor stats = at::cat({zf.sum({0, 2, 3}, false, at::kDouble), zf.square().sum({0, 2, 3}, false, at::kDouble),
+                              at::full({1}, n, zf.options().dtype(at::kDouble))});
+  sync.all_reduce_sum(stats);
+  const at::Tensor count = stats.narrow(0, 2 * C, 1);
+  const at::Tensor mean64 = stats.narrow(0, 0, C) / count;
+  const at::Tensor var64 = (stats.narrow(0, C, C) / count - mean64.square()).clamp_min(0.0);
   r.count = count.to(at::kFloat);
-  const at::Tensor mean64 = sum / count;
-  const at::Tensor var64 = (sumsq / count - mean64.square()).clamp_min(0.0);
   r.mean = mean64.to(at::kFloat);
   r.invstd = (var64 + p.eps).rsqrt().to(at::kFloat);
-  const double m = p.momentum;
   p.running_mean->mul_(1.0 - m).add_(r.mean, m);
   p.running_var->mul_(1.0 - m).add_((var64 * (count / (count - 1.0))).to(at::kFloat), m);
   const at::Tensor scale = r.invstd * *p.gamma;
@@ -336,21 +358,36 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
 #endif
     if (!done && saved.size() == 9) {  // forward used synchronised statistics
       const at::Tensor& bn_out = saved[7];
-      const at::Tensor dbn = (act ? at::silu_backward(dy, bn_out) : dy).to(at::kFloat);
-      const at::Tensor xmu = z.to(at::kFloat) - per_channel(stats[0]);
-      at::Tensor sum_dy = dbn.sum({0, 2, 3});
-      at::Tensor sum_dy_xmu = (dbn * xmu).sum({0, 2, 3});
-      // This process's own weight and bias gradients, from the sums before the all-reduce.
-      if (need_g) accumulate_grad(gamma, sum_dy_xmu * stats[1]);
-      if (need_b) accumulate_grad(beta, sum_dy.clone());
-      if (need_x || need_w) {
-        if (auto sync = bn_stats_sync()) sync->all_reduce_grad_sums(sum_dy, sum_dy_xmu);
-        const at::Tensor& count = saved[8];
-        const at::Tensor mean_dy = sum_dy / count, mean_dy_xmu = sum_dy_xmu / count;
-        const at::Tensor invstd = stats[1];
-        dz = ((dbn - per_channel(mean_dy) - xmu * per_channel(invstd.square() * mean_dy_xmu)) *
-              per_channel(invstd * gamma))
-                 .to(z.scalar_type());
+      const at::Tensor& count = saved[8];
+      const at::Tensor mean = stats[0], invstd = stats[1];
+      const int64_t C = z.size(1);
+      const auto sync = bn_stats_sync();
+      if (z.is_cuda()) {
+        const at::Tensor dbn = act ? at::silu_backward(dy, bn_out) : dy;
+        // This process's sums (and from them its own weight and bias gradients) in one kernel.
+        auto red = at::batch_norm_backward_reduce(dbn, z, mean, invstd, gamma, need_x || need_w, need_g, need_b);
+        if (need_g) accumulate_grad(gamma, std::get<2>(red));
+        if (need_b) accumulate_grad(beta, std::get<3>(red));
+        if (need_x || need_w) {
+          at::Tensor sums = at::cat({std::get<0>(red), std::get<1>(red)});
+          if (sync) sync->all_reduce_sum(sums);
+          dz = at::batch_norm_backward_elemt(dbn, z, mean, invstd, gamma, sums.narrow(0, 0, C), sums.narrow(0, C, C),
+                                             count.to(at::kInt));
+        }
+      } else {
+        const at::Tensor dbn = (act ? at::silu_backward(dy, bn_out) : dy).to(at::kFloat);
+        const at::Tensor xmu = z.to(at::kFloat) - per_channel(mean);
+        at::Tensor sums = at::cat({dbn.sum({0, 2, 3}), (dbn * xmu).sum({0, 2, 3})});
+        // This process's own weight and bias gradients, from the sums before the all-reduce.
+        if (need_g) accumulate_grad(gamma, sums.narrow(0, C, C) * invstd);
+        if (need_b) accumulate_grad(beta, sums.narrow(0, 0, C).clone());
+        if (need_x || need_w) {
+          if (sync) sync->all_reduce_sum(sums);
+          const at::Tensor mean_dy = sums.narrow(0, 0, C) / count, mean_dy_xmu = sums.narrow(0, C, C) / count;
+          dz = ((dbn - per_channel(mean_dy) - xmu * per_channel(invstd.square() * mean_dy_xmu)) *
+                per_channel(invstd * gamma))
+                   .to(z.scalar_type());
+        }
       }
       done = true;
     }

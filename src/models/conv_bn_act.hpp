@@ -69,27 +69,29 @@ class DeferredWeightGrads {
 
 // Batch-statistics synchronisation for SyncBN under data parallelism. While one is installed
 // (process-wide: one process per device), every fused node in training mode normalises with the
-// statistics of the global batch:
-//  - forward, right after the convolution and before normalisation: the node computes this
-//    process's per-channel sum and sum of squares over its N*H*W rows and the row count, calls
-//    all_reduce_stats(), which must replace them in place by their sums over all processes (one
-//    all-reduce SUM), and normalises with mean = sum/count, biased variance sumsq/count - mean^2;
-//    the running statistics are updated from the global mean and unbiased variance;
+// statistics of the global batch, the way torch's SyncBatchNorm does:
+//  - forward, right after the convolution: the node computes this process's per-channel
+//    statistics, sums them over all processes with all_reduce_sum(), and normalises with the
+//    global mean and biased variance; the running statistics follow the global mean and
+//    unbiased variance. On CUDA the statistics are ATen's SyncBatchNorm kernels' (one Welford
+//    pass per process, then a parallel combination of the processes' mean/invstd/count rows;
+//    the rows are gathered by summing a [world, 2C+1] buffer in which each process filled its
+//    own row). On the CPU they are the per-channel sum and sum of squares in float64.
 //  - backward, before the input gradient: the per-channel sums of the gradient at BatchNorm's
-//    output (sum dy, sum dy*(z-mean)) go through all_reduce_grad_sums() the same way; the
-//    BatchNorm weight and bias gradients stay this process's own (the gradient all-reduce of the
-//    data-parallel step sums them, as torch's SyncBatchNorm does).
-// Both calls are made on the ATen path. The CUDA kernels fuse the reduction with the
-// normalisation in one launch, with no point to call back from: while a sync is installed the
-// node takes the ATen path on CUDA too (the kernels stay the path of single-device training).
+//    output (sum dy, sum dy*(z-mean)) are summed over the processes the same way; the BatchNorm
+//    weight and bias gradients stay this process's own (the gradient all-reduce of the
+//    data-parallel step averages them, as with torch's SyncBatchNorm under DDP).
+// The CUDA kernels of single-device training fuse the reduction with the normalisation in one
+// launch, with no point to call back from: while a sync is installed the node takes this path.
 // None installed (the default) is the no-op: the node is exactly what it is without this seam.
 class BnStatsSync {
  public:
   virtual ~BnStatsSync() = default;
-  // sum, sumsq: [C] float64; count: [1] float64; on the activations' device.
-  virtual void all_reduce_stats(torch::Tensor& sum, torch::Tensor& sumsq, torch::Tensor& count) = 0;
-  // sum_dy, sum_dy_xmu: [C] float32.
-  virtual void all_reduce_grad_sums(torch::Tensor& sum_dy, torch::Tensor& sum_dy_xmu) = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  // Replaces `t` (any floating dtype, on the activations' device) in place by its element-wise
+  // sum over all processes.
+  virtual void all_reduce_sum(torch::Tensor& t) = 0;
 };
 // Installs (or, with nullptr, removes) the process-wide statistics sync. Set it before a step, not
 // during one: backward asks again and treats "none" as local statistics.
