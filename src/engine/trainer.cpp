@@ -12,6 +12,7 @@
 #include "core/paths.hpp"
 #include "data/dataset_yaml.hpp"
 #include "core/config_schema.hpp"
+#include "engine/autobatch.hpp"
 #include "engine/validator.hpp"
 #include "io/checkpoint.hpp"
 #include "models/coco_names.hpp"
@@ -216,10 +217,8 @@ void Trainer::setup_data() {
   } else if (cfg_.val) {
     log_warn("The dataset has no 'val' split: training without validation");
   }
-  if (cfg_.batch == -1) {
-    log_warn("batch=-1 (autobatch) is not available in this build; using batch=16");
-    cfg_.batch = 16;
-  }
+  // batch=-1: AutoBatch probes the model on the training device (one process: world size 1).
+  cfg_.batch = resolve_train_batch(cfg_, *lm_.model, device_, amp_, channels_last_, /*world_size=*/1);
   data::LoaderOptions lo;
   lo.mode = data::LoaderMode::Train;
   lo.batch = cfg_.batch;
