@@ -14,6 +14,7 @@
 #include "data/dataset_yaml.hpp"
 #include "core/config_schema.hpp"
 #include "dist/syncs.hpp"
+#include "engine/autobatch.hpp"
 #include "engine/validator.hpp"
 #include "loss/normalizer.hpp"
 #include "io/checkpoint.hpp"
@@ -305,11 +306,13 @@ void Trainer::setup_data() {
   } else if (cfg_.val) {
     log_warn("The dataset has no 'val' split: training without validation");
   }
-  if (cfg_.batch == -1) {
-    log_warn("batch=-1 (autobatch) is not available in this build; using batch=16");
-    cfg_.batch = 16;
-  }
   const int ws = state_.world_size;
+  // batch=-1: AutoBatch probes the model on rank 0's device (before any SyncBN exists, so the
+  // probe makes no collective call) and rank 0's answer reaches every rank.
+  if (cfg_.batch == -1) {
+    if (state_.rank == 0) cfg_.batch = resolve_train_batch(cfg_, *lm_.model, device_, amp_, channels_last_, ws);
+    if (group_) cfg_.batch = static_cast<int>(group_->broadcast_int(state_.rank == 0 ? cfg_.batch : 0));
+  }
   if (ws > 1 && cfg_.batch % ws != 0) {
     const int lower = (cfg_.batch / ws) * ws, higher = lower + ws;
     throw UsageError(strfmt("batch=%d is the global batch and must be divisible by world_size=%d: each rank trains at "
