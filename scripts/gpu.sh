@@ -127,9 +127,13 @@ want dist && {
   E="--workers 16 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16"
   run scale_1gpu 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E
   run scale_2gpu_spawn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E
+  # The same with the decoded, resized images cached on disk (cache=disk, issue 12): what the
+  # GPUs do once JPEG decoding is out of the way.
+  run scale_1gpu_cache 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E --set cache=disk
+  run scale_2gpu_spawn_cache 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cache=disk
   if [ -n "${LIBREYOLO_DIST_DIAG:-}" ]; then  # where the time goes: SyncBN, loader threads, one rank
     run scale_2gpu_nosyncbn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set sync_bn=false
-    run scale_2gpu_nosyncbn_w8 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 --workers 8 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16 --set sync_bn=false
+    [ -n "${LIBREYOLO_DIST_W8:-}" ] && run scale_2gpu_nosyncbn_w8 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 --workers 8 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16 --set sync_bn=false
     PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
     run group_of_one 400 env RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=$PORT "$BIN/libreyolo" train model=yolo9t data=$E2E_DIR/data.yaml imgsz=640 epochs=${LIBREYOLO_DIST_EPOCHS:-3} workers=16 amp_dtype=bfloat16 val=false no_aug_epochs=0 exist_ok=true project=$LOG/g1 name=g1 batch=16
     grep -E "Epoch [0-9]+/" "$LOG/group_of_one.log" | sed "s/^/group_of_one: /" | tee -a "$LOG/summary.txt"
@@ -138,12 +142,14 @@ want dist && {
   A="train model=yolo9t data=$E2E_DIR/data.yaml imgsz=640 epochs=${LIBREYOLO_DIST_EPOCHS:-3} workers=16 amp_dtype=bfloat16 val=false no_aug_epochs=0 exist_ok=true project=$LOG/torchrun"
   if [ -n "$TR" ]; then
     run torchrun_2gpu 400 "$TR" --nproc_per_node=2 --no-python "$BIN/libreyolo" $A batch=32 device=0,1 name=one_node
-    PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-    N="--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $PORT --no-python"
-    CUDA_VISIBLE_DEVICES=1 timeout 400 "$TR" $N --node_rank 1 "$BIN/libreyolo" $A batch=32 name=two_nodes > "$LOG/torchrun_node1.log" 2>&1 &
-    run torchrun_2nodes 400 env CUDA_VISIBLE_DEVICES=0 "$TR" $N --node_rank 0 "$BIN/libreyolo" $A batch=32 name=two_nodes
-    wait
-    summary "torchrun node 1 log tail: $(tail -2 "$LOG/torchrun_node1.log" | tr '\n' ' ')"
+    if [ "${LIBREYOLO_DIST_NODES:-1}" = 1 ]; then
+      PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
+      N="--nnodes 2 --nproc_per_node 1 --master_addr 127.0.0.1 --master_port $PORT --no-python"
+      CUDA_VISIBLE_DEVICES=1 timeout 400 "$TR" $N --node_rank 1 "$BIN/libreyolo" $A batch=32 name=two_nodes > "$LOG/torchrun_node1.log" 2>&1 &
+      run torchrun_2nodes 400 env CUDA_VISIBLE_DEVICES=0 "$TR" $N --node_rank 0 "$BIN/libreyolo" $A batch=32 name=two_nodes
+      wait
+      summary "torchrun node 1 log tail: $(tail -2 "$LOG/torchrun_node1.log" | tr '\n' ' ')"
+    fi
   else
     summary "torchrun: not found on this machine"
   fi

@@ -236,6 +236,18 @@ TEST(DistCpu, IndivisibleGlobalBatchNamesTheNearestValidValues) {
   }
 }
 
+// SPEC M5 under a rank environment: rank 0 resolves batch=-1 (on the CPU AutoBatch keeps its
+// default, 16 per device), scales it by the world size and every rank trains with it.
+TEST(DistCpu, AutoBatchIsResolvedOnRankZeroAndShared) {
+  const std::string dir = test::temp_dir("dist_autobatch");
+  auto ranks = run_ranks(2, train_args(dir, "run", 1, -1), dir, 300);
+  for (int r = 0; r < 2; ++r)
+    ASSERT_TRUE(exited_ok(ranks[static_cast<size_t>(r)].first)) << ranks[static_cast<size_t>(r)].second;
+  EXPECT_NE(ranks[0].second.find("AutoBatch: per-GPU=16  world_size=2  global=32"), std::string::npos) << ranks[0].second;
+  EXPECT_NE(ranks[0].second.find("batches of 16 per epoch on each of 2 ranks"), std::string::npos) << ranks[0].second;
+  EXPECT_EQ(ranks[1].second.find("AutoBatch"), std::string::npos) << ranks[1].second;  // rank 1 never probes
+}
+
 // A rank that dies (SIGKILL, no goodbye) ends the others within a minute, with an error.
 TEST(DistCpu, DeadRankEndsTheOthersWithinAMinute) {
   const std::string dir = test::temp_dir("dist_dead");
