@@ -274,6 +274,30 @@ TEST(DistCpu, DeadRankEndsTheOthersWithinAMinute) {
   std::printf("[ dist ] rank 0 ended %.1f s after rank 1 was killed\n", took);
 }
 
+// Ctrl-C in a terminal reaches every rank: all of them stop within a minute, rank 0 saying how
+// to resume from its last checkpoint.
+TEST(DistCpu, CtrlCStopsEveryRank) {
+  const std::string dir = test::temp_dir("dist_ctrl_c");
+  const int port = dist::free_port();
+  auto args = train_args(dir, "run", 500, 4);
+  const pid_t p0 = launch(args, rank_env(0, 2, port), dir + "/rank0.txt");
+  const pid_t p1 = launch(args, rank_env(1, 2, port), dir + "/rank1.txt");
+  ASSERT_GT(p0, 0);
+  ASSERT_GT(p1, 0);
+  const fs::path last = fs::path(dir) / "run" / "weights" / "last.pt";
+  for (int i = 0; i < 3000 && !fs::exists(last); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(fs::exists(last)) << "no epoch finished:\n" << slurp(dir + "/rank0.txt");
+  ::kill(p0, SIGINT);
+  ::kill(p1, SIGINT);
+  auto st0 = wait_for(p0, 60), st1 = wait_for(p1, 60);
+  const std::string err = slurp(dir + "/rank0.txt");
+  ASSERT_TRUE(st0.has_value()) << "rank 0 still ran a minute after Ctrl-C:\n" << err;
+  ASSERT_TRUE(st1.has_value()) << "rank 1 still ran a minute after Ctrl-C:\n" << slurp(dir + "/rank1.txt");
+  EXPECT_FALSE(exited_ok(*st0));
+  EXPECT_FALSE(exited_ok(*st1));
+  EXPECT_NE(err.find("interrupted"), std::string::npos) << err;
+}
+
 // A rank that hangs (SIGSTOP: alive, connected, silent) is caught by the heartbeat watchdog:
 // the others end within a minute with an error naming it.
 TEST(DistCpu, HungRankIsNamedAndEndsTheOthersWithinAMinute) {
