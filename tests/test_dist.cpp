@@ -98,6 +98,25 @@ TEST(Dist, RankEnvironmentFollowsTorchrunsContract) {
     ::unsetenv(k);
 }
 
+TEST(Dist, GlobalBatchMustSplitEvenlyOverTheRanks) {
+  EXPECT_NO_THROW(dist::check_global_batch(32, 2));
+  EXPECT_NO_THROW(dist::check_global_batch(5, 1));
+  try {
+    dist::check_global_batch(10, 4);
+    ADD_FAILURE() << "batch 10 over 4 ranks was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("batch=10 is the global batch and must be divisible by world_size=4"),
+              std::string::npos);
+    EXPECT_EQ(e.suggestion(), "Use batch=8 or batch=12.");
+  }
+  try {
+    dist::check_global_batch(3, 4);
+    ADD_FAILURE() << "batch 3 over 4 ranks was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.suggestion(), "Use batch=4.");  // no smaller valid value
+  }
+}
+
 TEST(Dist, WorkersSeeOnlyTheirGpusThroughTheParentsMask) {
   EXPECT_EQ(dist::child_device_mask({0, 1}, nullptr), "0,1");
   EXPECT_EQ(dist::child_device_mask({0, 1}, "2,3"), "2,3");

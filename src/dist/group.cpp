@@ -83,6 +83,17 @@ std::optional<RankEnv> rank_env_from_environment() {
   return e;
 }
 
+void check_global_batch(int batch, int world_size) {
+  if (world_size <= 1 || batch % world_size == 0) return;
+  const int lower = (batch / world_size) * world_size, higher = lower + world_size;
+  throw UsageError(strfmt("batch=%d is the global batch and must be divisible by world_size=%d: each rank trains at "
+                          "batch / world_size, so this value would silently train at a different global batch than "
+                          "requested",
+                          batch, world_size),
+                   lower > 0 ? strfmt("Use batch=%d or batch=%d.", lower, higher) : strfmt("Use batch=%d.", higher),
+                   "config_invalid");
+}
+
 std::string backend_unavailable(const torch::Device& device) {
   if (device.is_cuda()) {
 #if LIBREYOLO_NCCL

@@ -32,6 +32,10 @@ struct RankEnv {
 // spawned processes have); a missing or malformed companion variable is a UsageError.
 std::optional<RankEnv> rank_env_from_environment();
 
+// SPEC M3: `batch` is the global batch; one that world_size does not divide is a UsageError
+// naming the two nearest valid values.
+void check_global_batch(int batch, int world_size);
+
 // Whether this build can run a process group on `device` ("" when it can, else why not).
 std::string backend_unavailable(const torch::Device& device);
 

@@ -153,15 +153,7 @@ TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
       throw UsageError(strfmt("device=%s names GPU %d, but this machine has %d", cfg.device.c_str(), d, visible), "",
                        "config_invalid");
   const int ws = static_cast<int>(devices.size());
-  if (cfg.batch > 0 && cfg.batch % ws != 0) {
-    const int lower = (cfg.batch / ws) * ws, higher = lower + ws;
-    throw UsageError(strfmt("batch=%d is the global batch and must be divisible by world_size=%d: each rank trains at "
-                            "batch / world_size, so this value would silently train at a different global batch than "
-                            "requested",
-                            cfg.batch, ws),
-                     lower > 0 ? strfmt("Use batch=%d or batch=%d.", lower, higher) : strfmt("Use batch=%d.", higher),
-                     "config_invalid");
-  }
+  if (cfg.batch > 0) dist::check_global_batch(cfg.batch, ws);
   RemoveFiles tmp;
   std::vector<std::pair<std::string, std::string>> env;
   const std::string weights = temp_path(".pt");

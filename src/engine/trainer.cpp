@@ -313,15 +313,7 @@ void Trainer::setup_data() {
     if (state_.rank == 0) cfg_.batch = resolve_train_batch(cfg_, *lm_.model, device_, amp_, channels_last_, ws);
     if (group_) cfg_.batch = static_cast<int>(group_->broadcast_int(state_.rank == 0 ? cfg_.batch : 0));
   }
-  if (ws > 1 && cfg_.batch % ws != 0) {
-    const int lower = (cfg_.batch / ws) * ws, higher = lower + ws;
-    throw UsageError(strfmt("batch=%d is the global batch and must be divisible by world_size=%d: each rank trains at "
-                            "batch / world_size, so this value would silently train at a different global batch than "
-                            "requested",
-                            cfg_.batch, ws),
-                     lower > 0 ? strfmt("Use batch=%d or batch=%d.", lower, higher) : strfmt("Use batch=%d.", higher),
-                     "config_invalid");
-  }
+  dist::check_global_batch(cfg_.batch, ws);
   data::LoaderOptions lo;
   lo.mode = data::LoaderMode::Train;
   lo.batch = cfg_.batch / ws;
