@@ -44,7 +44,12 @@ _ly_gloo_headers() {
   command -v apt-get >/dev/null 2>&1 && command -v dpkg >/dev/null 2>&1 || return 0
   local tmp
   tmp=$(mktemp -d)
-  if (cd "$tmp" && apt-get download -qq libgloo-dev >/dev/null 2>&1) && mkdir -p "$LIBREYOLO_CACHE/gloo" &&
+  local sudo=""
+  [ "$(id -u)" != 0 ] && command -v sudo >/dev/null 2>&1 && sudo="sudo"
+  # No package lists yet (a fresh image): fetch them once, then try again.
+  (cd "$tmp" && apt-get download -qq libgloo-dev >/dev/null 2>&1) ||
+    { $sudo apt-get update -qq >/dev/null 2>&1; (cd "$tmp" && apt-get download -qq libgloo-dev >/dev/null 2>&1); }
+  if ls "$tmp"/libgloo-dev_*.deb >/dev/null 2>&1 && mkdir -p "$LIBREYOLO_CACHE/gloo" &&
      dpkg -x "$tmp"/libgloo-dev_*.deb "$LIBREYOLO_CACHE/gloo" && [ -f "$LIBREYOLO_CACHE/gloo/usr/include/gloo/context.h" ]; then
     LIBREYOLO_GLOO_INCLUDE="$LIBREYOLO_CACHE/gloo/usr/include"
     _ly_log "gloo headers from Debian's libgloo-dev in $LIBREYOLO_GLOO_INCLUDE"
