@@ -58,6 +58,28 @@ std::vector<std::string> train_args(const std::string& project, const std::strin
           "project=" + project,         "name=" + name,           "warmup_epochs=0"};
 }
 
+// Two ranks of a long run (500 epochs), started and past their first epoch (last.pt written);
+// "" when so, else what went wrong.
+std::string start_two_ranks_past_one_epoch(const std::string& dir, pid_t& p0, pid_t& p1) {
+  const int port = dist::free_port();
+  const auto args = train_args(dir, "run", 500, 4);
+  p0 = launch(args, rank_env(0, 2, port), dir + "/rank0.txt");
+  p1 = launch(args, rank_env(1, 2, port), dir + "/rank1.txt");
+  if (p0 <= 0 || p1 <= 0) {
+    for (pid_t p : {p0, p1})
+      if (p > 0) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0);
+    return "could not start the ranks";
+  }
+  const fs::path last = fs::path(dir) / "run" / "weights" / "last.pt";
+  for (int i = 0; i < 3000 && !fs::exists(last); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (fs::exists(last)) return "";
+  for (pid_t p : {p0, p1}) {
+    ::kill(p, SIGKILL);
+    ::waitpid(p, nullptr, 0);
+  }
+  return "no epoch finished:\n" + slurp(dir + "/rank0.txt");
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -270,15 +292,9 @@ TEST(DistCpu, AutoBatchIsResolvedOnRankZeroAndShared) {
 // A rank that dies (SIGKILL, no goodbye) ends the others within a minute, with an error.
 TEST(DistCpu, DeadRankEndsTheOthersWithinAMinute) {
   const std::string dir = test::temp_dir("dist_dead");
-  const int port = dist::free_port();
-  auto args = train_args(dir, "run", 500, 4);
-  const pid_t p0 = launch(args, rank_env(0, 2, port), dir + "/rank0.txt");
-  const pid_t p1 = launch(args, rank_env(1, 2, port), dir + "/rank1.txt");
-  ASSERT_GT(p0, 0);
-  ASSERT_GT(p1, 0);
-  const fs::path last = fs::path(dir) / "run" / "weights" / "last.pt";
-  for (int i = 0; i < 3000 && !fs::exists(last); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_TRUE(fs::exists(last)) << "no epoch finished:\n" << slurp(dir + "/rank0.txt");
+  pid_t p0 = -1, p1 = -1;
+  const std::string why = start_two_ranks_past_one_epoch(dir, p0, p1);
+  ASSERT_TRUE(why.empty()) << why;
   ::kill(p1, SIGKILL);
   int st1 = 0;
   ::waitpid(p1, &st1, 0);
@@ -293,19 +309,12 @@ TEST(DistCpu, DeadRankEndsTheOthersWithinAMinute) {
   std::printf("[ dist ] rank 0 ended %.1f s after rank 1 was killed\n", took);
 }
 
-// Ctrl-C in a terminal reaches every rank: all of them stop within a minute, rank 0 saying how
-// to resume from its last checkpoint.
+// Ctrl-C in a terminal reaches every rank: all of them stop within a minute, saying so.
 TEST(DistCpu, CtrlCStopsEveryRank) {
   const std::string dir = test::temp_dir("dist_ctrl_c");
-  const int port = dist::free_port();
-  auto args = train_args(dir, "run", 500, 4);
-  const pid_t p0 = launch(args, rank_env(0, 2, port), dir + "/rank0.txt");
-  const pid_t p1 = launch(args, rank_env(1, 2, port), dir + "/rank1.txt");
-  ASSERT_GT(p0, 0);
-  ASSERT_GT(p1, 0);
-  const fs::path last = fs::path(dir) / "run" / "weights" / "last.pt";
-  for (int i = 0; i < 3000 && !fs::exists(last); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_TRUE(fs::exists(last)) << "no epoch finished:\n" << slurp(dir + "/rank0.txt");
+  pid_t p0 = -1, p1 = -1;
+  const std::string why = start_two_ranks_past_one_epoch(dir, p0, p1);
+  ASSERT_TRUE(why.empty()) << why;
   ::kill(p0, SIGINT);
   ::kill(p1, SIGINT);
   auto st0 = wait_for(p0, 60), st1 = wait_for(p1, 60);
@@ -321,15 +330,9 @@ TEST(DistCpu, CtrlCStopsEveryRank) {
 // the others end within a minute with an error naming it.
 TEST(DistCpu, HungRankIsNamedAndEndsTheOthersWithinAMinute) {
   const std::string dir = test::temp_dir("dist_hung");
-  const int port = dist::free_port();
-  auto args = train_args(dir, "run", 500, 4);
-  const pid_t p0 = launch(args, rank_env(0, 2, port), dir + "/rank0.txt");
-  const pid_t p1 = launch(args, rank_env(1, 2, port), dir + "/rank1.txt");
-  ASSERT_GT(p0, 0);
-  ASSERT_GT(p1, 0);
-  const fs::path last = fs::path(dir) / "run" / "weights" / "last.pt";
-  for (int i = 0; i < 3000 && !fs::exists(last); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_TRUE(fs::exists(last)) << "no epoch finished:\n" << slurp(dir + "/rank0.txt");
+  pid_t p0 = -1, p1 = -1;
+  const std::string why = start_two_ranks_past_one_epoch(dir, p0, p1);
+  ASSERT_TRUE(why.empty()) << why;
   ::kill(p1, SIGSTOP);
   const auto t0 = std::chrono::steady_clock::now();
   auto st0 = wait_for(p0, 90);
