@@ -289,6 +289,27 @@ TEST(DistCpu, AutoBatchIsResolvedOnRankZeroAndShared) {
   EXPECT_EQ(ranks[1].second.find("AutoBatch"), std::string::npos) << ranks[1].second;  // rank 1 never probes
 }
 
+// A rank that fails with an error (here: its dataset is missing) ends the others with an error
+// instead of leaving them waiting in a collective.
+TEST(DistCpu, RankThatFailsEndsTheOthers) {
+  const std::string dir = test::temp_dir("dist_fails");
+  const int port = dist::free_port();
+  auto good = train_args(dir, "run", 500, 4), bad = good;
+  for (auto& a : bad)
+    if (a.rfind("data=", 0) == 0) a = "data=" + dir + "/missing.yaml";
+  const pid_t p0 = launch(good, rank_env(0, 2, port), dir + "/rank0.txt");
+  const pid_t p1 = launch(bad, rank_env(1, 2, port), dir + "/rank1.txt");
+  ASSERT_GT(p0, 0);
+  ASSERT_GT(p1, 0);
+  auto st1 = wait_for(p1, 120);
+  ASSERT_TRUE(st1.has_value());
+  EXPECT_FALSE(exited_ok(*st1));
+  EXPECT_NE(slurp(dir + "/rank1.txt").find("missing.yaml"), std::string::npos) << slurp(dir + "/rank1.txt");
+  auto st0 = wait_for(p0, 60);
+  ASSERT_TRUE(st0.has_value()) << "rank 0 still ran a minute after rank 1 failed:\n" << slurp(dir + "/rank0.txt");
+  EXPECT_FALSE(exited_ok(*st0));
+}
+
 // A rank that dies (SIGKILL, no goodbye) ends the others within a minute, with an error.
 TEST(DistCpu, DeadRankEndsTheOthersWithinAMinute) {
   const std::string dir = test::temp_dir("dist_dead");

@@ -228,12 +228,12 @@ std::shared_ptr<Group> Group::create(const RankEnv& env, const torch::Device& de
 
 Group::~Group() { shutdown(); }
 
-void Group::shutdown() {
+void Group::shutdown(bool finished) {
   Impl& im = *impl_;
   if (im.shut) return;
   im.shut = true;
   try {
-    im.hb_store->add("done/" + std::to_string(env_.rank), 1);
+    if (finished) im.hb_store->add("done/" + std::to_string(env_.rank), 1);
   } catch (const std::exception&) {
   }
   {

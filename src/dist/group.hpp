@@ -65,8 +65,10 @@ class Group {
   bool broadcast_flag(bool value, int src = 0);
   int64_t broadcast_int(int64_t value, int src = 0);
 
-  // Orderly end: says "done" to the other ranks' watchdogs, stops ours, releases the backend.
-  void shutdown();
+  // The end: stops our watchdog and releases the backend. finished=true (training completed)
+  // first says "done" to the other ranks' watchdogs, so that they do not take this rank's
+  // silence for a failure; a rank that ends on an error stays silent, and the others stop.
+  void shutdown(bool finished = true);
 
  private:
   struct Impl;

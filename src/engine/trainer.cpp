@@ -1,6 +1,7 @@
 #include "engine/trainer.hpp"
 
 #include <chrono>
+#include <exception>
 #include <cmath>
 #include <filesystem>
 #include <set>
@@ -73,7 +74,8 @@ Trainer::~Trainer() {
   if (group_) {
     set_count_sync(nullptr);
     models::set_bn_stats_sync(nullptr);
-    group_->shutdown();
+    // Unwinding from an error: the other ranks must not wait for this one (see Group::shutdown).
+    group_->shutdown(/*finished=*/std::uncaught_exceptions() == 0);
   }
   if (saved_log_level_) set_log_level(*saved_log_level_);
 }
