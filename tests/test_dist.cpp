@@ -404,3 +404,57 @@ TEST(Dist, SeveralGpusWithoutCudaIsAClearError) {
   EXPECT_FALSE(exited_ok(*st));
   EXPECT_NE(err.find("Multi-GPU training requires CUDA"), std::string::npos) << err;
 }
+
+// SPEC M1's launcher on its own (the CPU cannot train with spawned workers, which need CUDA, but
+// the launcher itself is plain processes): each worker is this test binary run again, and takes
+// the worker branch of this same test. ctest runs each test as its own process with a filter
+// naming it, which is what makes the re-run land here.
+TEST(DistSpawn, WorkersGetTheRankEnvironmentAndAFailedWorkerIsNamed) {
+  if (dist::is_spawned_worker()) {
+    const char* out = std::getenv("LY_TEST_SPAWN_DIR");
+    const std::string rank = std::getenv("RANK") ? std::getenv("RANK") : "?";
+    if (out) {
+      std::ofstream f(std::string(out) + "/rank" + rank + ".txt");
+      for (const char* k : {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                            "CUDA_VISIBLE_DEVICES"})
+        f << k << "=" << (std::getenv(k) ? std::getenv(k) : "") << "\n";
+    }
+    const char* fail = std::getenv("LY_TEST_SPAWN_FAIL_RANK");
+    if (fail && rank == fail) std::_Exit(3);
+    if (fail) std::this_thread::sleep_for(std::chrono::seconds(120));  // the others must be stopped
+    std::_Exit(0);
+  }
+  std::ifstream cmd("/proc/self/cmdline");
+  const std::string cmdline((std::istreambuf_iterator<char>(cmd)), std::istreambuf_iterator<char>());
+  if (cmdline.find("--gtest_filter=DistSpawn.WorkersGetTheRankEnvironmentAndAFailedWorkerIsNamed") == std::string::npos)
+    GTEST_SKIP() << "run it through ctest, or with --gtest_filter naming it alone: the workers re-run this binary";
+  const std::string dir = test::temp_dir("dist_spawn");
+  ::unsetenv("CUDA_VISIBLE_DEVICES");
+  dist::spawn_workers({2, 3}, {{"LY_TEST_SPAWN_DIR", dir}});
+  std::string port;
+  for (int r = 0; r < 2; ++r) {
+    const std::string got = slurp(dir + "/rank" + std::to_string(r) + ".txt");
+    EXPECT_NE(got.find("RANK=" + std::to_string(r) + "\n"), std::string::npos) << got;
+    EXPECT_NE(got.find("LOCAL_RANK=" + std::to_string(r) + "\n"), std::string::npos) << got;
+    EXPECT_NE(got.find("WORLD_SIZE=2\n"), std::string::npos) << got;
+    EXPECT_NE(got.find("MASTER_ADDR=127.0.0.1\n"), std::string::npos) << got;
+    EXPECT_NE(got.find("CUDA_VISIBLE_DEVICES=2,3\n"), std::string::npos) << got;  // the children's mask only
+    const size_t at = got.find("MASTER_PORT=");
+    ASSERT_NE(at, std::string::npos);
+    const std::string p = got.substr(at + 12, got.find('\n', at) - at - 12);
+    if (r == 0) port = p;
+    EXPECT_EQ(p, port);  // one rendezvous
+  }
+  EXPECT_EQ(std::getenv("CUDA_VISIBLE_DEVICES"), nullptr);  // the parent's own is untouched
+
+  // Rank 1 fails: rank 0 (still running) is stopped, and the error names rank 1 and its code.
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    dist::spawn_workers({0, 1}, {{"LY_TEST_SPAWN_DIR", dir}, {"LY_TEST_SPAWN_FAIL_RANK", "1"}});
+    ADD_FAILURE() << "a failed worker went unnoticed";
+  } catch (const RuntimeError& e) {
+    EXPECT_NE(std::string(e.what()).find("worker rank 1 exited with code 3"), std::string::npos) << e.what();
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(took, 60.0);  // rank 0 would have slept 120 s
+}
