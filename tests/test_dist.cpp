@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <libreyolo/errors.hpp>
 
+#include "core/interrupt.hpp"
 #include "data/dataset_yaml.hpp"
 #include "data/loader.hpp"
 #include "data/synthetic.hpp"
@@ -421,7 +422,8 @@ TEST(DistSpawn, WorkersGetTheRankEnvironmentAndAFailedWorkerIsNamed) {
     }
     const char* fail = std::getenv("LY_TEST_SPAWN_FAIL_RANK");
     if (fail && rank == fail) std::_Exit(3);
-    if (fail) std::this_thread::sleep_for(std::chrono::seconds(120));  // the others must be stopped
+    if (fail || std::getenv("LY_TEST_SPAWN_SLEEP"))
+      std::this_thread::sleep_for(std::chrono::seconds(120));  // the others must be stopped
     std::_Exit(0);
   }
   std::ifstream cmd("/proc/self/cmdline");
@@ -457,4 +459,16 @@ TEST(DistSpawn, WorkersGetTheRankEnvironmentAndAFailedWorkerIsNamed) {
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_LT(took, 60.0);  // rank 0 would have slept 120 s
+
+  // Ctrl-C to the parent: every worker is stopped and the parent says it was interrupted.
+  const auto t1 = std::chrono::steady_clock::now();
+  std::thread press([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    request_interrupt(SIGINT);
+  });
+  const dist::SpawnOutcome out = dist::spawn_workers({0, 1}, {{"LY_TEST_SPAWN_SLEEP", "1"}});
+  press.join();
+  clear_interrupt();
+  EXPECT_TRUE(out.interrupted);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count(), 60.0);
 }
