@@ -23,6 +23,8 @@
 #include "data/loader.hpp"
 #include "data/synthetic.hpp"
 #include "dist/group.hpp"
+#include "engine/train.hpp"
+#include "models/detector.hpp"
 #include "dist/spawn.hpp"
 #include "io/checkpoint.hpp"
 #include "loss/normalizer.hpp"
@@ -138,6 +140,31 @@ TEST(Dist, GlobalBatchMustSplitEvenlyOverTheRanks) {
   } catch (const UsageError& e) {
     EXPECT_EQ(e.suggestion(), "Use batch=4.");  // no smaller valid value
   }
+}
+
+// SPEC M1/M2/M10: what device=<several GPUs> needs before any worker starts, each refusal named.
+TEST(Dist, SpawnRequirementsAreNamed) {
+  models::Family f;
+  f.name = "fam";
+  f.supports_spawn = false;
+  auto message = [&](const std::string& device, bool in_worker, bool cuda, int gpus) -> std::pair<std::string, std::string> {
+    try {
+      engine::check_spawn_allowed(f, device, in_worker, cuda, gpus);
+    } catch (const UsageError& e) {
+      return {e.what(), e.suggestion()};
+    }
+    return {"", ""};
+  };
+  EXPECT_NE(message("0,1", true, true, 2).first.find("workers must not spawn again"), std::string::npos);
+  EXPECT_NE(message("0,1", false, false, 0).first.find("Multi-GPU training requires CUDA. Got device=0,1"),
+            std::string::npos);
+  const auto no_spawn = message("0,1", false, true, 2);
+  EXPECT_NE(no_spawn.first.find("fam cannot start its own multi-GPU workers"), std::string::npos) << no_spawn.first;
+  EXPECT_NE(no_spawn.second.find("torchrun --nproc_per_node=2 --no-python libreyolo train"), std::string::npos);
+  EXPECT_NE(no_spawn.second.find("LibreYOLO::train"), std::string::npos);
+  f.supports_spawn = true;
+  EXPECT_NE(message("0,3", false, true, 2).first.find("names GPU 3, but this machine has 2"), std::string::npos);
+  EXPECT_EQ(message("[0,1]", false, true, 2).first, "");
 }
 
 TEST(Dist, WorkersSeeOnlyTheirGpusThroughTheParentsMask) {

@@ -127,31 +127,41 @@ struct RemoveFiles {
   }
 };
 
-// The parent of spawned workers (SPEC M1, M2, M10): hands the weights over in a temporary
-// checkpoint, runs one worker per GPU, then loads rank 0's best (else last) weights.
-TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
-  const std::vector<int> devices = parse_device_list(cfg.device);
-  if (dist::is_spawned_worker())
-    throw UsageError("A multi-GPU worker tried to start multi-GPU workers of its own (device=" + cfg.device +
+}  // namespace
+
+void check_spawn_allowed(const models::Family& family, const std::string& device, bool in_worker, bool cuda,
+                         int visible_gpus) {
+  const std::vector<int> devices = parse_device_list(device);
+  if (in_worker)
+    throw UsageError("A multi-GPU worker tried to start multi-GPU workers of its own (device=" + device +
                          "): workers must not spawn again",
                      "Train once per program run; a worker's train() ends its process.", "ddp_recursive_spawn");
-  if (!torch::cuda::is_available())
-    throw UsageError("Multi-GPU training requires CUDA. Got device=" + cfg.device +
+  if (!cuda)
+    throw UsageError("Multi-GPU training requires CUDA. Got device=" + device +
                          " but CUDA is not available on this machine.",
                      "Train on one device (device=cpu), or launch several CPU processes with torchrun.",
                      "config_unsupported");
-  if (!lm.family->supports_spawn)
-    throw UsageError(lm.family->name + " cannot start its own multi-GPU workers (device=" + cfg.device + ")",
+  if (!family.supports_spawn)
+    throw UsageError(family.name + " cannot start its own multi-GPU workers (device=" + device + ")",
                      strfmt("Launch one process per GPU with torchrun instead: torchrun --nproc_per_node=%zu "
                             "--no-python libreyolo train ...  (or call LibreYOLO::train from a program that torchrun "
                             "starts).",
                             devices.size()),
                      "config_unsupported");
-  const int visible = static_cast<int>(torch::cuda::device_count());
   for (int d : devices)
-    if (d >= visible)
-      throw UsageError(strfmt("device=%s names GPU %d, but this machine has %d", cfg.device.c_str(), d, visible), "",
+    if (d >= visible_gpus)
+      throw UsageError(strfmt("device=%s names GPU %d, but this machine has %d", device.c_str(), d, visible_gpus), "",
                        "config_invalid");
+}
+
+namespace {
+
+// The parent of spawned workers (SPEC M1, M2, M10): hands the weights over in a temporary
+// checkpoint, runs one worker per GPU, then loads rank 0's best (else last) weights.
+TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
+  const std::vector<int> devices = parse_device_list(cfg.device);
+  check_spawn_allowed(*lm.family, cfg.device, dist::is_spawned_worker(), torch::cuda::is_available(),
+                      static_cast<int>(torch::cuda::device_count()));
   const int ws = static_cast<int>(devices.size());
   if (cfg.batch > 0) dist::check_global_batch(cfg.batch, ws);
   RemoveFiles tmp;

@@ -1,6 +1,7 @@
 // Training as the API runs it: a Trainer set up, the built-in hooks and the caller's, the loop.
 #pragma once
 #include <memory>
+#include <string>
 #include <vector>
 
 #include <libreyolo/hooks.hpp>
@@ -16,5 +17,10 @@ namespace libreyolo::engine {
 // SIGTERM ends the run after the current step (InterruptedError).
 TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
                          const std::vector<std::shared_ptr<TrainHook>>& hooks = {}, const Kwargs& given = {});
+
+// What device=<several GPUs> requires before workers are spawned (SPEC M1, M2, M10): not being
+// a spawned worker already, CUDA, a family that can spawn, GPUs that exist. UsageError otherwise.
+void check_spawn_allowed(const models::Family& family, const std::string& device, bool in_worker, bool cuda,
+                         int visible_gpus);
 
 }  // namespace libreyolo::engine
