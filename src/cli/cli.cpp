@@ -177,8 +177,7 @@ int cmd_predict(const ParsedArgs& a, std::ostream& out) {
 int cmd_train(const ParsedArgs& a, std::ostream& out_) {
   // Workers print no summary: the parent that spawned them does (and under torchrun, rank 0).
   std::ostream null_out(nullptr);
-  const char* rank = std::getenv("RANK");
-  const bool silent = dist::is_spawned_worker() || (rank && std::getenv("LOCAL_RANK") && std::string(rank) != "0");
+  const bool silent = dist::is_spawned_worker() || dist::is_secondary_rank();
   std::ostream& out = silent ? null_out : out_;
   std::string model_name = kw_get(a.kwargs, "model", "yolo9t");
   const bool dry_run = parse_bool("dry_run", kw_get(a.kwargs, "dry_run", "false"));
@@ -529,8 +528,7 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
     set_log_level(p.quiet ? LogLevel::Warning : p.verbose ? LogLevel::Debug : LogLevel::Info);
     // A data-parallel rank other than 0 (torchrun, or a spawned worker) says only warnings and
     // errors: rank 0 (or the parent that spawned the workers) speaks for the run.
-    if (const char* rank = std::getenv("RANK"); rank && std::getenv("LOCAL_RANK") && std::string(rank) != "0")
-      set_log_level(LogLevel::Warning);
+    if (dist::is_secondary_rank()) set_log_level(LogLevel::Warning);
     for (const auto& [k, v] : p.kwargs)
       if (std::find(cmd->keys.begin(), cmd->keys.end(), k) == cmd->keys.end())
         throw_unknown_key(k, cmd->keys, cmd->name);

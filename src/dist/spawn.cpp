@@ -64,6 +64,11 @@ std::string child_device_mask(const std::vector<int>& devices, const char* curre
 
 bool is_spawned_worker() { return std::getenv("LIBREYOLO_DDP_WORKER") != nullptr; }
 
+bool is_secondary_rank() {
+  const char* rank = std::getenv("RANK");
+  return rank && std::getenv("LOCAL_RANK") && std::string(rank) != "0";
+}
+
 namespace {
 
 std::vector<std::string> own_argv() {

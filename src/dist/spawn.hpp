@@ -30,5 +30,8 @@ SpawnOutcome spawn_workers(const std::vector<int>& devices, const std::vector<st
 
 // True in a process started by spawn_workers.
 bool is_spawned_worker();
+// True in a rank other than 0 of a data-parallel run (torchrun's or ours): RANK and LOCAL_RANK
+// are set and RANK is not 0. Such a process speaks only of warnings and errors.
+bool is_secondary_rank();
 
 }  // namespace libreyolo::dist

@@ -39,12 +39,7 @@ void AllReduceGradSync::after_backward(std::vector<torch::Tensor>& grads) {
   }
 }
 
-void GroupBnStatsSync::all_reduce_sum(torch::Tensor& t) {
-  std::vector<torch::Tensor> v{t};
-  group_->all_reduce_sum(v);
-}
-
-void GroupCountSync::all_reduce_sum(torch::Tensor& t) {
+void GroupSum::all_reduce_sum(torch::Tensor& t) {
   std::vector<torch::Tensor> v{t};
   group_->all_reduce_sum(v);
 }

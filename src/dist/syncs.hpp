@@ -1,10 +1,9 @@
-// The three synchronisations of data-parallel training, each the implementation of a seam that
-// the single-process code leaves empty:
+// The synchronisations of data-parallel training, implementations of the seams that the
+// single-process code leaves empty:
 //  - gradients (engine/step.hpp GradSync): bucketed all-reduce after the last backward of an
 //    accumulation window, then divided by the world size: every rank steps with the mean;
-//  - BatchNorm statistics (models/conv_bn_act.hpp BnStatsSync): sync_bn, the global batch's
-//    statistics in every fused Conv+BN node;
-//  - loss normalisers (loss/normalizer.hpp CountSync): the mean over ranks of each rank's count.
+//  - a sum across processes (core/cross_process.hpp), which the BatchNorm statistics seam
+//    (models/conv_bn_act.hpp, sync_bn) and the loss-normaliser seam (loss/normalizer.hpp) take.
 // With all three, N ranks training at batch B/N compute the update of one process at batch B.
 #pragma once
 #include <memory>
@@ -12,8 +11,7 @@
 
 #include "dist/group.hpp"
 #include "engine/step.hpp"
-#include "loss/normalizer.hpp"
-#include "models/conv_bn_act.hpp"
+#include "core/cross_process.hpp"
 
 namespace libreyolo::dist {
 
@@ -27,22 +25,13 @@ class AllReduceGradSync final : public engine::GradSync {
   int64_t bucket_bytes_;
 };
 
-class GroupBnStatsSync final : public models::BnStatsSync {
+// The cross-process sum both the SyncBN and the loss-normaliser seams take, on the group.
+class GroupSum final : public CrossProcessSum {
  public:
-  explicit GroupBnStatsSync(std::shared_ptr<Group> group) : group_(std::move(group)) {}
+  explicit GroupSum(std::shared_ptr<Group> group) : group_(std::move(group)) {}
   int rank() const override { return group_->rank(); }
   int world_size() const override { return group_->world_size(); }
   void all_reduce_sum(torch::Tensor& t) override;
-
- private:
-  std::shared_ptr<Group> group_;
-};
-
-class GroupCountSync final : public CountSync {
- public:
-  explicit GroupCountSync(std::shared_ptr<Group> group) : group_(std::move(group)) {}
-  void all_reduce_sum(torch::Tensor& t) override;
-  int world_size() const override { return group_->world_size(); }
 
  private:
   std::shared_ptr<Group> group_;

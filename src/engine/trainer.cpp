@@ -18,6 +18,7 @@
 #include "engine/autobatch.hpp"
 #include "engine/validator.hpp"
 #include "loss/normalizer.hpp"
+#include "models/conv_bn_act.hpp"
 #include "io/checkpoint.hpp"
 #include "models/coco_names.hpp"
 
@@ -261,10 +262,11 @@ void Trainer::setup_distributed(const dist::RankEnv& env) {
 
 void Trainer::install_syncs() {
   step_->set_grad_sync(std::make_unique<dist::AllReduceGradSync>(group_));
-  set_count_sync(std::make_shared<dist::GroupCountSync>(group_));
+  const auto sum = std::make_shared<dist::GroupSum>(group_);
+  set_count_sync(sum);
   bool has_bn = false;
   for (const auto& m : model_->modules(false)) has_bn = has_bn || models::is_batchnorm(*m);
-  if (cfg_.sync_bn) models::set_bn_stats_sync(std::make_shared<dist::GroupBnStatsSync>(group_));
+  if (cfg_.sync_bn) models::set_bn_stats_sync(sum);
   const int per_rank = cfg_.batch / state_.world_size;
   log_info(strfmt("Multi-GPU: %d ranks x batch %d (global batch %d); gradients averaged; loss normalisers "
                   "averaged over ranks; sync_bn %s",
@@ -278,8 +280,7 @@ void Trainer::install_syncs() {
 
 void Trainer::sync_after_epoch(TrainState& s) {
   if (!group_) return;
-  const bool stop = group_->broadcast_flag(s.stop);
-  if (stop && !s.stop) s.stop = true;
+  s.stop = group_->broadcast_flag(s.stop);
 }
 
 void Trainer::sync_before_end(TrainState& s) {

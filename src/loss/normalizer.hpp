@@ -9,17 +9,13 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "core/cross_process.hpp"
+
 #include <memory>
 
 namespace libreyolo {
 
-class CountSync {
- public:
-  virtual ~CountSync() = default;
-  // Replaces `t` (float32, on the loss's device) in place by its sum over all processes.
-  virtual void all_reduce_sum(torch::Tensor& t) = 0;
-  virtual int world_size() const = 0;
-};
+using CountSync = CrossProcessSum;  // core/cross_process.hpp
 
 // Process-wide (one process per device); set before training starts, not during a step.
 void set_count_sync(std::shared_ptr<CountSync> sync);

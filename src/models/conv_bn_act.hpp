@@ -16,6 +16,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "core/cross_process.hpp"
+
 namespace libreyolo::models {
 
 struct ConvBnActParams {
@@ -84,15 +86,7 @@ class DeferredWeightGrads {
 // The CUDA kernels of single-device training fuse the reduction with the normalisation in one
 // launch, with no point to call back from: while a sync is installed the node takes this path.
 // None installed (the default) is the no-op: the node is exactly what it is without this seam.
-class BnStatsSync {
- public:
-  virtual ~BnStatsSync() = default;
-  virtual int rank() const = 0;
-  virtual int world_size() const = 0;
-  // Replaces `t` (any floating dtype, on the activations' device) in place by its element-wise
-  // sum over all processes.
-  virtual void all_reduce_sum(torch::Tensor& t) = 0;
-};
+using BnStatsSync = CrossProcessSum;  // core/cross_process.hpp
 // Installs (or, with nullptr, removes) the process-wide statistics sync. Set it before a step, not
 // during one: backward asks again and treats "none" as local statistics.
 void set_bn_stats_sync(std::shared_ptr<BnStatsSync> sync);
