@@ -137,7 +137,7 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     bn_stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
                     unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
-                    float* running_var, float momentum, float eps) {
+                    float* running_var, float momentum, float eps, float* row) {
   __shared__ float sn[kThreads], sm[V * kThreads], sq[V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
@@ -197,12 +197,43 @@ __global__ void __launch_bounds__(kThreads)
     for (int j = 0; j < V; ++j) {
       const int c = g * V + j;
       const float mu = sm[j * kThreads + threadIdx.x], ss = sq[j * kThreads + threadIdx.x];
+      if (row) {  // SyncBN: this process's row, merged with the others' after the all-reduce
+        row[c] = mu;
+        row[channels + c] = rsqrtf(ss / cnt + eps);
+        if (c == 0) row[2 * channels] = cnt;
+        continue;
+      }
       mean_out[c] = mu;
       invstd_out[c] = rsqrtf(ss / cnt + eps);
       running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mu;
       running_var[c] = (1.f - momentum) * running_var[c] + momentum * (ss / (cnt - 1.f));
     }
   }
+}
+
+// One thread per channel: merges the processes' rows [mean, invstd, count] (see bn_act.hpp).
+__global__ void bn_merge_rows_kernel(const float* __restrict__ rows, int world, int channels, float eps,
+                                     float momentum, float* running_mean, float* running_var, float* stats) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= channels) return;
+  const int64_t stride = 2 * static_cast<int64_t>(channels) + 1;
+  float n = 0.f, mean = 0.f, m2 = 0.f;
+  for (int r = 0; r < world; ++r) {
+    const float* row = rows + r * stride;
+    const float nb = row[2 * channels];
+    if (nb == 0.f) continue;
+    const float is = row[channels + c];
+    const float var_b = fmaxf(1.f / (is * is) - eps, 0.f);
+    const float nn = n + nb, f = nb / nn, d = row[c] - mean;
+    mean += d * f;
+    m2 += var_b * nb + d * d * n * f;
+    n = nn;
+  }
+  stats[c] = mean;
+  stats[channels + c] = rsqrtf(m2 / n + eps);
+  if (c == 0) stats[2 * channels] = n;
+  running_mean[c] = (1.f - momentum) * running_mean[c] + momentum * mean;
+  running_var[c] = (1.f - momentum) * running_var[c] + momentum * (m2 / (n - 1.f));
 }
 
 template <typename T, int V>
@@ -245,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ gamma, const float* __restrict__ beta,
                               const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                               float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
-                              bool accumulate) {
+                              bool accumulate, bool sync_sums) {
   __shared__ float sa[V * kThreads], sb[V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
@@ -307,7 +338,7 @@ __global__ void __launch_bounds__(kThreads)
       const int c = g * V + j;
       const float sg = sa[j * kThreads + threadIdx.x], sgx = sb[j * kThreads + threadIdx.x];
       dsum[c] = sg;
-      dsum[channels + c] = sgx;
+      dsum[channels + c] = sync_sums ? sgx / invstd[c] : sgx;
       if (dgamma) dgamma[c] = accumulate ? dgamma[c] + sgx : sgx;
       if (dbeta) dbeta[c] = accumulate ? dbeta[c] + sg : sg;
     }
@@ -319,10 +350,11 @@ __global__ void __launch_bounds__(kThreads)
     bn_backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
                              const float* __restrict__ gamma, const float* __restrict__ beta,
                              const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                             const float* __restrict__ dsum, T* __restrict__ dx) {
+                             const float* __restrict__ dsum, const float* __restrict__ count, bool sync_sums,
+                             T* __restrict__ dx) {
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
-  const float inv_m = 1.f / static_cast<float>(rows);
+  const float inv_m = 1.f / (count ? *count : static_cast<float>(rows));
   float mu[V], is[V], ga[V], be[V], mean_g[V], mean_gx[V], xv[V], gv[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
@@ -332,7 +364,8 @@ __global__ void __launch_bounds__(kThreads)
     ga[j] = gamma[c];
     be[j] = beta[c];
     mean_g[j] = dsum[c] * inv_m;
-    mean_gx[j] = dsum[channels + c] * inv_m;
+    // sum(g * xhat) = invstd * sum(g * (x - mean))
+    mean_gx[j] = dsum[channels + c] * inv_m * (sync_sums ? is[j] : 1.f);
   }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
@@ -409,31 +442,76 @@ int bn_act_row_blocks(int64_t rows, int channels, int vec) {
 
 int bn_act_counters(int channels, int vec) { return grid_for(channels, vec).channel_blocks; }
 
-void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, const float* beta,
-                    float* running_mean, float* running_var, float momentum, float eps, float* partials,
-                    unsigned* counters, float* mean, float* invstd, void* y) {
-  if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument("bn_act_forward: unsupported vector width");
-  const Grid g = grid_for(l.channels, l.vec);
+namespace {
+
+// Launches the statistics kernel: the full forward's (mean/invstd/running update) or, with `row`,
+// SyncBN's local half.
+void launch_stats(const BnActLaunch& l, const Grid& g, const void* x, float* partials, unsigned* counters,
+                  float* mean, float* invstd, float* running_mean, float* running_var, float momentum, float eps,
+                  float* row) {
   dispatch(l.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     dispatch_vec(l.vec, [&](auto vc) {
       constexpr int V = decltype(vc)::value;
       bn_stats_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
           static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
-          running_var, momentum, eps);
+          running_var, momentum, eps, row);
+    });
+  });
+}
+
+void launch_apply(const BnActLaunch& l, const Grid& g, const void* x, const float* gamma, const float* beta,
+                  const float* mean, const float* invstd, void* y) {
+  dispatch(l.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    dispatch_vec(l.vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
       bn_apply_act_kernel<T, V>
           <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
               static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
     });
   });
+}
+
+void check_vec(const BnActLaunch& l, const char* what) {
+  if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument(std::string(what) + ": unsupported vector width");
+}
+
+}  // namespace
+
+void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, const float* beta,
+                    float* running_mean, float* running_var, float momentum, float eps, float* partials,
+                    unsigned* counters, float* mean, float* invstd, void* y) {
+  check_vec(l, "bn_act_forward");
+  const Grid g = grid_for(l.channels, l.vec);
+  launch_stats(l, g, x, partials, counters, mean, invstd, running_mean, running_var, momentum, eps, nullptr);
+  launch_apply(l, g, x, gamma, beta, mean, invstd, y);
   check(cudaGetLastError(), "bn_act_forward");
 }
 
-void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
-                     const float* beta, const float* mean, const float* invstd, float* partials,
-                     unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
-                     void* dx) {
-  if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument("bn_act_backward: unsupported vector width");
+void bn_act_local_stats(const BnActLaunch& l, const void* x, float eps, float* partials, unsigned* counters,
+                        float* row) {
+  check_vec(l, "bn_act_local_stats");
+  launch_stats(l, grid_for(l.channels, l.vec), x, partials, counters, nullptr, nullptr, nullptr, nullptr, 0.f, eps,
+               row);
+  check(cudaGetLastError(), "bn_act_local_stats");
+}
+
+void bn_act_forward_merged(const BnActLaunch& l, const void* x, const float* rows, int world, const float* gamma,
+                           const float* beta, float* running_mean, float* running_var, float momentum, float eps,
+                           float* stats, void* y) {
+  check_vec(l, "bn_act_forward_merged");
+  constexpr int kMergeThreads = 128;
+  bn_merge_rows_kernel<<<(l.channels + kMergeThreads - 1) / kMergeThreads, kMergeThreads, 0, l.stream>>>(
+      rows, world, l.channels, eps, momentum, running_mean, running_var, stats);
+  launch_apply(l, grid_for(l.channels, l.vec), x, gamma, beta, stats, stats + l.channels, y);
+  check(cudaGetLastError(), "bn_act_forward_merged");
+}
+
+void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                            const float* beta, const float* mean, const float* invstd, float* partials,
+                            unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate) {
+  check_vec(l, "bn_act_backward_reduce");
   const Grid g = grid_for(l.channels, l.vec);
   dispatch(l.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -441,16 +519,36 @@ void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const 
       constexpr int V = decltype(vc)::value;
       bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
           static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
-          l.act, partials, counters, dsum, dgamma, dbeta, accumulate);
-      if (dx) {
-        bn_backward_elemt_kernel<T, V>
-            <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-                static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean,
-                invstd, l.act, dsum, static_cast<T*>(dx));
-      }
+          l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
     });
   });
-  check(cudaGetLastError(), "bn_act_backward");
+  check(cudaGetLastError(), "bn_act_backward_reduce");
+}
+
+void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                           const float* beta, const float* mean, const float* invstd, const float* dsum,
+                           const float* count, void* dx) {
+  check_vec(l, "bn_act_backward_elemt");
+  const Grid g = grid_for(l.channels, l.vec);
+  dispatch(l.dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    dispatch_vec(l.vec, [&](auto vc) {
+      constexpr int V = decltype(vc)::value;
+      bn_backward_elemt_kernel<T, V>
+          <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
+              static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
+              l.act, dsum, count, l.sync_sums, static_cast<T*>(dx));
+    });
+  });
+  check(cudaGetLastError(), "bn_act_backward_elemt");
+}
+
+void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                     const float* beta, const float* mean, const float* invstd, float* partials,
+                     unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
+                     void* dx) {
+  bn_act_backward_reduce(l, dy, x, gamma, beta, mean, invstd, partials, counters, dsum, dgamma, dbeta, accumulate);
+  if (dx) bn_act_backward_elemt(l, dy, x, gamma, beta, mean, invstd, dsum, nullptr, dx);
 }
 
 }  // namespace libreyolo::kernels

@@ -27,6 +27,9 @@ struct BnActLaunch {
   // Channels per thread, accessed as one vector: 1, or bn_act_max_vector_width() when C is a
   // multiple of it and every pointer of the launch is aligned to vec * sizeof(element).
   int vec = 1;
+  // SyncBN backward (bn_act_backward_reduce/elemt below): the second half of dsum carries
+  // sum(g * (x - mean)) instead of sum(g * xhat), the form every process can add up.
+  bool sync_sums = false;
 };
 
 constexpr int bn_act_max_vector_width() { return 8; }
@@ -55,5 +58,29 @@ void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const 
                      const float* beta, const float* mean, const float* invstd, float* partials,
                      unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
                      void* dx);
+
+// ---- SyncBN: the same kernels split around a cross-process all-reduce.
+//
+// Forward. bn_act_local_stats writes this process's statistics into `row` (2C+1 floats:
+// mean[C], invstd[C] = rsqrt(var + eps), count), one row of a zeroed [world, 2C+1] buffer that
+// an all-reduce sum turns into every process's row. bn_act_forward_merged merges the `world`
+// rows (Chan's parallel variance; a row with count 0 is skipped), writes stats = [mean[C],
+// invstd[C], count] (2C+1 floats) of the global batch, updates the running statistics (variance
+// unbiased over the global count) and applies the affine transform (+ SiLU) into y.
+void bn_act_local_stats(const BnActLaunch& l, const void* x, float eps, float* partials, unsigned* counters,
+                        float* row);
+void bn_act_forward_merged(const BnActLaunch& l, const void* x, const float* rows, int world, const float* gamma,
+                           const float* beta, float* running_mean, float* running_var, float momentum, float eps,
+                           float* stats, void* y);
+
+// Backward in two halves: the reduction (dsum: 2*C floats, as in bn_act_backward; with
+// l.sync_sums its second half is sum(g * (x - mean))), then, after the caller has summed dsum over
+// the processes, the elementwise input gradient over `count` rows (a device float; null: l.rows).
+void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                            const float* beta, const float* mean, const float* invstd, float* partials,
+                            unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate);
+void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                           const float* beta, const float* mean, const float* invstd, const float* dsum,
+                           const float* count, void* dx);
 
 }  // namespace libreyolo::kernels

@@ -211,6 +211,12 @@ SyncedBn synced_batch_norm(const at::Tensor& z, const ConvBnActParams& p, BnStat
   return r;
 }
 
+// How the forward normalised, and so what it saved for the backward.
+constexpr int64_t kPathAten = 0;         // native_batch_norm (+ SiLU)
+constexpr int64_t kPathAtenSync = 1;     // SyncBN through ATen's kernels (synced_batch_norm)
+constexpr int64_t kPathKernels = 2;      // the fused kernels (kernels/bn_act)
+constexpr int64_t kPathKernelsSync = 3;  // SyncBN in the fused kernels
+
 // ---------------------------------------------------------------- deferred weight gradients
 struct Deferred {
   std::mutex mutex;
@@ -272,18 +278,36 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     at::Tensor y;
     const std::shared_ptr<BnStatsSync> sync = bn_stats_sync();
 #ifdef LIBREYOLO_CUDA_KERNELS
-    if (!sync && use_kernels(z, *p)) {
+    if (use_kernels(z, *p)) {
       c10::cuda::CUDAGuard guard(z.device());
       y = at::empty_like(z);
       const auto l = launch_for(z, p->act, {&z, &y});
+      const int64_t C = l.channels;
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
-      at::Tensor stats = at::empty({2, l.channels}, f32);
+      // [mean, invstd] of the batch; under SyncBN [mean, invstd, count] of the global batch.
+      at::Tensor stats = at::empty({(sync ? 2 * C + 1 : 2 * C)}, f32);
       const KernelBuffers buf = kernel_buffers(z.device(), 3 * static_cast<int64_t>(l.row_blocks) * l.channels);
-      kernels::bn_act_forward(l, z.data_ptr(), p->gamma->data_ptr<float>(), p->beta->data_ptr<float>(),
-                              p->running_mean->data_ptr<float>(), p->running_var->data_ptr<float>(),
-                              static_cast<float>(p->momentum), static_cast<float>(p->eps),
-                              buf.scratch, buf.counters, stats.data_ptr<float>(),
-                              stats.data_ptr<float>() + l.channels, y.data_ptr());
+      float* mean = stats.data_ptr<float>();
+      const auto momentum = static_cast<float>(p->momentum);
+      const auto eps = static_cast<float>(p->eps);
+      if (sync) {
+        // SyncBN in the same kernels: this process's row of a zeroed [world, 2C+1] buffer, the
+        // all-reduce sum gathers every row, then one merge and the fused apply.
+        const int world = sync->world_size();
+        at::Tensor rows = at::zeros({world, 2 * C + 1}, f32);
+        kernels::bn_act_local_stats(l, z.data_ptr(), eps, buf.scratch, buf.counters,
+                                    rows.data_ptr<float>() + sync->rank() * (2 * C + 1));
+        sync->all_reduce_sum(rows);
+        kernels::bn_act_forward_merged(l, z.data_ptr(), rows.data_ptr<float>(), world, p->gamma->data_ptr<float>(),
+                                       p->beta->data_ptr<float>(), p->running_mean->data_ptr<float>(),
+                                       p->running_var->data_ptr<float>(), momentum, eps, mean, y.data_ptr());
+        saved["path"] = int64_t{kPathKernelsSync};
+      } else {
+        kernels::bn_act_forward(l, z.data_ptr(), p->gamma->data_ptr<float>(), p->beta->data_ptr<float>(),
+                                p->running_mean->data_ptr<float>(), p->running_var->data_ptr<float>(), momentum,
+                                eps, buf.scratch, buf.counters, mean, mean + C, y.data_ptr());
+        saved["path"] = int64_t{kPathKernels};
+      }
       ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta, weight});
       return y;
     }
@@ -292,6 +316,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     if (sync) {  // SyncBN: the statistics of the global batch (BnStatsSync)
       SyncedBn bn = synced_batch_norm(z, *p, *sync);
       y = p->act ? at::silu(bn.out) : bn.out;
+      saved["path"] = int64_t{kPathAtenSync};
       ctx->save_for_backward({xc, wc, z, at::stack({bn.mean, bn.invstd}), *p->gamma, *p->beta, weight,
                               p->act ? bn.out : at::Tensor(), bn.count});
       return y;
@@ -300,6 +325,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                                     p->momentum, p->eps);
     const at::Tensor& bn_out = std::get<0>(bn);
     y = p->act ? at::silu(bn_out) : bn_out;
+    saved["path"] = int64_t{kPathAten};
     // The ATen path keeps BatchNorm's output for SiLU's backward, as the composed ops do.
     ctx->save_for_backward({xc, wc, z, at::stack({std::get<1>(bn), std::get<2>(bn)}), *p->gamma,
                             *p->beta, weight, p->act ? bn_out : at::Tensor()});
@@ -314,6 +340,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     const auto p = ctx->saved_data["p"].toIntVector();
     const int64_t stride = p[0], padding = p[1], groups = p[2];
     const bool gemm = p[3] != 0, act = p[4] != 0;
+    const int64_t path = ctx->saved_data["path"].toInt();
     const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
     const bool need_g = gamma.requires_grad(), need_b = beta.requires_grad();
     at::Tensor dy = grads[0];
@@ -323,11 +350,13 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     at::Tensor dz;
     bool done = false;
 #ifdef LIBREYOLO_CUDA_KERNELS
-    if (saved.size() == 7) {  // forward took the CUDA kernels
+    if (path == kPathKernels || path == kPathKernelsSync) {
+      const bool synced = path == kPathKernelsSync;
       c10::cuda::CUDAGuard guard(z.device());
       dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
       dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
-      const auto l = launch_for(z, act, {&z, &dy, &dz});
+      auto l = launch_for(z, act, {&z, &dy, &dz});
+      l.sync_sums = synced;
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       const KernelBuffers buf =
           kernel_buffers(z.device(), 2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels);
@@ -342,13 +371,26 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       at::Tensor dg, db;
       if (!in_place && need_g) dg = at::empty({l.channels}, f32);
       if (!in_place && need_b) db = at::empty({l.channels}, f32);
-      float* dsum = partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
-      kernels::bn_act_backward(
-          l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
-          stats.data_ptr<float>(), stats.data_ptr<float>() + l.channels, partials, buf.counters,
-          dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr),
-          in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr),
-          in_place, dz.defined() ? dz.data_ptr() : nullptr);
+      // Under SyncBN the sums are all-reduced, so they get their own tensor.
+      at::Tensor dsum_t = synced ? at::empty({2 * l.channels}, f32) : at::Tensor();
+      float* dsum = synced ? dsum_t.data_ptr<float>() : partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
+      const float* mean = stats.data_ptr<float>();
+      const float* invstd = mean + l.channels;
+      // This process's own weight and bias gradients come from its own sums (before any all-reduce).
+      kernels::bn_act_backward_reduce(
+          l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(), mean, invstd, partials,
+          buf.counters, dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr),
+          in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr), in_place);
+      if (dz.defined()) {
+        if (synced) {
+          const auto sync = bn_stats_sync();
+          TORCH_CHECK(sync, "SyncBN: the statistics sync was removed between forward and backward");
+          sync->all_reduce_sum(dsum_t);
+        }
+        kernels::bn_act_backward_elemt(l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(),
+                                       beta.data_ptr<float>(), mean, invstd, dsum,
+                                       synced ? mean + 2 * l.channels : nullptr, dz.data_ptr());
+      }
       if (!in_place) {
         if (need_g) accumulate_grad(gamma, dg);
         if (need_b) accumulate_grad(beta, db);
@@ -356,7 +398,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       done = true;
     }
 #endif
-    if (!done && saved.size() == 9) {  // forward used synchronised statistics
+    if (!done && path == kPathAtenSync) {  // forward used synchronised statistics
       const at::Tensor& bn_out = saved[7];
       const at::Tensor& count = saved[8];
       const at::Tensor mean = stats[0], invstd = stats[1];
