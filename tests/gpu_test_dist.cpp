@@ -2,6 +2,7 @@
 // environment contract, against one GPU; the spawn path (device=0,1). Needs a 2-GPU machine
 // (nvidia-h200-x2); skipped, saying so, elsewhere.
 #include <filesystem>
+#include <regex>
 
 #include <gtest/gtest.h>
 
@@ -115,6 +116,34 @@ TEST(DistGpu, SpawnTrainsOnBothGpusAndHandsBackTheResult) {
   EXPECT_FALSE(fs::exists(fs::path(dir) / "run2"));  // one run directory: rank 0's
 }
 
+// CUDA graphs under multi-GPU training: the step is captured with its NCCL all-reduces (SyncBN
+// statistics, loss normalisers, gradients) and replayed on both ranks; the result matches the
+// same two-rank run trained eager. fp32 without TF32; cuDNN's autotuning may pick different
+// algorithms in the two runs, so the bound is a tolerance, not bit equality.
+TEST(DistGpu, GraphedStepsWithNcclEqualEagerStepsOnTwoGpus) {
+  if (!two_gpus()) GTEST_SKIP() << "needs two CUDA GPUs (the nvidia-h200-x2 machine)";
+  const std::string dir = test::temp_dir("gpu_dist_graph");
+  std::vector<std::vector<std::pair<int, std::string>>> runs;
+  for (const char* name : {"eager", "graphed"}) {
+    auto a = args(dir, name, 2, 8, "0,1");  // 32 images, 4 per rank: 4 steps per epoch
+    a.push_back("val=false");
+    if (std::string(name) == "graphed") a.push_back("cuda_graph=true");
+    auto r = run_ranks(2, a, dir, 300);
+    for (int k = 0; k < 2; ++k) ASSERT_TRUE(exited_ok(r[static_cast<size_t>(k)].first)) << r[static_cast<size_t>(k)].second;
+    runs.push_back(r);
+  }
+  const std::string& log = runs[1][0].second;
+  EXPECT_NE(log.find("with their NCCL all-reduces"), std::string::npos) << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("CUDA graphs: ([0-9]+) of 8 steps replayed"))) << log;
+  EXPECT_GE(std::stoi(m[1]), 5) << log;  // captured on the 3rd step, replayed from then on
+  const auto last = [&](const std::string& n) { return (fs::path(dir) / n / "weights" / "last.pt").string(); };
+  const WeightDiff d = weight_diff(last("eager"), last("graphed"), "train_model");
+  std::printf("[ REPORT   ] 2 GPUs, 8 steps, graphed (NCCL inside) vs eager: worst tensor %.2g (%s), model %.2g\n",
+              d.worst, d.worst_name.c_str(), d.global);
+  EXPECT_LE(d.global, 1e-4);
+}
+
 // The CUDA SyncBN path of the fused node (ATen's SyncBatchNorm kernels: Welford statistics per
 // process, the rows gathered by an all-reduce, one combination kernel), with a stats sync that
 // plays a second process (its batch b and the gradient at its output): the node on batch a
@@ -155,19 +184,26 @@ TEST(DistGpu, CudaSyncBnNormalisesWithTheGlobalBatch) {
     torch::Tensor global_invstd;  // of both batches together (the test computes it)
   };
   const auto dev = torch::Device(torch::kCUDA, 0);
+  // NCHW takes the ATen SyncBN kernels; channels_last (with 8 channels, the vector width) the
+  // fused kernels split around the all-reduce. Both must give the global batch's BatchNorm.
+  for (bool nhwc : {false, true})
   for (bool act : {false, true}) {
+    SCOPED_TRACE(std::string(nhwc ? "fused kernels" : "ATen kernels") + (act ? ", SiLU" : ""));
     torch::manual_seed(11);
-    const auto a = torch::randn({2, 4, 6, 5}).to(dev), b = torch::randn({3, 4, 6, 5}).to(dev);
-    const auto ga = torch::randn({2, 6, 6, 5}).to(dev), gb = torch::randn({3, 6, 6, 5}).to(dev);
+    const int64_t co = nhwc ? 8 : 6;
+    const auto fmt = nhwc ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+    const auto a = torch::randn({2, 4, 6, 5}).to(dev).contiguous(fmt), b = torch::randn({3, 4, 6, 5}).to(dev).contiguous(fmt);
+    const auto ga = torch::randn({2, co, 6, 5}).to(dev).contiguous(fmt), gb = torch::randn({3, co, 6, 5}).to(dev).contiguous(fmt);
     auto make_conv = [&] {
       torch::manual_seed(12);
-      yolo9::Conv c(4, 6, 3, 1, 1, act);
+      yolo9::Conv c(4, co, 3, 1, 1, act);
       {
         torch::NoGradGuard ng;
         c->bn->weight.uniform_(0.5, 1.5);
         c->bn->bias.uniform_(-0.5, 0.5);
       }
       c->to(dev);
+      c->conv->weight.set_data(c->conv->weight.contiguous(fmt));
       c->train();
       return c;
     };
@@ -183,6 +219,7 @@ TEST(DistGpu, CudaSyncBnNormalisesWithTheGlobalBatch) {
     {
       torch::NoGradGuard ng;
       sync->zb = torch::conv2d(b, conv->conv->weight, {}, 1, 1);
+      ASSERT_EQ(sync->zb.is_contiguous(at::MemoryFormat::ChannelsLast), nhwc);
       const auto za = torch::conv2d(a, conv->conv->weight, {}, 1, 1);
       const auto all = torch::cat({za, sync->zb});
       const auto var = all.var({0, 2, 3}, /*unbiased=*/false);

@@ -242,6 +242,13 @@ void Group::shutdown(bool finished) {
   }
   im.cv.notify_all();
   if (im.watchdog.joinable()) im.watchdog.join();
+  if (!finished && im.backend) {
+    // Ending on an error: collectives may still be queued that no peer will ever match, and a
+    // shutdown would wait for them (with the heartbeat already stopped, so no peer would notice).
+    // The process is about to exit: leave the backend to it.
+    new c10::intrusive_ptr<c10d::Backend>(std::move(im.backend));
+    return;
+  }
   try {
     if (im.backend) im.backend->shutdown();
   } catch (const std::exception&) {

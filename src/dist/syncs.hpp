@@ -19,6 +19,7 @@ class AllReduceGradSync final : public engine::GradSync {
  public:
   explicit AllReduceGradSync(std::shared_ptr<Group> group, int64_t bucket_bytes = 25 << 20);
   void after_backward(std::vector<torch::Tensor>& grads) override;
+  bool spans_processes() const override { return true; }
 
  private:
   std::shared_ptr<Group> group_;

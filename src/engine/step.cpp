@@ -1,6 +1,8 @@
 #include "engine/step.hpp"
+#include <libreyolo/errors.hpp>
 
 #include <algorithm>
+#include <exception>
 #include <cmath>
 
 #include "core/device.hpp"
@@ -48,8 +50,10 @@ StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<
 }
 
 StepRunner::~StepRunner() {
-  // Graphs may still be queued: let them finish before their memory pools go.
-  if (has_graphs()) {
+  // Graphs may still be queued: let them finish before their memory pools go. Not when unwinding
+  // from an error: under multi-GPU the queued work may wait for a rank that is gone, and this
+  // process is on its way out (an in-flight graph is freed when it completes).
+  if (has_graphs() && std::uncaught_exceptions() == 0) {
     try {
       synchronize(cfg_.device);
     } catch (...) {
@@ -67,13 +71,9 @@ void StepRunner::set_global_step(int64_t s) {
 }
 
 void StepRunner::set_grad_sync(std::unique_ptr<GradSync> sync) {
+  // Graphs captured before would not contain the synchronisation.
+  if (has_graphs()) invalidate_cuda_graphs("gradient synchronisation changed");
   grad_sync_ = sync ? std::move(sync) : std::make_unique<NoGradSync>();
-  if (graphs_on_ && !dynamic_cast<NoGradSync*>(grad_sync_.get())) {
-    invalidate_cuda_graphs("gradient synchronisation installed");
-    graphs_on_ = false;
-    graphs_off_reason_ = "not captured under multi-GPU gradient synchronisation yet";
-    log_info("CUDA graphs: " + graphs_off_reason_ + "; training eager");
-  }
 }
 
 const torch::Tensor& StepRunner::staged_images() const {
@@ -220,8 +220,6 @@ LossOutput StepRunner::forward_backward_staged() {
 std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence) {
   std::string why;
   if (!cuda_graphs_supported(cfg_.device, &why)) {
-  } else if (!dynamic_cast<NoGradSync*>(grad_sync_.get())) {
-    why = "not captured under multi-GPU gradient synchronisation yet";
   }
   if (!why.empty()) {
     graphs_on_ = false;
@@ -251,6 +249,13 @@ void StepRunner::invalidate_cuda_graphs(const std::string& why) {
 }
 
 void StepRunner::graphs_failed(const std::string& what, const std::string& why) {
+  // With other processes in the step (NCCL all-reduces inside the graphs), this process alone
+  // going eager would desynchronise the collectives: end the run instead (the other ranks stop
+  // when this one stops beating).
+  if (grad_sync_->spans_processes())
+    throw RuntimeError("CUDA graphs: " + what + " failed under multi-GPU training (" + why +
+                           "); a rank cannot fall back to eager on its own",
+                       "train again with cuda_graph=false");
   log_warn("CUDA graphs: " + what + " failed (" + why + "); the rest of the run trains eager");
   invalidate_cuda_graphs(what + " failed");
   graphs_on_ = false;

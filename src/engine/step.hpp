@@ -84,6 +84,9 @@ class GradSync {
  public:
   virtual ~GradSync() = default;
   virtual void after_backward(std::vector<torch::Tensor>& grads) = 0;
+  // True when other processes take part (their collectives must match ours call for call): a
+  // captured step then cannot fall back to eager on this process alone.
+  virtual bool spans_processes() const { return false; }
 };
 
 class NoGradSync final : public GradSync {

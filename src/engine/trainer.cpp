@@ -75,6 +75,9 @@ Trainer::~Trainer() {
   if (group_) {
     set_count_sync(nullptr);
     models::set_bn_stats_sync(nullptr);
+    // Captured steps hold NCCL's persistent resources: they go before the communicators do, or
+    // the backend's shutdown waits for them.
+    step_.reset();
     // Unwinding from an error: the other ranks must not wait for this one (see Group::shutdown).
     group_->shutdown(/*finished=*/std::uncaught_exceptions() == 0);
   }
@@ -437,17 +440,16 @@ void Trainer::setup_optimization() {
   if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg_.nbs));
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
   if (group_) install_syncs();
-  if (cfg_.cuda_graph && group_) {
-    log_info("CUDA graphs off (not captured under multi-GPU gradient synchronisation): training eager");
-  } else if (cfg_.cuda_graph) {
+  if (cfg_.cuda_graph) {
     std::string why;
     if (!lm_.family->capture_train_step)
       why = lm_.family->name + " does not declare a capturable training step";
     else
       why = step_->enable_cuda_graphs();
     if (why.empty())
-      log_info("CUDA graphs: the whole step (forward, loss, backward; then the update) is captured per input shape "
-               "on its 3rd occurrence and replayed; other shapes run eager");
+      log_info(std::string("CUDA graphs: the whole step (forward, loss, backward; then the update") +
+               (group_ ? ", with their NCCL all-reduces" : "") +
+               ") is captured per input shape on its 3rd occurrence and replayed; other shapes run eager");
     else
       log_info("CUDA graphs off (" + why + "): training eager");
   }
