@@ -3,18 +3,52 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
 
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
 
 namespace libreyolo::data {
 
+int LoaderOptions::default_worker_nice() {
+  const char* v = std::getenv("LIBREYOLO_LOADER_NICE");
+  if (v && *v) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    if (end && *end == '\0' && n >= 0 && n <= 19) return static_cast<int>(n);
+    log_warn(strfmt("LIBREYOLO_LOADER_NICE=%s ignored: expected 0..19", v));
+  }
+  return 5;
+}
+
+namespace {
+
+// Linux: setpriority on a thread id changes that thread only.
+void make_this_thread_nicer(int by) {
+  if (by <= 0) return;
+  const auto tid = static_cast<id_t>(syscall(SYS_gettid));
+  errno = 0;
+  const int now = getpriority(PRIO_PROCESS, tid);
+  if (now == -1 && errno != 0) return;
+  if (setpriority(PRIO_PROCESS, tid, std::min(19, now + by)) != 0)
+    log_debug(strfmt("loader worker: could not lower its priority (errno %d)", errno));
+}
+
+}  // namespace
+
 DataLoader::DataLoader(std::shared_ptr<const YoloDataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), opt_(std::move(options)) {
   if (!dataset_) throw UsageError("DataLoader needs a dataset");
   if (opt_.batch < 1) throw UsageError(strfmt("batch must be >= 1 (got %d)", opt_.batch));
   if (opt_.workers < 0) throw UsageError(strfmt("workers must be >= 0 (got %d)", opt_.workers));
+  if (opt_.worker_nice < 0 || opt_.worker_nice > 19)
+    throw UsageError(strfmt("worker_nice must be in 0..19 (got %d)", opt_.worker_nice));
   if (opt_.world < 1 || opt_.rank < 0 || opt_.rank >= opt_.world)
     throw UsageError(strfmt("invalid rank %d for world size %d", opt_.rank, opt_.world));
   if (opt_.augment.max_labels < 1) throw UsageError("max_labels must be >= 1");
@@ -147,6 +181,7 @@ void DataLoader::init_slot_locked(Slot& slot, int64_t b) {
 }
 
 void DataLoader::worker_loop() {
+  make_this_thread_nicer(opt_.worker_nice);
   const int64_t B = opt_.batch;
   const int64_t window = static_cast<int64_t>(slots_.size());
   const int64_t image_bytes = static_cast<int64_t>(S_) * S_ * 3;

@@ -38,6 +38,12 @@ struct LoaderOptions {
   // dataset has at least world_size images): every rank then sees floor(n / world).
   bool pad_shards = true;
   uint64_t seed = 0;  // shuffle order: seed + epoch; augmentation: (seed, epoch, global position)
+  // Worker threads run this much nicer than the thread that made the loader (Linux niceness,
+  // capped at 19), so that when the cores are oversubscribed (several training processes, each
+  // with its workers) the training thread, which launches the GPU work, is not the one that
+  // waits for a core. Default: LIBREYOLO_LOADER_NICE, else 5; 0 leaves them as they are.
+  int worker_nice = default_worker_nice();
+  static int default_worker_nice();
   AugmentOptions augment;  // augment.imgsz is taken from the dataset
 };
 
