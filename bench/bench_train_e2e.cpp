@@ -122,7 +122,10 @@ int main(int argc, char** argv) {
       auto first = std::make_shared<FirstSteps>();
       first->device = device == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
       auto r = m.train(opts, cb, {first});
-      nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", gm == "on"}, {"profile", mode},
+      bool graphed = gm == "on";  // --cuda-graph on, or --set cuda_graph=true
+      for (const auto& kv : extra)
+        if (kv == "cuda_graph=true" || kv == "cuda_graph=1") graphed = true;
+      nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", graphed}, {"profile", mode},
                             {"run_in_process", run_i}, {"first_steps_s", first->at},
                             {"epochs", nlohmann::json::array()}};
       const int iters = images / batch;
