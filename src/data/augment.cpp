@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "data/stage_timer.hpp"
 #include "ops/image_ops.hpp"
 
 namespace libreyolo::data {
@@ -376,6 +377,7 @@ Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int
 }  // namespace
 
 Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  StageScope timed(Stage::MosaicPlace);
   Sample out = place_tiles(tiles, S, xc, yc);
   const double S2 = 2.0 * S;
   for (Box& b : out.boxes) {
@@ -389,10 +391,17 @@ Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, i
 
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
-  const Sample placed = place_tiles(tiles, S, xc, yc);
+  Sample placed;
+  {
+    StageScope timed(Stage::MosaicPlace);
+    placed = place_tiles(tiles, S, xc, yc);
+  }
   const std::vector<Box>& boxes = placed.boxes;
   Sample out;
-  out.image = ops::resize_bilinear(placed.image, S, S).contiguous();
+  {
+    StageScope timed(Stage::MosaicDownscale);
+    out.image = ops::resize_bilinear(placed.image, S, S).contiguous();
+  }
   for (const Box& b0 : boxes) {
     Box b = b0;
     b.x1 = std::clamp(b.x1, 0.0, static_cast<double>(S2)) * 0.5;
@@ -471,6 +480,7 @@ Sample warp_affine(const Sample& in, const AffineParams& p, int S) {
 }
 
 void mixup_yolox(Sample& base, const Sample& partner, double jit, bool flip, int off_x, int off_y, int S) {
+  StageScope timed(Stage::Mixup);
   check_image(base.image);
   check_image(partner.image);
   if (base.image.size(0) != S || base.image.size(1) != S) throw UsageError("mixup_yolox: base must be S x S");
@@ -526,6 +536,7 @@ TransformParams draw_transform(Rng& rng, const AugmentOptions& opt) {
 
 void apply_transform(const Sample& in, const TransformParams& p, int S, int max_labels,
                      uint8_t* image_out, float* targets_out) {
+  StageScope timed(Stage::Transform);
   const double ratio = letterbox_ratio(in.image, S);
   if (in.boxes.empty()) {
     letterbox_into(in.image, S, ratio, nullptr, image_out);
@@ -597,6 +608,7 @@ void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const 
       apply_transform(other, draw_transform(rng, opt), S, opt.max_labels, img2.data(),
                       unused_targets.data());
       const float lam = static_cast<float>(rng.beta(32.0, 32.0));
+      StageScope timed(Stage::Mixup);
       for (size_t i = 0; i < npix; ++i)
         image_out[i] = round_u8(lam * image_out[i] + (1.0f - lam) * img2[i]);
     }
@@ -610,6 +622,7 @@ void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8
                      float* targets_out) {
   const int S = ds.imgsz();
   const Sample s = ds.load_resized(index);
+  StageScope timed(Stage::Transform);
   const double ratio = letterbox_ratio(s.image, S);
   letterbox_into(s.image, S, ratio, nullptr, image_out);
   write_targets(s.boxes, ratio, S, max_labels, targets_out);

@@ -11,6 +11,7 @@
 #include "core/log.hpp"
 #include "data/disk_cache.hpp"
 #include "data/parallel.hpp"
+#include "data/stage_timer.hpp"
 #include "io/image.hpp"
 #include "ops/image_ops.hpp"
 
@@ -376,8 +377,12 @@ torch::Tensor YoloDataset::original_labels(int64_t i) const {
 
 torch::Tensor YoloDataset::decode_resized(const std::string& path) const {
   const int S = options_.imgsz;
-  const torch::Tensor img =
-      options_.reduced_decode ? io::decode_image_for_size(path, S) : io::decode_image(path);
+  torch::Tensor img;
+  {
+    StageScope timed(Stage::Decode);
+    img = options_.reduced_decode ? io::decode_image_for_size(path, S) : io::decode_image(path);
+  }
+  StageScope timed(Stage::Resize);
   return ops::resize_longest(img, S).contiguous();
 }
 
