@@ -8,7 +8,9 @@
 // --stages adds "stages": one pass over the epoch on the calling thread alone (workers = 0) with
 // the pipeline's stage timers on (data/stage_timer.hpp), reported as mean milliseconds per
 // training sample for each stage (decode, resize, mosaic placement, mosaic downscale,
-// letterbox/HSV/flip, mixup, collate, pin), their calls per sample, the measured wall time per
+// letterbox/HSV/flip, mixup, collate, pin; see stage_timer.hpp for what each covers: mosaic4 no
+// longer builds the 2S canvas, so composing its rows counts as downscale), their calls per
+// sample, the measured wall time per
 // sample and what the stages leave unaccounted ("other": labels, RNG, bookkeeping). The timed
 // functions are the production ones, called by the loader as in training.
 #include <unistd.h>

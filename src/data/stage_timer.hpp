@@ -15,8 +15,10 @@ namespace libreyolo::data {
 enum class Stage : int {
   Decode,           // encoded file to pixels (io::decode_image*)
   Resize,           // decoded image to imgsz on its longest side
-  MosaicPlace,      // mosaic canvas fill and tile copies (and any tile resize)
-  MosaicDownscale,  // the 2S mosaic canvas to S x S
+  MosaicPlace,      // mosaic tile geometry, boxes and any tile resize (mosaic_canvas: also the
+                    // canvas fill and tile copies)
+  MosaicDownscale,  // mosaic4's S x S image: canvas rows composed and reduced 2x2 (the 2S canvas
+                    // itself is not built)
   Transform,        // letterbox + HSV + flip (apply_transform)
   Mixup,            // the mixup blend itself (its partner's load and transform count above)
   Collate,          // batch tensors allocated and filled in (per batch, not per sample)
