@@ -212,11 +212,13 @@ __attribute__((always_inline)) inline float from_bits(int32_t i) {
 // The whole shift for one block of de-interleaved pixels, branch-free so that the compiler can
 // vectorise it: the same integer forward conversion and single-precision inverse as
 // pixel_to_hsv / hsv_to_pixel (the tests check that they agree exactly), with the shifts done
-// arithmetically instead of through tables. An AVX2 clone (gathers for the two reciprocal
-// tables) is picked at run time where the CPU has it.
+// arithmetically instead of through tables. AVX-512 and AVX2 clones (gathers for the two
+// reciprocal tables) are picked at run time where the CPU has them.
 // No trapping math: otherwise GCC sinks the int-to-float conversions into branches it then
-// cannot turn back into selects.
-__attribute__((target_clones("avx2", "default"), optimize("no-trapping-math"))) void shift_hsv_block(
+// cannot turn back into selects. An AVX-512 clone (16 lanes; about a third less time per image
+// where the CPU has it) with contraction off: AVX-512 brings FMA, and fused multiply-adds would
+// change the last bit of some levels (FusedHsvShiftEqualsConvertShiftConvertBack catches that).
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math", "fp-contract=off"))) void shift_hsv_block(
     int32_t* __restrict r, int32_t* __restrict g, int32_t* __restrict b, int m,
     const int32_t* __restrict sdiv, const int32_t* __restrict hdiv, int gh, int gs, int gv) {
   // Plain conditionals only: functions such as std::max are not inlined across the different
