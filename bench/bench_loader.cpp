@@ -11,8 +11,9 @@
 // letterbox/HSV/flip, mixup, collate, pin; see stage_timer.hpp for what each covers: mosaic4 no
 // longer builds the 2S canvas, so composing its rows counts as downscale), their calls per
 // sample, the measured wall time per
-// sample and what the stages leave unaccounted ("other": labels, RNG, bookkeeping). The timed
-// functions are the production ones, called by the loader as in training.
+// sample, what the stages leave unaccounted ("other": labels, RNG, bookkeeping) and a hash of
+// the batches (to check that a faster build makes the same samples). The timed functions are
+// the production ones, called by the loader as in training.
 #include <unistd.h>
 
 #include <chrono>
@@ -79,8 +80,20 @@ std::string stage_report(const std::shared_ptr<const YoloDataset>& ds, int batch
   set_stage_sink(&times);
   const auto t0 = Clock::now();
   int64_t images = 0;
-  while (auto b = loader.next()) images += b->images.size(0);
-  const double wall = seconds_since(t0);
+  // FNV-1a over every image and target byte of the timed batches (outside the stage timers):
+  // equal between two builds means the pipeline's output did not change.
+  uint64_t hash = 1469598103934665603ull;
+  double hash_s = 0;
+  while (auto b = loader.next()) {
+    images += b->images.size(0);
+    const auto th = Clock::now();
+    for (const torch::Tensor& t : {b->images, b->targets}) {
+      const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+      for (size_t i = 0, n = static_cast<size_t>(t.nbytes()); i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
+    }
+    hash_s += seconds_since(th);
+  }
+  const double wall = seconds_since(t0) - hash_s;
   set_stage_sink(nullptr);
   if (images == 0) usage("count must be at least two batches for --stages");
   std::string per_stage;
@@ -94,9 +107,10 @@ std::string stage_report(const std::shared_ptr<const YoloDataset>& ds, int batch
   }
   const double total = 1e3 * wall / static_cast<double>(images);
   return strfmt("{\"threads\": 1, \"images\": %lld, \"pinned\": %s, \"ms_per_sample\": {%s}, "
-                "\"other_ms_per_sample\": %.4f, \"wall_ms_per_sample\": %.4f, \"img_per_s\": %.2f}",
+                "\"other_ms_per_sample\": %.4f, \"wall_ms_per_sample\": %.4f, \"img_per_s\": %.2f, "
+                "\"output_hash\": \"%016llx\"}",
                 static_cast<long long>(images), loader.pinned() ? "true" : "false", per_stage.c_str(),
-                total - accounted, total, 1e3 / total);
+                total - accounted, total, 1e3 / total, static_cast<unsigned long long>(hash));
 }
 
 }  // namespace
