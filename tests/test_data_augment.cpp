@@ -1,8 +1,11 @@
 // Mosaic geometry, HSV, flip, letterbox, box filters and targets (yolo9.md §4.4-4.7, 4.9).
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
 #include "data/augment.hpp"
+#include "ops/image_ops.hpp"
 #include "support.hpp"
 
 using namespace libreyolo;
@@ -107,6 +110,72 @@ TEST(DataAugment, MosaicGeometryMatchesAHandComputedCase) {
   EXPECT_EQ(pixel(m.image, 40, 50), (std::vector<uint8_t>{114, 114, 114}));
   EXPECT_EQ(pixel(m.image, 0, 1), (std::vector<uint8_t>{114, 114, 114}));
   EXPECT_EQ(pixel(m.image, 60, 60), (std::vector<uint8_t>{114, 114, 114}));
+}
+
+// The mosaic canvas written per pixel from the reference's geometry: tile 0's bottom-right
+// corner, tile 1's bottom-left, tile 2's top-right and tile 3's top-left corner meet at (xc, yc)
+// on a 2S canvas of 114; tiles larger than S are first shrunk to fit (int() sizes).
+torch::Tensor reference_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  const int S2 = 2 * S;
+  torch::Tensor canvas = torch::full({S2, S2, 3}, 114, torch::kUInt8);
+  auto cv = canvas.accessor<uint8_t, 3>();
+  for (int k = 0; k < 4; ++k) {
+    torch::Tensor img = tiles[k]->image;
+    const int h0 = static_cast<int>(img.size(0)), w0 = static_cast<int>(img.size(1));
+    const double scale = std::min({1.0, static_cast<double>(S) / h0, static_cast<double>(S) / w0});
+    if (scale < 1.0)
+      img = libreyolo::ops::resize_bilinear(img, std::max(1, static_cast<int>(h0 * scale)),
+                                            std::max(1, static_cast<int>(w0 * scale)));
+    const int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
+    auto src = img.accessor<uint8_t, 3>();
+    const int left = k % 2 == 0 ? xc - w : xc, top = k < 2 ? yc - h : yc;
+    for (int y = 0; y < h; ++y)
+      for (int x = 0; x < w; ++x) {
+        const int X = left + x, Y = top + y;
+        if (X < 0 || Y < 0 || X >= S2 || Y >= S2) continue;
+        for (int c = 0; c < 3; ++c) cv[Y][X][c] = src[y][x][c];
+      }
+  }
+  return canvas;
+}
+
+TEST(DataAugment, MosaicEqualsTheCanvasResizedBitForBit) {
+  // mosaic4 never builds the 2S canvas; its output must still be exactly the canvas resized
+  // to S x S by resize_bilinear (what it computed before), for random tiles (smaller than,
+  // equal to and larger than S, odd sizes) and random centres (odd ones, and the extremes).
+  torch::manual_seed(5);
+  Rng rng(11);
+  for (const int S : {64, 37, 96}) {
+    for (int trial = 0; trial < 24; ++trial) {
+      std::array<Sample, 4> t;
+      for (Sample& s : t) {
+        const int h = static_cast<int>(rng.randint(1, 3 * S / 2)), w = static_cast<int>(rng.randint(1, 3 * S / 2));
+        s.image = torch::randint(0, 256, {h, w, 3}, torch::kUInt8);
+        for (int b = 0; b < 3; ++b) {
+          const double x1 = rng.uniform(0, w), y1 = rng.uniform(0, h);
+          s.boxes.push_back({x1, y1, x1 + rng.uniform(0, w), y1 + rng.uniform(0, h), static_cast<double>(b)});
+        }
+      }
+      int xc = static_cast<int>(rng.randint(0, 2 * S)), yc = static_cast<int>(rng.randint(0, 2 * S));
+      if (trial == 0) xc = 0, yc = 2 * S;
+      if (trial == 1) xc = 2 * S, yc = 0;
+      const std::array<const Sample*, 4> tiles = {&t[0], &t[1], &t[2], &t[3]};
+      const Sample m = mosaic4(tiles, S, xc, yc);
+      const Sample canvas = mosaic_canvas(tiles, S, xc, yc);
+      const torch::Tensor want_canvas = reference_canvas(tiles, S, xc, yc);
+      ASSERT_TRUE(torch::equal(canvas.image, want_canvas)) << "S " << S << " centre " << xc << "," << yc;
+      ASSERT_TRUE(torch::equal(m.image, libreyolo::ops::resize_bilinear(want_canvas, S, S)))
+          << "S " << S << " centre " << xc << "," << yc;
+      // Boxes: the clipped canvas boxes halved, those over 2 x 2 kept.
+      std::vector<Box> want;
+      for (Box b : canvas.boxes) {
+        b.x1 *= 0.5, b.y1 *= 0.5, b.x2 *= 0.5, b.y2 *= 0.5;
+        if (b.x2 - b.x1 > 2.0 && b.y2 - b.y1 > 2.0) want.push_back(b);
+      }
+      ASSERT_EQ(m.boxes.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) expect_box(m.boxes[i], want[i].x1, want[i].y1, want[i].x2, want[i].y2, want[i].cls);
+    }
+  }
 }
 
 TEST(DataAugment, MosaicDrawStaysInRange) {

@@ -131,6 +131,28 @@ TEST(DataLabels, CorruptImagesAreSkippedAndCounted) {
   EXPECT_FLOAT_EQ(orig[0][4].item<float>(), 1.0f);
 }
 
+TEST(DataLabels, LoadedImagesOwnTheirPixels) {
+  // Decoding goes through memory reused by the thread; what load_resized returns must not be a
+  // view of it, whether the image needed a resize (c) or not (a, b).
+  const fs::path tmp = test::temp_dir("ds_own");
+  write_image(tmp / "images" / "a.png", 32, 24, 50);
+  write_image(tmp / "images" / "b.png", 32, 24, 150);
+  write_image(tmp / "images" / "c.png", 64, 40, 250);
+  DatasetOptions opt;
+  opt.imgsz = 32;
+  YoloDataset ds({(tmp / "images" / "a.png").string(), (tmp / "images" / "b.png").string(),
+                  (tmp / "images" / "c.png").string()}, opt);
+  const Sample a = ds.load_resized(0);
+  const Sample b = ds.load_resized(1);
+  const Sample c = ds.load_resized(2);
+  const Sample a2 = ds.load_resized(0);
+  EXPECT_TRUE(torch::equal(a.image, torch::full({32, 24, 3}, 50, torch::kUInt8)));
+  EXPECT_TRUE(torch::equal(b.image, torch::full({32, 24, 3}, 150, torch::kUInt8)));
+  EXPECT_TRUE(torch::equal(c.image, torch::full({32, 20, 3}, 250, torch::kUInt8)));
+  EXPECT_TRUE(torch::equal(a2.image, a.image));
+  EXPECT_NE(a.image.data_ptr(), a2.image.data_ptr());
+}
+
 TEST(DataLabels, ImageBrokenAfterTheHeaderIsReplacedAtLoad) {
   const fs::path tmp = test::temp_dir("ds_truncated");
   write_image(tmp / "images" / "a.png", 32, 32, 50);

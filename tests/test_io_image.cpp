@@ -465,6 +465,24 @@ TEST(ImageIO, DecodeForSizeUsesDctScaling) {
   EXPECT_THROW(io::decode_image_for_size(path, 0), UsageError);
 }
 
+TEST(ImageIO, DecodeIntoScratchGivesTheSamePixels) {
+  const std::string dir = libreyolo::test::temp_dir("imgio_scratch");
+  const std::string big = dir + "/big.jpg", png = dir + "/s.png", small = dir + "/small.jpg";
+  io::save_image(big, smooth_image(810, 1080), 90);
+  io::save_image(png, random_image(30, 20));
+  io::save_image(small, smooth_image(20, 30), 90);
+  io::DecodeScratch scratch;
+  // Large, then smaller images through the same memory; each equals the allocating decode.
+  for (const auto& [path, target] : std::vector<std::pair<std::string, int>>{
+           {big, 640}, {big, 540}, {png, 7}, {small, 0}, {big, 0}, {small, 30}}) {
+    const torch::Tensor want = target > 0 ? io::decode_image_for_size(path, target) : io::decode_image(path);
+    const torch::Tensor got = io::decode_image_for_size(path, target, scratch);
+    ASSERT_TRUE(torch::equal(got, want)) << path << " at " << target;
+  }
+  EXPECT_THROW(io::decode_image_for_size(big, -1, scratch), UsageError);
+  EXPECT_THROW(io::decode_image_for_size(dir + "/missing.jpg", 64, scratch), libreyolo::DataError);
+}
+
 TEST(ImageIO, EncoderArgumentChecks) {
   const std::string dir = libreyolo::test::temp_dir("imgio");
   const auto img = random_image(4, 4);

@@ -47,6 +47,41 @@ torch::Tensor reference_resize(const torch::Tensor& img, int64_t oh, int64_t ow)
   return out;
 }
 
+// The exact integer arithmetic resize_bilinear has always used, written out per pixel: taps at
+// half-pixel centres clamped to the border, weights round(frac * 2^11), the four products summed
+// exactly and rounded once, (sum + 2^21) >> 22. Any faster implementation must match it bit
+// for bit (the augmentation's outputs must not move).
+torch::Tensor fixed_point_resize(const torch::Tensor& img, int64_t oh, int64_t ow) {
+  const int64_t h = img.size(0), w = img.size(1), C = img.size(2);
+  auto src = img.accessor<uint8_t, 3>();
+  auto out = torch::empty({oh, ow, C}, torch::kUInt8);
+  auto dst = out.accessor<uint8_t, 3>();
+  auto taps = [](int64_t d, int64_t in, int64_t o, int64_t* i0, int64_t* i1, int64_t* w1) {
+    const double f = (static_cast<double>(d) + 0.5) * (static_cast<double>(in) / static_cast<double>(o)) - 0.5;
+    int64_t s = static_cast<int64_t>(std::floor(f));
+    double frac = f - static_cast<double>(s);
+    if (s < 0) s = 0, frac = 0.0;
+    if (s >= in - 1) s = in - 1, frac = 0.0;
+    *i0 = s;
+    *i1 = std::min(s + 1, in - 1);
+    *w1 = std::lround(frac * 2048.0);
+  };
+  for (int64_t y = 0; y < oh; ++y) {
+    int64_t y0, y1, wy;
+    taps(y, h, oh, &y0, &y1, &wy);
+    for (int64_t x = 0; x < ow; ++x) {
+      int64_t x0, x1, wx;
+      taps(x, w, ow, &x0, &x1, &wx);
+      for (int64_t c = 0; c < C; ++c) {
+        const int64_t sum = (2048 - wy) * ((2048 - wx) * src[y0][x0][c] + wx * src[y0][x1][c]) +
+                            wy * ((2048 - wx) * src[y1][x0][c] + wx * src[y1][x1][c]);
+        dst[y][x][c] = static_cast<uint8_t>((sum + (1 << 21)) >> 22);
+      }
+    }
+  }
+  return out;
+}
+
 double max_diff_to_reference(const torch::Tensor& img, int64_t oh, int64_t ow) {
   const auto got = ops::resize_bilinear(img, static_cast<int>(oh), static_cast<int>(ow));
   EXPECT_EQ(got.sizes(), torch::IntArrayRef({oh, ow, img.size(2)}));
@@ -76,6 +111,35 @@ TEST(Resize, MatchesFloatReferenceWithinOneLevel) {
     EXPECT_LE(max_diff_to_reference(img, k.oh, k.ow), 1.0)
         << k.h << "x" << k.w << " -> " << k.oh << "x" << k.ow << " c" << k.c;
   }
+}
+
+TEST(Resize, BitIdenticalToTheFixedPointDefinition) {
+  // Random sizes up and down (both axes, either order of magnitude), the exact 2x reduction of
+  // the mosaic canvas, the loader's 1080 x 810 -> 640 x 480, grey, RGB and 4 channels.
+  struct Case { int64_t h, w, oh, ow, c; };
+  std::vector<Case> cases = {{810, 1080, 480, 640, 3}, {1280, 1280, 640, 640, 3}, {64, 64, 32, 32, 3},
+                             {480, 640, 640, 853, 3},  {5, 700, 9, 31, 3},         {300, 2, 40, 1, 1},
+                             {33, 47, 17, 94, 4},      {1, 1, 3, 2, 3}};
+  torch::manual_seed(123);
+  for (int k = 0; k < 40; ++k) {
+    const auto dims = torch::randint(1, 160, {4}, torch::kLong);
+    const int64_t c = k % 3 == 0 ? 1 : 3;
+    cases.push_back({dims[0].item<int64_t>(), dims[1].item<int64_t>(), dims[2].item<int64_t>(),
+                     dims[3].item<int64_t>(), c});
+  }
+  uint64_t seed = 1000;
+  for (const auto& k : cases) {
+    const auto img = random_image(k.h, k.w, k.c, seed++);
+    const auto got = ops::resize_bilinear(img, static_cast<int>(k.oh), static_cast<int>(k.ow));
+    const auto want = fixed_point_resize(img, k.oh, k.ow);
+    ASSERT_TRUE(torch::equal(got, want)) << k.h << "x" << k.w << " -> " << k.oh << "x" << k.ow << " c" << k.c
+                                         << ": " << (got.to(torch::kInt) - want.to(torch::kInt)).abs().max().item<int>();
+  }
+  // The same through the letterbox (rows written with a stride into a wider canvas).
+  const auto img = random_image(77, 50, 3, 77);
+  double r = 0;
+  const auto box = ops::letterbox_topleft(img, 320, &r);
+  EXPECT_TRUE(torch::equal(box.slice(0, 0, 319).slice(1, 0, 207), fixed_point_resize(img, 319, 207)));
 }
 
 TEST(Resize, HandComputedValues) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/log.hpp"
+#include "data/stage_timer.hpp"
 #include "ops/image_ops.hpp"
 
 namespace libreyolo::data {
@@ -211,11 +212,13 @@ __attribute__((always_inline)) inline float from_bits(int32_t i) {
 // The whole shift for one block of de-interleaved pixels, branch-free so that the compiler can
 // vectorise it: the same integer forward conversion and single-precision inverse as
 // pixel_to_hsv / hsv_to_pixel (the tests check that they agree exactly), with the shifts done
-// arithmetically instead of through tables. An AVX2 clone (gathers for the two reciprocal
-// tables) is picked at run time where the CPU has it.
+// arithmetically instead of through tables. AVX-512 and AVX2 clones (gathers for the two
+// reciprocal tables) are picked at run time where the CPU has them.
 // No trapping math: otherwise GCC sinks the int-to-float conversions into branches it then
-// cannot turn back into selects.
-__attribute__((target_clones("avx2", "default"), optimize("no-trapping-math"))) void shift_hsv_block(
+// cannot turn back into selects. An AVX-512 clone (16 lanes; about a third less time per image
+// where the CPU has it) with contraction off: AVX-512 brings FMA, and fused multiply-adds would
+// change the last bit of some levels (FusedHsvShiftEqualsConvertShiftConvertBack catches that).
+__attribute__((target_clones("avx512f", "avx2", "default"), optimize("no-trapping-math", "fp-contract=off"))) void shift_hsv_block(
     int32_t* __restrict r, int32_t* __restrict g, int32_t* __restrict b, int m,
     const int32_t* __restrict sdiv, const int32_t* __restrict hdiv, int gh, int gs, int gv) {
   // Plain conditionals only: functions such as std::max are not inlined across the different
@@ -318,17 +321,25 @@ MosaicParams draw_mosaic(Rng& rng, int S, int64_t n) {
 
 namespace {
 
-// The four tiles around (xc, yc) on a 2S canvas of 114; boxes shifted, not clipped.
-Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+// Where one tile lands on the 2S canvas: canvas rectangle [x1a, x2a) x [y1a, y2a) takes the
+// tile's pixels from column x1b, row y1b on. `image` is the tile, shrunk to fit S if needed.
+struct TilePlacement {
+  torch::Tensor image;
+  int w = 0, h = 0;
+  double scale = 1.0;
+  int x1a = 0, y1a = 0, x2a = 0, y2a = 0, x1b = 0, y1b = 0;
+  bool copies = false;  // a non-empty rectangle whose tile part has the same size
+};
+
+// The four tiles around (xc, yc) on a 2S canvas: the reference's geometry. Boxes are shifted,
+// not clipped.
+std::array<TilePlacement, 4> plan_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc,
+                                        std::vector<Box>* boxes) {
   const int S2 = 2 * S;
   if (xc < 0 || xc > S2 || yc < 0 || yc > S2) throw UsageError("mosaic centre outside the canvas");
-  // empty + memset rather than torch::full: ATen's fill would start an OpenMP team from inside
-  // a loader thread.
-  torch::Tensor canvas = torch::empty({S2, S2, 3}, torch::kUInt8);
-  uint8_t* cv = canvas.data_ptr<uint8_t>();
-  std::memset(cv, kPad, static_cast<size_t>(S2) * S2 * 3);
-  std::vector<Box> boxes;
+  std::array<TilePlacement, 4> out;
   for (int k = 0; k < 4; ++k) {
+    TilePlacement& t = out[static_cast<size_t>(k)];
     torch::Tensor img = tiles[k]->image;
     check_image(img);
     int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
@@ -359,23 +370,71 @@ Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int
         x1b = 0, y1b = 0, x2b = std::min(w, x2a - x1a), y2b = std::min(y2a - y1a, h);
         break;
     }
-    const uint8_t* src = img.data_ptr<uint8_t>();
+    t.image = img;
+    t.w = w, t.h = h, t.scale = scale;
+    t.x1a = x1a, t.y1a = y1a, t.x2a = x2a, t.y2a = y2a, t.x1b = x1b, t.y1b = y1b;
     const int rows = y2a - y1a, cols = x2a - x1a;
-    if (rows > 0 && cols > 0 && rows == y2b - y1b && cols == x2b - x1b)
-      for (int y = 0; y < rows; ++y)
-        std::memcpy(cv + (static_cast<size_t>(y1a + y) * S2 + x1a) * 3,
-                    src + (static_cast<size_t>(y1b + y) * w + x1b) * 3, static_cast<size_t>(cols) * 3);
+    t.copies = rows > 0 && cols > 0 && rows == y2b - y1b && cols == x2b - x1b;
     const double padw = x1a - x1b, padh = y1a - y1b;
     for (const Box& b : tiles[k]->boxes)
-      boxes.push_back({b.x1 * scale + padw, b.y1 * scale + padh, b.x2 * scale + padw,
-                       b.y2 * scale + padh, b.cls});
+      boxes->push_back({b.x1 * scale + padw, b.y1 * scale + padh, b.x2 * scale + padw,
+                        b.y2 * scale + padh, b.cls});
   }
-  return {canvas, std::move(boxes)};
+  return out;
+}
+
+// Canvas row `cy` (2S pixels): the pad colour with the tiles' parts of that row copied in.
+void compose_canvas_row(const std::array<TilePlacement, 4>& plan, int cy, int S2, uint8_t* row) {
+  std::memset(row, kPad, static_cast<size_t>(S2) * 3);
+  for (const TilePlacement& t : plan) {
+    if (!t.copies || cy < t.y1a || cy >= t.y2a) continue;
+    const uint8_t* src = t.image.data_ptr<uint8_t>() + (static_cast<size_t>(t.y1b + cy - t.y1a) * t.w + t.x1b) * 3;
+    std::memcpy(row + static_cast<size_t>(t.x1a) * 3, src, static_cast<size_t>(t.x2a - t.x1a) * 3);
+  }
+}
+
+// The whole 2S x 2S canvas of 114 with the tiles in place.
+Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  const int S2 = 2 * S;
+  Sample out;
+  const std::array<TilePlacement, 4> plan = plan_tiles(tiles, S, xc, yc, &out.boxes);
+  // empty rather than torch::full: ATen's fill would start an OpenMP team from inside a loader
+  // thread.
+  out.image = torch::empty({S2, S2, 3}, torch::kUInt8);
+  uint8_t* cv = out.image.data_ptr<uint8_t>();
+  for (int y = 0; y < S2; ++y) compose_canvas_row(plan, y, S2, cv + static_cast<size_t>(y) * S2 * 3);
+  return out;
+}
+
+// t[k] = (a[k] + a[k + 3] + b[k] + b[k + 3] + 2) >> 2 for k < m: the rounded mean of a 2 x 2
+// block of RGB pixels starting at byte k (meaningful where k is a pixel's first 3 bytes).
+__attribute__((target_clones("avx2", "default"))) void block_means(const uint8_t* __restrict a,
+                                                                   const uint8_t* __restrict b,
+                                                                   uint8_t* __restrict t, int m) {
+  for (int k = 0; k < m; ++k) t[k] = static_cast<uint8_t>((a[k] + a[k + 3] + b[k] + b[k + 3] + 2) >> 2);
+}
+
+// Output row (n pixels) = canvas rows a and b (2n pixels each) reduced 2x2: each value is the
+// rounded mean (sum + 2) >> 2, which is exactly what resize_bilinear computes at scale 1/2
+// (both weights 1024 of 2048: (2^20 sum + 2^21) >> 22). The means are computed at every byte
+// (contiguous, vectorised) into `t` (6n bytes), then every other pixel is kept.
+void halve_rows(const uint8_t* a, const uint8_t* b, uint8_t* out, int n, uint8_t* t) {
+  block_means(a, b, t, 6 * n - 3);
+  int x = 0;
+  for (; x + 3 <= n; x += 2) {  // two pixels per 8-byte store; its 2 extra bytes are rewritten next
+    uint64_t u0, u1;
+    std::memcpy(&u0, t + 6 * x, 8);
+    std::memcpy(&u1, t + 6 * x + 6, 8);
+    const uint64_t two = (u0 & 0xFFFFFFu) | ((u1 & 0xFFFFFFu) << 24);  // little-endian byte order
+    std::memcpy(out + 3 * x, &two, 8);
+  }
+  for (; x < n; ++x) std::memcpy(out + 3 * x, t + 6 * x, 3);
 }
 
 }  // namespace
 
 Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  StageScope timed(Stage::MosaicPlace);
   Sample out = place_tiles(tiles, S, xc, yc);
   const double S2 = 2.0 * S;
   for (Box& b : out.boxes) {
@@ -389,10 +448,31 @@ Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, i
 
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
-  const Sample placed = place_tiles(tiles, S, xc, yc);
-  const std::vector<Box>& boxes = placed.boxes;
+  // The canvas is never built: each output row is made from its two canvas rows, composed in
+  // a small buffer and halved (bit for bit the canvas + resize_bilinear of the reference
+  // geometry; tests/test_data_augment.cpp compares the two).
+  Sample placed;
+  std::array<TilePlacement, 4> plan;
+  {
+    StageScope timed(Stage::MosaicPlace);
+    plan = plan_tiles(tiles, S, xc, yc, &placed.boxes);
+  }
   Sample out;
-  out.image = ops::resize_bilinear(placed.image, S, S).contiguous();
+  {
+    StageScope timed(Stage::MosaicDownscale);
+    out.image = torch::empty({S, S, 3}, torch::kUInt8);
+    uint8_t* o = out.image.data_ptr<uint8_t>();
+    std::vector<uint8_t> rows(static_cast<size_t>(S2) * 3 * 3);
+    uint8_t* r0 = rows.data();
+    uint8_t* r1 = r0 + static_cast<size_t>(S2) * 3;
+    uint8_t* means = r1 + static_cast<size_t>(S2) * 3;
+    for (int y = 0; y < S; ++y) {
+      compose_canvas_row(plan, 2 * y, S2, r0);
+      compose_canvas_row(plan, 2 * y + 1, S2, r1);
+      halve_rows(r0, r1, o + static_cast<size_t>(y) * S * 3, S, means);
+    }
+  }
+  const std::vector<Box>& boxes = placed.boxes;
   for (const Box& b0 : boxes) {
     Box b = b0;
     b.x1 = std::clamp(b.x1, 0.0, static_cast<double>(S2)) * 0.5;
@@ -471,6 +551,7 @@ Sample warp_affine(const Sample& in, const AffineParams& p, int S) {
 }
 
 void mixup_yolox(Sample& base, const Sample& partner, double jit, bool flip, int off_x, int off_y, int S) {
+  StageScope timed(Stage::Mixup);
   check_image(base.image);
   check_image(partner.image);
   if (base.image.size(0) != S || base.image.size(1) != S) throw UsageError("mixup_yolox: base must be S x S");
@@ -526,6 +607,7 @@ TransformParams draw_transform(Rng& rng, const AugmentOptions& opt) {
 
 void apply_transform(const Sample& in, const TransformParams& p, int S, int max_labels,
                      uint8_t* image_out, float* targets_out) {
+  StageScope timed(Stage::Transform);
   const double ratio = letterbox_ratio(in.image, S);
   if (in.boxes.empty()) {
     letterbox_into(in.image, S, ratio, nullptr, image_out);
@@ -597,6 +679,7 @@ void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const 
       apply_transform(other, draw_transform(rng, opt), S, opt.max_labels, img2.data(),
                       unused_targets.data());
       const float lam = static_cast<float>(rng.beta(32.0, 32.0));
+      StageScope timed(Stage::Mixup);
       for (size_t i = 0; i < npix; ++i)
         image_out[i] = round_u8(lam * image_out[i] + (1.0f - lam) * img2[i]);
     }
@@ -610,6 +693,7 @@ void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8
                      float* targets_out) {
   const int S = ds.imgsz();
   const Sample s = ds.load_resized(index);
+  StageScope timed(Stage::Transform);
   const double ratio = letterbox_ratio(s.image, S);
   letterbox_into(s.image, S, ratio, nullptr, image_out);
   write_targets(s.boxes, ratio, S, max_labels, targets_out);

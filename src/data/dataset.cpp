@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <libreyolo/errors.hpp>
@@ -11,6 +12,7 @@
 #include "core/log.hpp"
 #include "data/disk_cache.hpp"
 #include "data/parallel.hpp"
+#include "data/stage_timer.hpp"
 #include "io/image.hpp"
 #include "ops/image_ops.hpp"
 
@@ -376,9 +378,22 @@ torch::Tensor YoloDataset::original_labels(int64_t i) const {
 
 torch::Tensor YoloDataset::decode_resized(const std::string& path) const {
   const int S = options_.imgsz;
-  const torch::Tensor img =
-      options_.reduced_decode ? io::decode_image_for_size(path, S) : io::decode_image(path);
-  return ops::resize_longest(img, S).contiguous();
+  // The decoded image is only an intermediate: it lives in this thread's reused memory, and the
+  // result is always a tensor of its own (the resize's output, or a copy when no resize is
+  // needed; a plain memcpy, as an ATen copy could start an OpenMP team in a loader thread).
+  thread_local io::DecodeScratch scratch;
+  torch::Tensor img;
+  {
+    StageScope timed(Stage::Decode);
+    img = io::decode_image_for_size(path, options_.reduced_decode ? S : 0, scratch);
+  }
+  StageScope timed(Stage::Resize);
+  torch::Tensor out = ops::resize_longest(img, S);
+  if (out.data_ptr() == img.data_ptr()) {
+    out = torch::empty_like(img);
+    std::memcpy(out.data_ptr<uint8_t>(), img.data_ptr<uint8_t>(), static_cast<size_t>(img.numel()));
+  }
+  return out;
 }
 
 Sample YoloDataset::load_record(int64_t i) const {

@@ -13,6 +13,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
+#include "data/stage_timer.hpp"
 
 namespace libreyolo::data {
 
@@ -169,6 +170,9 @@ void DataLoader::make_sample(int64_t position, int64_t index, int64_t epoch, boo
 }
 
 void DataLoader::init_slot_locked(Slot& slot, int64_t b) {
+  // Samples are written straight into these tensors: allocating them is the whole collate (and,
+  // when they are page-locked, the whole pinning).
+  StageScope timed(pin_ ? Stage::Pin : Stage::Collate);
   const int64_t count = std::min<int64_t>(opt_.batch, total_samples_ - b * opt_.batch);
   auto opts = torch::TensorOptions().pinned_memory(pin_);
   slot = Slot{};

@@ -71,7 +71,7 @@ std::string describe_unsupported(const uint8_t* d, size_t n) {
   return "unknown format";
 }
 
-std::vector<uint8_t> read_file(const std::string& path) {
+void read_file_into(const std::string& path, std::vector<uint8_t>& buf) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     int err = errno;
@@ -84,7 +84,7 @@ std::vector<uint8_t> read_file(const std::string& path) {
     ::close(fd);
     throw DataError(strfmt("cannot read image '%s': not a regular file", path.c_str()));
   }
-  std::vector<uint8_t> buf(static_cast<size_t>(st.st_size));
+  buf.resize(static_cast<size_t>(st.st_size));
   size_t got = 0;
   while (got < buf.size()) {
     ssize_t r = ::read(fd, buf.data() + got, buf.size() - got);
@@ -98,10 +98,19 @@ std::vector<uint8_t> read_file(const std::string& path) {
     got += static_cast<size_t>(r);
   }
   ::close(fd);
+}
+
+std::vector<uint8_t> read_file(const std::string& path) {
+  std::vector<uint8_t> buf;
+  read_file_into(path, buf);
   return buf;
 }
 
-torch::Tensor new_rgb(int64_t height, int64_t width) {
+// A new tensor, or a view of `scratch` when given.
+torch::Tensor new_rgb(int64_t height, int64_t width, DecodeScratch* scratch) {
+  if (scratch)
+    return torch::from_blob(scratch->pixels(static_cast<size_t>(height * width * 3)), {height, width, 3},
+                            torch::TensorOptions().dtype(torch::kUInt8));
   return torch::empty({height, width, 3}, torch::TensorOptions().dtype(torch::kUInt8));
 }
 
@@ -219,12 +228,12 @@ bool jpeg_pixels_phase(JpegDecodeSession& s, uint8_t* dst, uint8_t* cmyk_row) {
 }
 
 torch::Tensor decode_jpeg(const uint8_t* data, size_t size, const std::string& name,
-                          int target_longest) {
+                          int target_longest, DecodeScratch* scratch) {
   JpegDecodeSession s;
   if (!jpeg_header_phase(s, data, size, nullptr, target_longest))
     throw DataError(strfmt("cannot decode JPEG '%s': %s", name.c_str(), s.err.message));
   check_dimensions(s.cinfo.image_width, s.cinfo.image_height, name);
-  torch::Tensor out = new_rgb(s.cinfo.output_height, s.cinfo.output_width);
+  torch::Tensor out = new_rgb(s.cinfo.output_height, s.cinfo.output_width, scratch);
   std::vector<uint8_t> cmyk_row;
   if (s.cinfo.out_color_space == JCS_CMYK) cmyk_row.resize(size_t(s.cinfo.output_width) * 4);
   if (!jpeg_pixels_phase(s, out.data_ptr<uint8_t>(), cmyk_row.empty() ? nullptr : cmyk_row.data()))
@@ -292,7 +301,7 @@ bool png_pixels_phase(PngDecodeSession& s, png_bytepp rows) {
   return true;
 }
 
-torch::Tensor decode_png(const uint8_t* data, size_t size, const std::string& name) {
+torch::Tensor decode_png(const uint8_t* data, size_t size, const std::string& name, DecodeScratch* scratch) {
   PngDecodeSession s;
   s.data = data;
   s.size = size;
@@ -307,7 +316,7 @@ torch::Tensor decode_png(const uint8_t* data, size_t size, const std::string& na
   check_dimensions(width, height, name);
   if (png_get_channels(s.png, s.info) != 3 || png_get_rowbytes(s.png, s.info) != size_t(width) * 3)
     throw DataError(strfmt("cannot decode PNG '%s': unsupported pixel layout", name.c_str()));
-  torch::Tensor out = new_rgb(height, width);
+  torch::Tensor out = new_rgb(height, width, scratch);
   std::vector<png_bytep> rows(height);
   uint8_t* base = out.data_ptr<uint8_t>();
   for (png_uint_32 y = 0; y < height; ++y) rows[y] = base + size_t(y) * width * 3;
@@ -372,9 +381,9 @@ BmpHeader parse_bmp(const uint8_t* d, size_t n, const std::string& name) {
   return h;
 }
 
-torch::Tensor decode_bmp(const uint8_t* d, size_t n, const std::string& name) {
+torch::Tensor decode_bmp(const uint8_t* d, size_t n, const std::string& name, DecodeScratch* scratch) {
   const BmpHeader h = parse_bmp(d, n, name);
-  torch::Tensor out = new_rgb(h.height, h.width);
+  torch::Tensor out = new_rgb(h.height, h.width, scratch);
   uint8_t* base = out.data_ptr<uint8_t>();
   const size_t row_bytes = ((size_t(h.width) * h.bits + 31) / 32) * 4;
   const uint8_t* palette = d + h.palette_offset;
@@ -502,14 +511,14 @@ std::string lower_extension(const std::string& path) {
 }
 
 torch::Tensor decode_any(const uint8_t* data, size_t size, const std::string& name,
-                         int target_longest) {
+                         int target_longest, DecodeScratch* scratch = nullptr) {
   switch (sniff(data, size)) {
     case Format::Jpeg:
-      return decode_jpeg(data, size, name, target_longest);
+      return decode_jpeg(data, size, name, target_longest, scratch);
     case Format::Png:
-      return decode_png(data, size, name);
+      return decode_png(data, size, name, scratch);
     case Format::Bmp:
-      return decode_bmp(data, size, name);
+      return decode_bmp(data, size, name, scratch);
     case Format::Other:
       break;
   }
@@ -534,6 +543,23 @@ torch::Tensor decode_image_for_size(const std::string& path, int target_longest_
                             target_longest_side));
   const std::vector<uint8_t> bytes = read_file(path);
   return decode_any(bytes.data(), bytes.size(), path, target_longest_side);
+}
+
+uint8_t* DecodeScratch::pixels(size_t bytes) {
+  if (bytes > capacity_) {
+    pixels_.reset(new uint8_t[bytes]);
+    capacity_ = bytes;
+  }
+  return pixels_.get();
+}
+
+torch::Tensor decode_image_for_size(const std::string& path, int target_longest_side, DecodeScratch& scratch) {
+  if (target_longest_side < 0)
+    throw UsageError(strfmt("decode_image_for_size: target_longest_side must be >= 0, got %d",
+                            target_longest_side));
+  std::vector<uint8_t>& bytes = scratch.file();
+  read_file_into(path, bytes);
+  return decode_any(bytes.data(), bytes.size(), path, target_longest_side, &scratch);
 }
 
 ImageSize probe_image_size(const std::string& path) {

@@ -3,7 +3,9 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace libreyolo::io {
 
@@ -26,6 +28,23 @@ torch::Tensor decode_image_bytes(const uint8_t* data, size_t size, const std::st
 // when the image is resized down afterwards anyway (the other n/8 scales decode slower than the
 // full image with libjpeg-turbo, so they are not used). Other formats decode at full size.
 torch::Tensor decode_image_for_size(const std::string& path, int target_longest_side);
+
+// Memory reused across decodes on one thread (the file's bytes and the pixels), so that a
+// loader does not allocate, and fault in, megabytes per image. Not thread-safe: one per thread.
+class DecodeScratch {
+ public:
+  uint8_t* pixels(size_t bytes);  // at least `bytes`, contents unspecified
+  std::vector<uint8_t>& file() { return file_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> pixels_;  // not value-initialised when it grows
+  size_t capacity_ = 0;
+  std::vector<uint8_t> file_;
+};
+// As decode_image_for_size (target_longest_side 0: as decode_image), but the file is read into
+// and the pixels are decoded into `scratch`: the result is a view of its memory, valid until
+// `scratch` is used again (copy or resize it before then).
+torch::Tensor decode_image_for_size(const std::string& path, int target_longest_side, DecodeScratch& scratch);
 // Reads only the header.
 ImageSize probe_image_size(const std::string& path);
 // Encodes [H, W, 3] uint8 RGB (or [H, W, 1] grey); the format follows the extension

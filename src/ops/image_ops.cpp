@@ -49,6 +49,32 @@ Taps make_taps(int64_t in, int64_t out, int64_t unit) {
   return t;
 }
 
+// Every output value is one exact integer sum rounded once,
+//   (wy0 (wx0 p00 + wx1 p01) + wy1 (wx0 p10 + wx1 p11) + 2^21) >> 22,
+// so the two passes can run in either order with bit-identical results. Horizontal first
+// interpolates each needed source row once (cheap when upscaling: output rows share source
+// rows); vertical first blends two whole source rows with contiguous, vectorisable arithmetic
+// and leaves only out_w gathers per output row (cheap when downscaling).
+
+// out[i] = a[i] * w0 + b[i] * w1 over a whole row.
+__attribute__((target_clones("avx2", "default"))) void blend_rows(const uint8_t* __restrict a,
+                                                                   const uint8_t* __restrict b, int32_t w0,
+                                                                   int32_t w1, int32_t* __restrict out,
+                                                                   int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * w0 + b[i] * w1;
+}
+
+// out[i] = (v[i0[i]] (2^11 - w1[i]) + v[i1[i]] w1[i] + 2^21) >> 22 for i < 3 n.
+__attribute__((target_clones("avx2", "default"))) void gather_rgb(const int32_t* __restrict v,
+                                                                  const int32_t* __restrict i0,
+                                                                  const int32_t* __restrict i1,
+                                                                  const int32_t* __restrict w1,
+                                                                  uint8_t* __restrict out, int64_t n) {
+  constexpr int32_t kRound = 1 << (2 * kBits - 1);
+  for (int64_t i = 0; i < 3 * n; ++i)
+    out[i] = static_cast<uint8_t>((v[i0[i]] * (kOne - w1[i]) + v[i1[i]] * w1[i] + kRound) >> (2 * kBits));
+}
+
 // kC > 0 fixes the channel count at compile time (the common 1 and 3); 0 reads `channels`.
 template <int kC>
 void resize_rows(const uint8_t* src, int64_t in_h, int64_t in_w, uint8_t* dst, int64_t out_h,
@@ -58,6 +84,48 @@ void resize_rows(const uint8_t* src, int64_t in_h, int64_t in_w, uint8_t* dst, i
   const Taps ys = make_taps(in_h, out_h, 1);
   const int64_t src_row_stride = in_w * C;
   const int64_t row_len = out_w * C;
+  constexpr int32_t kRound = 1 << (2 * kBits - 1);
+
+  // Rough costs in element operations: a gather costs about four contiguous ones.
+  int64_t source_rows = 0;
+  for (int64_t y = 0, last = -1; y < out_h; ++y)
+    for (const int64_t r : {int64_t(ys.i0[y]), int64_t(ys.i1[y])})
+      if (r != last) ++source_rows, last = r;
+  const int64_t cost_vertical_first = out_h * (src_row_stride + 4 * row_len);
+  const int64_t cost_horizontal_first = source_rows * 4 * row_len + out_h * row_len;
+
+  if (cost_vertical_first < cost_horizontal_first) {
+    // Per output value (not per pixel) taps, so that the gather loop is one flat loop.
+    std::vector<int32_t> ix0, ix1, wx;
+    if (C == 3) {
+      ix0.resize(static_cast<size_t>(row_len)), ix1.resize(static_cast<size_t>(row_len)), wx.resize(static_cast<size_t>(row_len));
+      for (int64_t i = 0; i < row_len; ++i) {
+        ix0[i] = xs.i0[i / 3] + static_cast<int32_t>(i % 3);
+        ix1[i] = xs.i1[i / 3] + static_cast<int32_t>(i % 3);
+        wx[i] = xs.w1[i / 3];
+      }
+    }
+    std::vector<int32_t> blended(static_cast<size_t>(src_row_stride));
+    int32_t* v = blended.data();
+    for (int64_t y = 0; y < out_h; ++y) {
+      const int32_t w1 = ys.w1[y], w0 = kOne - w1;
+      blend_rows(src + ys.i0[y] * src_row_stride, src + ys.i1[y] * src_row_stride, w0, w1, v,
+                 src_row_stride);
+      uint8_t* o = dst + y * dst_row_stride;
+      if (C == 3) {
+        gather_rgb(v, ix0.data(), ix1.data(), wx.data(), o, out_w);
+        continue;
+      }
+      for (int64_t x = 0; x < out_w; ++x) {
+        const int32_t* p0 = v + xs.i0[x];
+        const int32_t* p1 = v + xs.i1[x];
+        const int32_t wx1 = xs.w1[x], wx0 = kOne - wx1;
+        uint8_t* q = o + x * C;
+        for (int c = 0; c < C; ++c) q[c] = static_cast<uint8_t>((p0[c] * wx0 + p1[c] * wx1 + kRound) >> (2 * kBits));
+      }
+    }
+    return;
+  }
 
   // Horizontally interpolated source rows, cached so that each source row is processed once
   // even when consecutive output rows share it (upscaling).
@@ -83,7 +151,6 @@ void resize_rows(const uint8_t* src, int64_t in_h, int64_t in_w, uint8_t* dst, i
     return bufs[s];
   };
 
-  constexpr int32_t kRound = 1 << (2 * kBits - 1);
   for (int64_t y = 0; y < out_h; ++y) {
     const int64_t a = ys.i0[y], b = ys.i1[y];
     const int32_t* r0 = row_for(a, b);
