@@ -2,11 +2,17 @@
 //
 //   bench_forward [--family yolo9] [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--channels-last]
 //                 [--sizes t,s] [--batches 1,8,32] [--imgsz 640] [--iters 20] [--warmup 5]
-//                 [--cuda-graph off,on]
+//                 [--cuda-graph off,on] [--fold on,off] [--kernels]
 //
 // --cuda-graph: each configuration through the model's inference path instead (uint8 NHWC images
 // on the device -> input conversion, forward, decode; models::ForwardGraphs), once per listed mode:
-// off = eager, on = one CUDA graph per shape replayed. Also reports kernels per forward.
+// off = eager, on = one CUDA graph per shape replayed.
+//
+// --fold: each configuration once per listed setting of BatchNorm folding (models/common/fold.hpp;
+// default: the process's setting, LIBREYOLO_FOLD_BN), reported as "fold".
+// --kernels (CUDA): instead of timing, count the GPU kernels of one forward (eager: one
+// predict_tensor or ForwardGraphs call after the warm-up; graph on: one replay) with the Kineto
+// profiler, and their summed busy time. A run of its own: the profiler slows later launches.
 //
 // Each configuration runs the eval-mode forward plus decode (Detector::predict_tensor) under
 // inference mode; bf16/fp16 run under autocast, as validation does. Each timed iteration is
@@ -18,14 +24,21 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#ifdef LIBREYOLO_CUDA
+#include <torch/csrc/autograd/profiler_kineto.h>
+#endif
+
 #include "libreyolo/errors.hpp"
 #include "core/device.hpp"
+#include "models/common/fold.hpp"
 #include "models/detector.hpp"
 #include "models/forward_graphs.hpp"
 
@@ -44,6 +57,8 @@ struct Options {
   int iters = 20;
   int warmup = 5;
   std::vector<std::string> graph_modes;  // empty: the plain predict_tensor loop
+  std::vector<std::string> folds;        // empty: the process's setting
+  bool kernels = false;
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -86,6 +101,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--iters") o.iters = static_cast<int>(to_int(a, value(), 1));
     else if (a == "--warmup") o.warmup = static_cast<int>(to_int(a, value(), 0));
     else if (a == "--cuda-graph") o.graph_modes = split(value());
+    else if (a == "--fold") o.folds = split(value());
+    else if (a == "--kernels") o.kernels = true;
     else throw UsageError("unknown flag " + a);
   }
   if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) {
@@ -96,6 +113,9 @@ Options parse(int argc, char** argv) {
   }
   if (o.imgsz % 32 != 0) throw UsageError("--imgsz must be a multiple of 32");
   if (o.sizes.empty() || o.batches.empty()) throw UsageError("--sizes and --batches need values");
+  for (const auto& f : o.folds)
+    if (f != "on" && f != "off") throw UsageError("--fold takes on and/or off, got " + f);
+  if (o.kernels && o.device == "cpu") throw UsageError("--kernels needs --device cuda");
   return o;
 }
 
@@ -131,6 +151,32 @@ class AutocastScope {
 };
 
 
+// GPU kernels of fn() (run once) and their summed busy time, from a Kineto trace.
+nlohmann::json count_kernels(const std::function<void()>& fn) {
+#ifdef LIBREYOLO_CUDA
+  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<torch::profiler::impl::ActivityType> acts{torch::profiler::impl::ActivityType::CPU,
+                                                           torch::profiler::impl::ActivityType::CUDA};
+  torch::autograd::profiler::prepareProfiler(cfg, acts);
+  torch::autograd::profiler::enableProfiler(cfg, acts);
+  fn();
+  torch::cuda::synchronize();
+  auto result = torch::autograd::profiler::disableProfiler();
+  int64_t kernels = 0;
+  double us = 0;
+  for (const auto& e : result->events()) {
+    if (e.deviceType() == c10::DeviceType::CUDA && e.activityType() == 5) {  // a kernel
+      ++kernels;
+      us += e.durationNs() / 1000.0;
+    }
+  }
+  return {{"kernels_per_forward", kernels}, {"kernel_busy_ms", us / 1000.0}};
+#else
+  (void)fn;
+  throw UsageError("--kernels: this build has no CUDA");
+#endif
+}
+
 // Through models::ForwardGraphs (eager or graphed), from uint8 images on the device.
 nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std::string& size, int64_t batch,
                               const Options& o, const torch::Device& device, const std::string& mode) {
@@ -149,6 +195,13 @@ nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std
   auto images = torch::randint(0, 256, {batch, o.imgsz, o.imgsz, 3}, torch::TensorOptions().dtype(torch::kUInt8)).to(device);
   for (int i = 0; i < o.warmup + 1; ++i) graphs.forward(*model, family, images, spec, gm);
   libreyolo::synchronize(device);
+  const std::string fold = m::common::fold_bn() ? "on" : "off";
+  if (o.kernels) {
+    nlohmann::json r = count_kernels([&] { graphs.forward(*model, family, images, spec, gm); });
+    r.update({{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"dtype", o.dtype},
+              {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold}});
+    return r;
+  }
   std::vector<double> ms;
   for (int i = 0; i < o.iters; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -159,7 +212,7 @@ nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std
   std::sort(ms.begin(), ms.end());
   const auto info = graphs.info();
   return {{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"device", device.str()},
-          {"dtype", o.dtype}, {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"iters", o.iters},
+          {"dtype", o.dtype}, {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold}, {"iters", o.iters},
           {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
           {"img_per_s", 1000.0 * static_cast<double>(batch) / ms[ms.size() / 2]},
           {"graph_replays", info.replays}, {"graphs", info.captured}};
@@ -182,6 +235,13 @@ nlohmann::json run_one(const libreyolo::models::Family& family, const std::strin
 
   for (int i = 0; i < o.warmup; ++i) model->predict_tensor(x);
   libreyolo::synchronize(device);
+  const std::string fold = libreyolo::models::common::fold_bn() ? "on" : "off";
+  if (o.kernels) {
+    nlohmann::json r = count_kernels([&] { model->predict_tensor(x); });
+    r.update({{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"dtype", o.dtype},
+              {"channels_last", o.channels_last}, {"fold", fold}});
+    return r;
+  }
   std::vector<double> ms;
   ms.reserve(o.iters);
   for (int i = 0; i < o.iters; ++i) {
@@ -198,7 +258,7 @@ nlohmann::json run_one(const libreyolo::models::Family& family, const std::strin
   for (double v : ms) mean += v / static_cast<double>(n);
   return {{"family", family.name}, {"size", size},          {"batch", batch},
           {"imgsz", o.imgsz},      {"device", device.str()}, {"dtype", o.dtype},
-          {"channels_last", o.channels_last},                {"iters", o.iters},
+          {"channels_last", o.channels_last},                {"fold", fold}, {"iters", o.iters},
           {"warmup", o.warmup},    {"min_ms", sorted.front()}, {"median_ms", median},
           {"mean_ms", mean},       {"img_per_s", 1000.0 * static_cast<double>(batch) / median}};
 }
@@ -220,14 +280,19 @@ int main(int argc, char** argv) {
       throw UsageError("--device " + o.device + " but CUDA is not available");
     }
     nlohmann::json results = nlohmann::json::array();
+    std::vector<std::string> folds = o.folds;
+    if (folds.empty()) folds.push_back(libreyolo::models::common::fold_bn() ? "on" : "off");
     for (const auto& s : o.sizes) {
       for (int64_t b : o.batches) {
-        if (o.graph_modes.empty()) {
-          results.push_back(run_one(*family, s, b, o, device));
-        } else {
-          for (const auto& gm : o.graph_modes) {
-            results.push_back(run_graph_mode(*family, s, b, o, device, gm));
-            std::fprintf(stderr, "%s\n", results.back().dump().c_str());
+        for (const auto& f : folds) {
+          libreyolo::models::common::set_fold_bn(f == "on");
+          if (o.graph_modes.empty()) {
+            results.push_back(run_one(*family, s, b, o, device));
+          } else {
+            for (const auto& gm : o.graph_modes) {
+              results.push_back(run_graph_mode(*family, s, b, o, device, gm));
+              std::fprintf(stderr, "%s\n", results.back().dump().c_str());
+            }
           }
         }
       }

@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph yolox dist; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist; "bench" = all benchmarks.
 #   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
 #   and torchrun) and two torchrun "nodes" of one GPU each.
 set -uo pipefail
@@ -82,6 +82,16 @@ want infer_graph && {
     --cuda-graph off,on --iters 100 --warmup 10
   run forward_graph_bf16 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1,32 \
     --cuda-graph off,on --iters 100 --warmup 10
+}
+# BatchNorm folded into the convolutions for inference (issue 10), before/after in one binary,
+# then kernels per forward (a run of its own: the profiler slows later launches).
+want fold && {
+  run fold_fp32 200 "$BIN/bench_forward" --device cuda --dtype fp32 --channels-last --sizes t --batches 1 \
+    --cuda-graph off,on --fold off,on --iters 100 --warmup 10
+  run fold_bf16 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1,32 \
+    --cuda-graph off,on --fold off,on --iters 100 --warmup 10
+  run fold_kernels 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1 \
+    --cuda-graph off --fold off,on --kernels --warmup 3
 }
 # YOLOX beside YOLOv9 (issue 14): step times eager and graphed.
 want yolox && for fam in yolox yolo9; do

@@ -4,6 +4,7 @@
 #include <map>
 #include <tuple>
 
+#include "fold_check.hpp"
 #include "io/pickle.hpp"
 #include "loss/yolox_loss.hpp"
 #include "models/detector.hpp"
@@ -84,10 +85,16 @@ TEST(YoloxParity, CheckpointIsRecognisedAndNamesMatch) {
   }
 }
 
+// The eval tests run the unfolded forward (BatchNorm as its own op), the Python reference's
+// float32 operations: this untrained model on 0-255 inputs amplifies float32 rounding to ~3e-4 of
+// its predictions (against its own float64 forward), so only the same operations meet 1e-4. The
+// folded forward (the default) differs by ~5e-4 here and is checked against the float64 forward
+// instead: FoldBn.YoloxParityFixtureAgainstFloat64 (test_models_fold.cpp).
 TEST(YoloxParity, EvalMapsAndDecodedPredictions) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   f.model->eval();
+  libreyolo::test::FoldSwitch unfolded(false);
   torch::NoGradGuard no_grad;
   const auto raw = f.model->forward_raw(f.expected("input"));
   ASSERT_EQ(raw.size(), 3u);
@@ -146,6 +153,7 @@ TEST(YoloxParity, PostprocessOfImageZero) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   f.model->eval();
+  libreyolo::test::FoldSwitch unfolded(false);  // as above: scores compared to 1e-4
   torch::NoGradGuard no_grad;
   const auto pred = f.model->predict_tensor(f.expected("input"))[0];
   models::PostprocessArgs a;

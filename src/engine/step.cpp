@@ -8,6 +8,7 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/cuda_graph.hpp"
+#include "models/common/fold.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/input.hpp"
 
@@ -319,6 +320,8 @@ void StepRunner::optimizer_step() {
   PhaseScope ps(phases_, Phase::Optimizer);
   if (ema_) ema_->stage();
   run_update();
+  // The update may be a replayed graph (no version counter moves): inference folds are rebuilt.
+  models::common::note_weights_changed();
   if (ema_) ema_->set_updates(ema_->updates() + 1);
   ++global_step_;
   optimizer_->set_lr(schedule_.at(global_step_));

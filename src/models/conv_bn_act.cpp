@@ -14,6 +14,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include "kernels/bias_act.hpp"
 #include "kernels/bn_act.hpp"
 #endif
 
@@ -468,6 +469,61 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
 };
 
 }  // namespace
+
+torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) {
+  c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
+  const at::Tensor& w = *p.weight;
+  const at::Tensor xc = x.scalar_type() == w.scalar_type() ? x : x.to(w.scalar_type());
+  const bool gemm = p.pointwise && conv1x1_gemm_applies(xc);
+#ifdef LIBREYOLO_CUDA_KERNELS
+  kernels::DType dt = kernels::DType::Float32;
+  if (xc.is_cuda() && kernels_flag().load() && kernel_dtype(xc.scalar_type(), &dt)) {
+    at::Tensor z;
+    if (gemm) {
+      z = conv1x1_gemm(xc, w);
+    } else if (direct_cudnn(xc, w, p.groups)) {
+      auto& ctx = at::globalContext();
+      const auto fmt = at::MemoryFormat::ChannelsLast;
+      z = at::cudnn_convolution(xc.contiguous(fmt), w.contiguous(fmt), {p.padding, p.padding}, {p.stride, p.stride},
+                                {1, 1}, p.groups, ctx.benchmarkCuDNN(), ctx.deterministicCuDNN(),
+                                ctx.allowTF32CuDNN(at::Float32Op::CONV));
+    } else {
+      z = at::convolution(xc, w, {}, {p.stride, p.stride}, {p.padding, p.padding}, {1, 1}, false, {0, 0}, p.groups);
+    }
+    // NHWC first: with H*W == 1 both layouts are the same memory.
+    int64_t inner = -1;
+    if (z.is_contiguous(at::MemoryFormat::ChannelsLast)) {
+      inner = 1;
+    } else if (z.is_contiguous()) {
+      inner = z.size(2) * z.size(3);
+    }
+    if (inner > 0 && z.size(1) > 0) {
+      c10::cuda::CUDAGuard guard(z.device());
+      kernels::BiasActLaunch l;
+      l.numel = z.numel();
+      l.channels = static_cast<int>(z.size(1));
+      l.inner = inner;
+      l.dtype = dt;
+      l.act = p.act;
+      l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
+      kernels::bias_act_inplace(l, z.data_ptr(), p.bias32->data_ptr<float>());
+      return z;
+    }
+    z.add_(p.bias->view({1, -1, 1, 1}));
+    return p.act ? at::silu_(z) : z;
+  }
+#endif
+  at::Tensor z;
+  if (gemm) {  // one cuBLAS call with the bias as its epilogue
+    z = at::addmm(*p.bias, as_rows(xc), w.view({w.size(0), w.size(1)}).t())
+            .view({xc.size(0), xc.size(2), xc.size(3), w.size(0)})
+            .permute({0, 3, 1, 2});
+  } else {
+    z = at::convolution(xc, w, *p.bias, {p.stride, p.stride}, {p.padding, p.padding}, {1, 1}, false, {0, 0},
+                        p.groups);
+  }
+  return p.act ? at::silu_(z) : z;
+}
 
 bool conv1x1_gemm_applies(const torch::Tensor& x) {
   return x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast);

@@ -44,6 +44,23 @@ struct ConvBnActParams {
 bool conv1x1_gemm_applies(const torch::Tensor& x);
 torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight);
 
+// The inference forward of a BatchNorm-folded block (models/common/fold.hpp): act(conv(x, weight)
+// + bias), nothing recorded for autograd, below autocast (x is cast to weight's dtype once).
+// On CUDA with this build's kernels: the convolution (one GEMM for a 1x1/stride-1 one over NHWC
+// memory, else cuDNN) then one bias+SiLU kernel in place; elsewhere ATen's convolution with its
+// bias (a 1x1 one over NHWC CUDA memory as addmm), then SiLU in place.
+struct ConvBiasActParams {
+  const torch::Tensor* weight = nullptr;  // folded, in the compute dtype
+  const torch::Tensor* bias = nullptr;    // [Cout], the compute dtype
+  const torch::Tensor* bias32 = nullptr;  // [Cout], float32 (the CUDA epilogue's)
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t groups = 1;
+  bool pointwise = false;  // 1x1, stride 1, groups 1
+  bool act = true;
+};
+torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p);
+
 // True when conv_bn_act_train() can take this block: autograd recording, and the node would be
 // recorded (the input or the convolution weight requires grad). Otherwise use the composed ops.
 bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p);

@@ -66,6 +66,7 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
   key.push_back(static_cast<int64_t>(param_dtype));
   key.push_back(spec.device.index());
   key.push_back(spec.channels_last ? 1 : 0);
+  key.push_back(common::fold_bn() ? 1 : 0);
   for (size_t i = 0; i < entries_.size(); ++i) {
     if (entries_[i]->key != key) continue;
     std::rotate(entries_.begin() + static_cast<std::ptrdiff_t>(i), entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
@@ -145,6 +146,7 @@ torch::Tensor ForwardGraphs::forward(Detector& model, const Family& family, cons
   const torch::ScalarType pdt = param_dtype_of(model);
   if (std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) { return e->param_dtype != pdt; }))
     release("the parameters' dtype changed");
+  if (graphable && !entries_.empty() && !folds_.refresh(model)) release("BatchNorm folds reallocated");
   if (!graphable) {
     ++counts_.eager_runs;
     return eager_forward(model, family, images, spec);  // the plain path: no static buffers

@@ -10,7 +10,10 @@
 //
 // Invalidation (G11): release() drops every graph; the owner calls it when weights are loaded or
 // trained, when the model moves to another device; a forward in training mode, or with another
-// parameter dtype than a graph was captured with, drops them too.
+// parameter dtype than a graph was captured with, drops them too. Graphs capture the
+// BatchNorm-folded forward (common/fold.hpp): before a replay the folds are brought up to date in
+// place (a weight written in place since is seen, as the unfolded graph would read it); should one
+// have to be reallocated, the graphs are dropped. The fold switch is part of a graph's key.
 #pragma once
 #include <torch/torch.h>
 
@@ -18,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "models/common/fold.hpp"
 #include "models/detector.hpp"
 
 namespace libreyolo {
@@ -72,6 +76,7 @@ class ForwardGraphs {
   bool try_capture(Detector& model, const Family& family, Entry& e, const ForwardSpec& spec);
   std::vector<std::unique_ptr<Entry>> entries_;  // most recently used last
   ForwardGraphInfo counts_;
+  common::FoldedLayers folds_;
   bool said_off_ = false;
 };
 

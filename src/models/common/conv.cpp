@@ -19,8 +19,31 @@ ConvBnActImpl::ConvBnActImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64
                        torch::nn::BatchNorm2d(torch::nn::BatchNormOptions(c2).eps(eps).momentum(momentum)));
 }
 
+void ConvBnActImpl::train(bool on) {
+  ++fold_epoch_;
+  torch::nn::Module::train(on);
+}
+
 torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x) {
+  if (!bn->is_training() && takes_fold(x)) {
+    const auto& f = fold_.get({fold_source()}, fold_compute_dtype(x), fold_memory_format(x, conv->weight));
+    ConvBiasActParams p;
+    p.weight = &f.weight;
+    p.bias = &f.bias;
+    p.bias32 = &f.bias32;
+    p.stride = stride_;
+    p.padding = padding_;
+    p.groups = groups_;
+    p.pointwise = pointwise_;
+    p.act = act_;
+    return conv_bias_act(x, p);
+  }
+  return forward_unfolded(x);
+}
+
+torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x) {
   if (bn->is_training()) {
+    ++fold_epoch_;  // the running statistics change (the fused kernels write them through raw pointers)
     // Training with autograd: one fused node (models/conv_bn_act.hpp).
     ConvBnActParams p;
     p.weight = &conv->weight;

@@ -7,17 +7,28 @@
 #include <utility>
 #include <vector>
 
+#include "models/common/fold.hpp"
+
 namespace libreyolo::models::common {
 
 // Conv2d(bias=false) + BatchNorm2d + optional SiLU, registered as "conv" and "bn" (LibreYOLO's
 // names in YOLOv9 and YOLOX alike). In training with autograd it is one fused node
-// (models/conv_bn_act.hpp). bn.num_batches_tracked is NOT advanced here: BatchedLayerState
-// advances all of them with one kernel per training forward instead of one per layer.
-class ConvBnActImpl : public torch::nn::Module {
+// (models/conv_bn_act.hpp). In eval mode without autograd the BatchNorm is folded into the
+// convolution (models/common/fold.hpp). bn.num_batches_tracked is NOT advanced here:
+// BatchedLayerState advances all of them with one kernel per training forward instead of one per layer.
+class ConvBnActImpl : public torch::nn::Module, public Foldable {
  public:
   ConvBnActImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1, bool act = true,
                 double eps = 1e-3, double momentum = 0.03);
   torch::Tensor forward(const torch::Tensor& x);
+  // The unfolded forward (convolution, BatchNorm, SiLU), whatever the fold switch says.
+  torch::Tensor forward_unfolded(const torch::Tensor& x);
+  void train(bool on = true) override;  // marks the folds stale
+  bool refresh_folds() override { return fold_.refresh({fold_source()}); }
+  FoldSource fold_source() const { return {conv.get(), bn.get(), &fold_epoch_}; }
+  // Whether forward(x) takes the folded path; whether a fold has been built.
+  bool takes_fold(const torch::Tensor& x) const { return fold_allowed(x, {fold_source()}); }
+  bool has_fold() const { return !fold_.empty(); }
   // A copy of conv.weight in the autocast dtype for the next training forward (or nullptr);
   // set and cleared by BatchedLayerState around each forward.
   void set_weight_cast(const torch::Tensor* w) { weight_cast_ = w; }
@@ -30,6 +41,8 @@ class ConvBnActImpl : public torch::nn::Module {
   bool pointwise_;
   int64_t stride_, padding_, groups_;
   const torch::Tensor* weight_cast_ = nullptr;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
+  uint64_t fold_epoch_ = 0;
+  FoldedConv fold_;
 };
 TORCH_MODULE(ConvBnAct);
 

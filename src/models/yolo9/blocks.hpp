@@ -6,6 +6,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <array>
 #include <vector>
 
 #include "models/common/conv.hpp"
@@ -16,13 +17,20 @@ namespace libreyolo::models::yolo9 {
 using ConvImpl = common::ConvBnActImpl;
 using Conv = common::ConvBnAct;
 
-// SiLU(Conv3x3(x) + Conv1x1(x)); both branches without activation, no identity branch.
-class RepConvNImpl : public torch::nn::Module {
+// SiLU(Conv3x3(x) + Conv1x1(x)); both branches without activation, no identity branch. Folded
+// for inference (common/fold.hpp) into one 3x3 convolution: the 1x1 kernel is its centre tap.
+class RepConvNImpl : public torch::nn::Module, public common::Foldable {
  public:
   RepConvNImpl(int64_t c1, int64_t c2);
   torch::Tensor forward(const torch::Tensor& x);
+  bool refresh_folds() override { return fold_.refresh(fold_sources()); }
+  bool has_fold() const { return !fold_.empty(); }
 
   Conv conv1{nullptr}, conv2{nullptr};
+
+ private:
+  std::array<common::FoldSource, 2> fold_sources() const { return {conv1->fold_source(), conv2->fold_source()}; }
+  common::FoldedConv fold_;
 };
 TORCH_MODULE(RepConvN);
 

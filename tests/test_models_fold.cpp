@@ -1,0 +1,415 @@
+// BatchNorm folded into the convolutions for inference (models/common/fold.hpp), on the CPU:
+// whole YOLOv9-t and YOLOX-n eval forwards folded against unfolded with random BatchNorm state
+// (NCHW and channels_last, float32 and bfloat16 autocast), RepConvN merged into one 3x3
+// convolution, the folds following every kind of change to their sources, in-place refreshes
+// that keep the folded tensors' storage (what a captured graph relies on), the fallback when
+// autograd would record, and the parity fixtures with folding on and off. Errors are printed.
+#include <ATen/autocast_mode.h>
+
+#include <cstring>
+
+#include "fold_check.hpp"
+#include "io/pickle.hpp"
+#include "models/common/conv.hpp"
+#include "models/detector.hpp"
+#include "models/yolo9/blocks.hpp"
+#include "support.hpp"
+#include "yolo9_fixture.hpp"
+
+using namespace libreyolo;
+namespace common = libreyolo::models::common;
+using test::FoldSwitch;
+using test::randomize_batch_norms;
+using test::rel_err;
+
+namespace {
+
+std::shared_ptr<models::Detector> build(const std::string& family, const std::string& size, uint64_t seed) {
+  torch::manual_seed(static_cast<int64_t>(seed));
+  const models::Family* fam = models::find_family(family);
+  if (!fam) throw std::runtime_error("no family " + family);
+  auto m = fam->build(size, 80);
+  randomize_batch_norms(*m, seed);
+  m->eval();
+  return m;
+}
+
+void to_channels_last(torch::nn::Module& m) {
+  torch::NoGradGuard ng;
+  for (auto& p : m.parameters())
+    if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+}
+
+struct Outputs {
+  std::vector<torch::Tensor> raw;
+  torch::Tensor pred;
+};
+
+Outputs run(models::Detector& m, const torch::Tensor& x, bool fold) {
+  FoldSwitch s(fold);
+  torch::NoGradGuard ng;
+  Outputs o;
+  for (const auto& r : m.forward_raw(x)) o.raw.push_back(r.to(torch::kFloat));
+  o.pred = m.predict_tensor(x).to(torch::kFloat);
+  return o;
+}
+
+// Worst relative error (max |a-b| / max |b|) over the raw maps, and over the predictions.
+std::pair<double, double> errors(const Outputs& a, const Outputs& b) {
+  double raw = 0;
+  for (size_t i = 0; i < b.raw.size(); ++i) raw = std::max(raw, rel_err(a.raw.at(i), b.raw[i]));
+  return {raw, rel_err(a.pred, b.pred)};
+}
+
+struct FoldCount {
+  int convs = 0, folded = 0, rep = 0, rep_folded = 0, rep_children_folded = 0;
+};
+
+FoldCount count_folds(torch::nn::Module& m) {
+  FoldCount c;
+  for (const auto& sub : m.modules(false)) {
+    if (auto* conv = dynamic_cast<common::ConvBnActImpl*>(sub.get())) {
+      ++c.convs;
+      c.folded += conv->has_fold();
+    }
+    if (auto* r = dynamic_cast<models::yolo9::RepConvNImpl*>(sub.get())) {
+      ++c.rep;
+      c.rep_folded += r->has_fold();
+      c.rep_children_folded += r->conv1->has_fold() + r->conv2->has_fold();
+    }
+  }
+  return c;
+}
+
+void expect_whole_model_fold(const std::string& family, const std::string& size, bool channels_last) {
+  auto m = build(family, size, 11);
+  if (channels_last) to_channels_last(*m);
+  torch::manual_seed(3);
+  auto x = torch::rand({2, 3, 128, 128}) * (family == "yolox" ? 255.0 : 1.0);
+  if (channels_last) x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+  const Outputs ref = run(*m, x, false);
+  EXPECT_EQ(count_folds(*m).folded, 0);  // the unfolded run built none
+  const Outputs got = run(*m, x, true);
+  const auto [raw, pred] = errors(got, ref);
+  const FoldCount c = count_folds(*m);
+  std::cout << "[ REPORT   ] " << family << "-" << size << (channels_last ? " channels_last" : " NCHW")
+            << " fp32 folded vs unfolded: raw maps rel err " << raw << ", predictions " << pred << " (" << c.folded
+            << " of " << c.convs << " Conv+BN blocks folded, " << c.rep_folded << " of " << c.rep
+            << " RepConvN merged)\n";
+  // Every block took the folded path: the RepConvN ones as one merged convolution (their
+  // branches build no folds of their own), every other one by itself.
+  EXPECT_EQ(c.rep_folded, c.rep);
+  EXPECT_EQ(c.rep_children_folded, 0);
+  EXPECT_EQ(c.folded, c.convs - 2 * c.rep);
+  EXPECT_GT(c.folded, 0);
+  // float32: the folded weights are rounded once from float64; the sum order of the convolution
+  // differs. Measured ~1e-7..1e-6 of the output scale.
+  EXPECT_LE(raw, 1e-5);
+  EXPECT_LE(pred, 1e-5);
+  // And the same again (the cached folds, not a rebuild).
+  const Outputs again = run(*m, x, true);
+  for (size_t i = 0; i < got.raw.size(); ++i) EXPECT_TRUE(torch::equal(again.raw[i], got.raw[i]));
+}
+
+}  // namespace
+
+TEST(FoldBn, Yolo9tFoldedEqualsUnfolded) { expect_whole_model_fold("yolo9", "t", false); }
+TEST(FoldBn, Yolo9tFoldedEqualsUnfoldedChannelsLast) { expect_whole_model_fold("yolo9", "t", true); }
+TEST(FoldBn, YoloxNFoldedEqualsUnfolded) { expect_whole_model_fold("yolox", "n", false); }
+TEST(FoldBn, YoloxNFoldedEqualsUnfoldedChannelsLast) { expect_whole_model_fold("yolox", "n", true); }
+
+// bfloat16 autocast on the CPU: folded and unfolded both against the float32 forward; folding
+// must not make the low-precision result worse than the unfolded one is.
+TEST(FoldBn, Yolo9tBf16AutocastNoWorseThanUnfolded) {
+  auto m = build("yolo9", "t", 5);
+  torch::manual_seed(4);
+  const auto x = torch::rand({1, 3, 96, 96});
+  const Outputs ref = run(*m, x, false);
+  auto bf16 = [&](bool fold) {
+    at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    Outputs o = run(*m, x, fold);
+    at::autocast::set_autocast_enabled(at::kCPU, false);
+    at::autocast::clear_cache();
+    return o;
+  };
+  const Outputs unfolded = bf16(false), folded = bf16(true);
+  const auto eu = errors(unfolded, ref), ef = errors(folded, ref);
+  std::cout << "[ REPORT   ] yolo9-t bf16 autocast vs fp32: unfolded raw " << eu.first << " pred " << eu.second
+            << "; folded raw " << ef.first << " pred " << ef.second << "\n";
+  EXPECT_GT(eu.first, 0.0);  // it really ran in bfloat16
+  EXPECT_LE(ef.first, 2.0 * eu.first);
+  EXPECT_LE(ef.second, 2.0 * eu.second + 1e-3);
+}
+
+TEST(FoldBn, RepConvNIsOneConvolution) {
+  torch::manual_seed(1);
+  models::yolo9::RepConvN r(8, 16);
+  randomize_batch_norms(*r, 2);
+  r->eval();
+  const auto x = torch::randn({2, 8, 11, 13});
+  torch::Tensor ref, got;
+  {
+    FoldSwitch off(false);
+    torch::NoGradGuard ng;
+    ref = r->forward(x);
+  }
+  {
+    FoldSwitch on(true);
+    torch::NoGradGuard ng;
+    got = r->forward(x);
+  }
+  EXPECT_TRUE(r->has_fold());
+  EXPECT_FALSE(r->conv1->has_fold());
+  EXPECT_FALSE(r->conv2->has_fold());
+  EXPECT_LE(rel_err(got, ref), 1e-6);
+}
+
+namespace {
+
+struct Block {
+  common::ConvBnAct c{8, 16, 3, 1};
+  torch::Tensor x;
+  Block() {
+    torch::manual_seed(9);
+    randomize_batch_norms(*c, 9);
+    c->eval();
+    x = torch::randn({2, 8, 12, 12});
+  }
+  torch::Tensor folded() {
+    FoldSwitch on(true);
+    torch::NoGradGuard ng;
+    return c->forward(x);
+  }
+  torch::Tensor unfolded() {
+    torch::NoGradGuard ng;
+    return c->forward_unfolded(x);
+  }
+  // The folded output equals the unfolded one of the current state, and differs from `before`.
+  void expect_follows(const torch::Tensor& before, const char* what) {
+    const auto f = folded(), u = unfolded();
+    EXPECT_LE(rel_err(f, u), 1e-6) << what;
+    EXPECT_GT((f - before).abs().max().item<double>(), 1e-3) << what << ": the change did not show";
+  }
+};
+
+}  // namespace
+
+TEST(FoldBn, FoldFollowsInPlaceChanges) {
+  Block b;
+  auto y = b.folded();
+  ASSERT_TRUE(b.c->has_fold());
+  ASSERT_LE(rel_err(y, b.unfolded()), 1e-6);
+  {
+    torch::NoGradGuard ng;
+    b.c->bn->running_var.mul_(3.0);
+  }
+  b.expect_follows(y, "running_var *= 3");
+  y = b.folded();
+  {
+    torch::NoGradGuard ng;
+    b.c->bn->running_mean.add_(0.5);
+  }
+  b.expect_follows(y, "running_mean += 0.5");
+  y = b.folded();
+  {
+    torch::NoGradGuard ng;
+    b.c->bn->weight.mul_(-1.0);
+  }
+  b.expect_follows(y, "gamma *= -1");
+  y = b.folded();
+  {
+    torch::InferenceMode im;  // in-place on an ordinary tensor inside inference mode
+    b.c->bn->bias.add_(1.0);
+  }
+  b.expect_follows(y, "beta += 1 under InferenceMode");
+  y = b.folded();
+  {
+    torch::NoGradGuard ng;
+    b.c->conv->weight.mul_(0.5);
+  }
+  b.expect_follows(y, "conv weight *= 0.5");
+}
+
+TEST(FoldBn, FoldFollowsLoadsReplacementsAndDtype) {
+  Block b;
+  auto y = b.folded();
+  // load_state_dict: another block's weights (copied in place).
+  {
+    common::ConvBnAct other(8, 16, 3, 1);
+    randomize_batch_norms(*other, 77);
+    models::load_state_dict(*b.c, models::state_dict(*other), /*strict=*/true);
+  }
+  b.expect_follows(y, "load_state_dict");
+  y = b.folded();
+  // set_data: a new tensor behind the same parameter (what moving device or format does).
+  {
+    torch::NoGradGuard ng;
+    b.c->conv->weight.set_data(b.c->conv->weight.detach().clone() * 2.0);
+  }
+  b.expect_follows(y, "set_data");
+  // Another dtype: the folds are rebuilt in float64.
+  b.c->to(torch::kDouble);
+  b.x = b.x.to(torch::kDouble);
+  const auto f = b.folded(), u = b.unfolded();
+  EXPECT_EQ(f.scalar_type(), torch::kDouble);
+  EXPECT_LE(rel_err(f, u), 1e-12);
+}
+
+TEST(FoldBn, FoldFollowsTrainingAndModeSwitches) {
+  Block b;
+  auto y = b.folded();
+  b.c->train();
+  {
+    // A training forward moves the running statistics (the fused node or the composed ops).
+    auto x = (b.x * 2.0 + 1.0).requires_grad_(true);
+    b.c->forward(x).sum().backward();
+  }
+  b.c->eval();
+  b.expect_follows(y, "train forward, then eval");
+  // train() and back with no change in between: still equal.
+  b.c->train();
+  b.c->eval();
+  EXPECT_LE(rel_err(b.folded(), b.unfolded()), 1e-6);
+}
+
+// Writes that no version counter sees (a replayed CUDA graph of a training update) need
+// note_weights_changed(); the training step runner calls it once per update.
+TEST(FoldBn, WritesBehindVersionCountersNeedNoteWeightsChanged) {
+  Block b;
+  const auto y = b.folded();
+  {
+    auto& mean = b.c->bn->running_mean;
+    std::vector<float> v(static_cast<size_t>(mean.numel()), 1.5f);
+    std::memcpy(mean.data_ptr<float>(), v.data(), v.size() * sizeof(float));
+  }
+  // Not seen yet: the fold is still the old one (this is why the note exists).
+  EXPECT_TRUE(torch::equal(b.folded(), y));
+  common::note_weights_changed();
+  b.expect_follows(y, "raw write + note_weights_changed");
+}
+
+// A refresh writes into the existing tensors, so a captured forward reads the new values; a
+// change of shape reallocates and says so.
+TEST(FoldBn, RefreshKeepsStorageOrReportsReallocation) {
+  Block b;
+  common::FoldedConv fc;
+  const std::vector<common::FoldSource> src{b.c->fold_source()};
+  const auto& w = fc.get(src, torch::kFloat, at::MemoryFormat::ChannelsLast);
+  EXPECT_TRUE(w.weight.is_contiguous(at::MemoryFormat::ChannelsLast));
+  const void* wp = w.weight.data_ptr();
+  const void* bp = w.bias32.data_ptr();
+  const auto w_before = w.weight.clone();
+  {
+    torch::NoGradGuard ng;
+    b.c->bn->running_var.mul_(4.0);
+  }
+  EXPECT_TRUE(fc.refresh(src));
+  EXPECT_EQ(w.weight.data_ptr(), wp);
+  EXPECT_EQ(w.bias32.data_ptr(), bp);
+  // The new fold, computed here from the definition.
+  {
+    torch::NoGradGuard ng;
+    const auto& bn = *b.c->bn;
+    const auto s = bn.weight / (bn.running_var + bn.options.eps()).sqrt();
+    EXPECT_LE(rel_err(w.weight, b.c->conv->weight * s.view({-1, 1, 1, 1})), 1e-6);
+    EXPECT_LE(rel_err(w.bias32, bn.bias - bn.running_mean * s), 1e-6);
+    EXPECT_GT((w.weight - w_before).abs().max().item<double>(), 1e-3);
+  }
+  EXPECT_TRUE(fc.refresh(src));  // nothing changed: nothing to do
+  {
+    torch::NoGradGuard ng;
+    b.c->conv->weight.set_data(torch::randn({16, 8, 1, 1}));
+  }
+  EXPECT_FALSE(fc.refresh(src));
+  EXPECT_TRUE(fc.empty());
+  // The whole-network form: a reallocation anywhere is reported.
+  common::FoldedLayers layers;
+  (void)b.folded();
+  EXPECT_TRUE(layers.refresh(*b.c));
+  {
+    torch::NoGradGuard ng;
+    b.c->conv->weight.set_data(torch::randn({16, 8, 3, 3}));
+  }
+  EXPECT_FALSE(layers.refresh(*b.c));
+}
+
+// With autograd recording (grad mode on and something requiring grad) the unfolded ops run, so
+// gradients reach the BatchNorm parameters.
+TEST(FoldBn, AutogradFallsBackToUnfolded) {
+  Block b;
+  FoldSwitch on(true);
+  auto y = b.c->forward(b.x);
+  EXPECT_TRUE(y.requires_grad());
+  EXPECT_FALSE(b.c->has_fold());
+  y.sum().backward();
+  EXPECT_TRUE(b.c->bn->weight.grad().defined());
+  // Nothing requiring grad: folds even with grad mode on.
+  for (auto& p : b.c->parameters()) p.requires_grad_(false);
+  (void)b.c->forward(b.x);
+  EXPECT_TRUE(b.c->has_fold());
+}
+
+TEST(FoldBn, SwitchOffRunsUnfolded) {
+  Block b;
+  FoldSwitch off(false);
+  torch::NoGradGuard ng;
+  (void)b.c->forward(b.x);
+  EXPECT_FALSE(b.c->has_fold());
+}
+
+// The reference fixtures with folding on and off (the parity tests themselves run folded, the default).
+TEST(FoldBn, Yolo9ParityFixtureFoldedAndUnfolded) {
+  LY_REQUIRE_FIXTURES(dir);
+  auto f = test::load_yolo9_fixture(dir);
+  f.model->eval();
+  const auto want = f.expected("eval_predictions");
+  double e[2];
+  for (int fold = 0; fold < 2; ++fold) {
+    const Outputs o = run(*f.model, f.expected("input"), fold == 1);
+    e[fold] = std::max(rel_err(o.pred.narrow(1, 0, 4), want.narrow(1, 0, 4)),
+                       rel_err(test::score_logits(o.pred.narrow(1, 4, 80)), test::score_logits(want.narrow(1, 4, 80))));
+  }
+  std::cout << "[ REPORT   ] yolo9-t parity fixture, worst rel err (boxes, score logits): unfolded " << e[0]
+            << ", folded " << e[1] << "\n";
+  EXPECT_LE(e[0], 1e-4);
+  EXPECT_LE(e[1], 1e-4);
+}
+
+namespace {
+
+// The float64 forward of the same model: what both float32 forwards approximate.
+Outputs run_float64(models::Detector& m, const torch::Tensor& x) {
+  m.to(torch::kDouble);
+  Outputs o = run(m, x.to(torch::kDouble), false);
+  m.to(torch::kFloat);
+  return o;
+}
+
+}  // namespace
+
+// YOLOX-n parity fixture: a fresh (untrained) model on 0-255 inputs whose eval forward amplifies
+// float32 rounding; the unfolded forward reproduces the Python reference's float32 operations
+// bit for bit, the folded one rounds differently. Both against the float64 forward: folding
+// must not be less accurate than the unfolded forward.
+TEST(FoldBn, YoloxParityFixtureAgainstFloat64) {
+  LY_REQUIRE_FIXTURES(dir);
+  auto ck = io::load_torch_file(dir + "/yoloxn_nc80_s320.pt");
+  auto expect = io::load_torch_file(dir + "/yoloxn_nc80_s320_expect.pt");
+  auto weights = io::to_state_dict(*ck->get("model"));
+  const models::Family* fam = models::detect_family(weights);
+  ASSERT_NE(fam, nullptr);
+  fam->normalize_keys(weights);
+  auto m = fam->build_like(weights, static_cast<int>(ck->get("nc")->as_int("nc")));
+  models::load_state_dict(*m, weights, /*strict=*/true);
+  m->eval();
+  const auto x = expect->get("input")->tensor;
+  const Outputs unfolded = run(*m, x, false), folded = run(*m, x, true);
+  const Outputs truth = run_float64(*m, x);
+  const auto eu = errors(unfolded, truth), ef = errors(folded, truth), d = errors(folded, unfolded);
+  std::cout << "[ REPORT   ] yolox-n parity fixture vs float64: unfolded raw " << eu.first << " pred " << eu.second
+            << "; folded raw " << ef.first << " pred " << ef.second << "; folded vs unfolded raw " << d.first
+            << " pred " << d.second << "\n";
+  EXPECT_LE(ef.first, 2.0 * eu.first + 1e-6);
+  EXPECT_LE(ef.second, 2.0 * eu.second + 1e-6);
+}
