@@ -144,8 +144,9 @@ TEST(DistGpu, GraphedStepsWithNcclEqualEagerStepsOnTwoGpus) {
   EXPECT_LE(d.global, 1e-4);
 }
 
-// The CUDA SyncBN path of the fused node (ATen's SyncBatchNorm kernels: Welford statistics per
-// process, the rows gathered by an all-reduce, one combination kernel), with a stats sync that
+// The CUDA SyncBN paths of the fused node (NCHW: ATen's SyncBatchNorm kernels; channels_last: our
+// fused kernels split around the all-reduce; both gather per-process rows [mean, invstd, count]
+// with an all-reduce and combine them in one kernel), with a stats sync that
 // plays a second process (its batch b and the gradient at its output): the node on batch a
 // computes what BatchNorm over the concatenated batch computes for a's rows. One GPU is enough.
 TEST(DistGpu, CudaSyncBnNormalisesWithTheGlobalBatch) {
