@@ -428,6 +428,12 @@ void dispatch_vec(int vec, Fn&& fn) {
     fn(std::integral_constant<int, 1>{});
 }
 
+// fn(T*, integral_constant<int, V>) for the launch's element type T and vector width V.
+template <typename Fn>
+void dispatch_launch(const BnActLaunch& l, Fn&& fn) {
+  dispatch(l.dtype, [&](auto* tag) { dispatch_vec(l.vec, [&](auto vc) { fn(tag, vc); }); });
+}
+
 }  // namespace
 
 int bn_act_vector_width(int channels) { return channels % kVec == 0 ? kVec : 1; }
@@ -449,27 +455,23 @@ namespace {
 void launch_stats(const BnActLaunch& l, const Grid& g, const void* x, float* partials, unsigned* counters,
                   float* mean, float* invstd, float* running_mean, float* running_var, float momentum, float eps,
                   float* row) {
-  dispatch(l.dtype, [&](auto* tag) {
+  dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    dispatch_vec(l.vec, [&](auto vc) {
-      constexpr int V = decltype(vc)::value;
-      bn_stats_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-          static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
-          running_var, momentum, eps, row);
-    });
+    constexpr int V = decltype(vc)::value;
+    bn_stats_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+        static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
+        running_var, momentum, eps, row);
   });
 }
 
 void launch_apply(const BnActLaunch& l, const Grid& g, const void* x, const float* gamma, const float* beta,
                   const float* mean, const float* invstd, void* y) {
-  dispatch(l.dtype, [&](auto* tag) {
+  dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    dispatch_vec(l.vec, [&](auto vc) {
-      constexpr int V = decltype(vc)::value;
-      bn_apply_act_kernel<T, V>
-          <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-              static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
-    });
+    constexpr int V = decltype(vc)::value;
+    bn_apply_act_kernel<T, V>
+        <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
+            static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
   });
 }
 
@@ -513,14 +515,12 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
                             unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate) {
   check_vec(l, "bn_act_backward_reduce");
   const Grid g = grid_for(l.channels, l.vec);
-  dispatch(l.dtype, [&](auto* tag) {
+  dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    dispatch_vec(l.vec, [&](auto vc) {
-      constexpr int V = decltype(vc)::value;
-      bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-          static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
-          l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
-    });
+    constexpr int V = decltype(vc)::value;
+    bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+        static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
+        l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
   });
   check(cudaGetLastError(), "bn_act_backward_reduce");
 }
@@ -530,25 +530,15 @@ void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, 
                            const float* count, void* dx) {
   check_vec(l, "bn_act_backward_elemt");
   const Grid g = grid_for(l.channels, l.vec);
-  dispatch(l.dtype, [&](auto* tag) {
+  dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    dispatch_vec(l.vec, [&](auto vc) {
-      constexpr int V = decltype(vc)::value;
-      bn_backward_elemt_kernel<T, V>
-          <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-              static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
-              l.act, dsum, count, l.sync_sums, static_cast<T*>(dx));
-    });
+    constexpr int V = decltype(vc)::value;
+    bn_backward_elemt_kernel<T, V>
+        <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
+            static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
+            l.act, dsum, count, l.sync_sums, static_cast<T*>(dx));
   });
   check(cudaGetLastError(), "bn_act_backward_elemt");
-}
-
-void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
-                     const float* beta, const float* mean, const float* invstd, float* partials,
-                     unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
-                     void* dx) {
-  bn_act_backward_reduce(l, dy, x, gamma, beta, mean, invstd, partials, counters, dsum, dgamma, dbeta, accumulate);
-  if (dx) bn_act_backward_elemt(l, dy, x, gamma, beta, mean, invstd, dsum, nullptr, dx);
 }
 
 }  // namespace libreyolo::kernels

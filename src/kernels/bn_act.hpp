@@ -1,5 +1,5 @@
 // Fused training-mode BatchNorm (+ optional SiLU) over NHWC (channels_last) activations, as
-// four CUDA kernels: two for forward, two for backward. Plain pointers and a cudaStream_t only,
+// four CUDA kernels: two for forward, two for backward (SyncBN adds one that merges the processes' statistics). Plain pointers and a cudaStream_t only,
 // so that the .cu file needs no torch headers; src/models/fused_conv.cpp is the torch side.
 //
 // x is an [M, C] row-major matrix (M = N*H*W). Statistics are per channel over the M rows.
@@ -51,17 +51,22 @@ void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, con
                     float* running_mean, float* running_var, float momentum, float eps,
                     float* partials, unsigned* counters, float* mean, float* invstd, void* y);
 
-// Backward. dy, x: [M, C] of dtype. partials: 2*P*C floats (scratch). dgamma/dbeta: C floats,
-// written (accumulate=false) or added to (accumulate=true); either may be null (not wanted).
-// dsum: 2*C floats of scratch. dx: [M, C] of dtype, or null.
-void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
-                     const float* beta, const float* mean, const float* invstd, float* partials,
-                     unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
-                     void* dx);
+// Backward, in two launches: the reduction, then the elementwise input gradient.
+// dy, x: [M, C] of dtype. partials: 2*P*C floats (scratch). dgamma/dbeta: C floats, written
+// (accumulate=false) or added to (accumulate=true); either may be null (not wanted). dsum: 2*C
+// floats, [sum g, sum g * xhat] (g: the gradient at BatchNorm's output), written by the reduction
+// and read by the elementwise launch. dx: [M, C] of dtype. With l.sync_sums (SyncBN) the second
+// half of dsum is sum(g * (x - mean)), the form every process can add up: the caller all-reduces
+// dsum in between, and `count` (a device float; null: l.rows) is the global row count.
+void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                            const float* beta, const float* mean, const float* invstd, float* partials,
+                            unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate);
+void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
+                           const float* beta, const float* mean, const float* invstd, const float* dsum,
+                           const float* count, void* dx);
 
-// ---- SyncBN: the same kernels split around a cross-process all-reduce.
-//
-// Forward. bn_act_local_stats writes this process's statistics into `row` (2C+1 floats:
+// ---- SyncBN forward: the same kernels split around a cross-process all-reduce.
+// bn_act_local_stats writes this process's statistics into `row` (2C+1 floats:
 // mean[C], invstd[C] = rsqrt(var + eps), count), one row of a zeroed [world, 2C+1] buffer that
 // an all-reduce sum turns into every process's row. bn_act_forward_merged merges the `world`
 // rows (Chan's parallel variance; a row with count 0 is skipped), writes stats = [mean[C],
@@ -72,15 +77,5 @@ void bn_act_local_stats(const BnActLaunch& l, const void* x, float eps, float* p
 void bn_act_forward_merged(const BnActLaunch& l, const void* x, const float* rows, int world, const float* gamma,
                            const float* beta, float* running_mean, float* running_var, float momentum, float eps,
                            float* stats, void* y);
-
-// Backward in two halves: the reduction (dsum: 2*C floats, as in bn_act_backward; with
-// l.sync_sums its second half is sum(g * (x - mean))), then, after the caller has summed dsum over
-// the processes, the elementwise input gradient over `count` rows (a device float; null: l.rows).
-void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
-                            const float* beta, const float* mean, const float* invstd, float* partials,
-                            unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate);
-void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
-                           const float* beta, const float* mean, const float* invstd, const float* dsum,
-                           const float* count, void* dx);
 
 }  // namespace libreyolo::kernels

@@ -20,10 +20,6 @@ std::string canonical_key(const std::string& name) {
   return key;
 }
 
-const torch::Tensor* find(const io::StateDict& sd, const std::string& key) {
-  return io::find_tensor(sd, key, canonical_key);
-}
-
 // Leading dimension of a weight, if present and at least 1-D.
 std::optional<int64_t> out_channels(const io::StateDict& sd, const std::string& key) {
   return io::leading_dim(sd, key, canonical_key);

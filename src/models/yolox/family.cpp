@@ -18,10 +18,6 @@ namespace {
 // Without DDP's "module." prefix.
 std::string canonical_key(const std::string& key) { return io::strip_ddp_prefix(key); }
 
-const torch::Tensor* find(const io::StateDict& sd, const std::string& key) {
-  return io::find_tensor(sd, key, canonical_key);
-}
-
 std::optional<int64_t> out_channels(const io::StateDict& sd, const std::string& key) {
   return io::leading_dim(sd, key, canonical_key);
 }
