@@ -167,6 +167,11 @@ TEST(FoldBn, RepConvNIsOneConvolution) {
 
 namespace {
 
+// Folded vs unfolded on one block in fp32: the two are different op sequences, and the CPU
+// convolution's rounding depends on its threading (measured up to 1.02e-6 under ctest -j2, about
+// 2e-7 alone). A stale fold is off by far more (the changes below move outputs by > 1e-3).
+constexpr double kBlockTol = 1e-5;
+
 struct Block {
   common::ConvBnAct c{8, 16, 3, 1};
   torch::Tensor x;
@@ -188,7 +193,7 @@ struct Block {
   // The folded output equals the unfolded one of the current state, and differs from `before`.
   void expect_follows(const torch::Tensor& before, const char* what) {
     const auto f = folded(), u = unfolded();
-    EXPECT_LE(rel_err(f, u), 1e-6) << what;
+    EXPECT_LE(rel_err(f, u), kBlockTol) << what;
     EXPECT_GT((f - before).abs().max().item<double>(), 1e-3) << what << ": the change did not show";
   }
 };
@@ -199,7 +204,7 @@ TEST(FoldBn, FoldFollowsInPlaceChanges) {
   Block b;
   auto y = b.folded();
   ASSERT_TRUE(b.c->has_fold());
-  ASSERT_LE(rel_err(y, b.unfolded()), 1e-6);
+  ASSERT_LE(rel_err(y, b.unfolded()), kBlockTol);
   {
     torch::NoGradGuard ng;
     b.c->bn->running_var.mul_(3.0);
@@ -270,7 +275,7 @@ TEST(FoldBn, FoldFollowsTrainingAndModeSwitches) {
   // train() and back with no change in between: still equal.
   b.c->train();
   b.c->eval();
-  EXPECT_LE(rel_err(b.folded(), b.unfolded()), 1e-6);
+  EXPECT_LE(rel_err(b.folded(), b.unfolded()), kBlockTol);
 }
 
 // Writes that no version counter sees (a replayed CUDA graph of a training update) need
