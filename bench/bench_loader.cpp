@@ -3,7 +3,10 @@
 //
 //   bench_loader [--count 256] [--threads 1,2,4] [--imgsz 640] [--batch 16] [--cache none|ram|disk]
 //                [--no-mosaic] [--mixup P] [--dir DIR (reuse or keep the images)] [--stages]
-// Prints one JSON object on stdout.
+//                [--exact-decode]
+// Prints one JSON object on stdout. --exact-decode turns reduced decoding off (DatasetOptions::
+// reduced_decode): every image decoded at full size and resized as the reference does, mosaic
+// tiles included; the default decodes mosaic tiles at the JPEG DCT scale covering imgsz / 2.
 //
 // --stages adds "stages": one pass over the epoch on the calling thread alone (workers = 0) with
 // the pipeline's stage timers on (data/stage_timer.hpp), reported as mean milliseconds per
@@ -45,7 +48,8 @@ double seconds_since(Clock::time_point t0) {
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "bench_loader: %s\nusage: bench_loader [--count N] [--threads 1,2,4] [--imgsz S] "
-               "[--batch B] [--cache none|ram|disk] [--no-mosaic] [--mixup P] [--dir DIR] [--stages]\n",
+               "[--batch B] [--cache none|ram|disk] [--no-mosaic] [--mixup P] [--dir DIR] [--stages]\n"
+               "       [--exact-decode]\n",
                why.c_str());
   std::exit(2);
 }
@@ -119,7 +123,7 @@ int main(int argc, char** argv) {
   int count = 256, imgsz = 640, batch = 16;
   std::vector<int> threads = {1, 2, 4};
   std::string cache = "none", dir;
-  bool mosaic = true, stages = false;
+  bool mosaic = true, stages = false, exact_decode = false;
   double mixup = 0.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -137,6 +141,7 @@ int main(int argc, char** argv) {
       else if (a == "--no-mosaic") mosaic = false;
       else if (a == "--mixup") mixup = std::stod(value());
       else if (a == "--stages") stages = true;
+      else if (a == "--exact-decode") exact_decode = true;
       else usage("unknown flag " + a);
     } catch (const std::logic_error&) {
       usage("bad value for " + a);
@@ -175,6 +180,7 @@ int main(int argc, char** argv) {
     const auto t_index = Clock::now();
     DatasetOptions d;
     d.imgsz = imgsz;
+    d.reduced_decode = !exact_decode;
     d.cache = cache == "ram" ? CacheMode::Ram : cache == "disk" ? CacheMode::Disk : CacheMode::None;
     auto ds = std::make_shared<const YoloDataset>(
         list_split_images(load_dataset_yaml(yaml.string()), "train"), d);
@@ -207,9 +213,9 @@ int main(int argc, char** argv) {
     const std::string stage_json = stages ? ", \"stages\": " + stage_report(ds, batch, mosaic, mixup) : "";
     std::printf(
         "{\"bench\": \"loader\", \"count\": %d, \"image_wh\": [1080, 810], \"imgsz\": %d, "
-        "\"batch\": %d, \"mosaic\": %s, \"mixup\": %g, \"cache\": \"%s\", \"generated\": %s, "
+        "\"batch\": %d, \"mosaic\": %s, \"mixup\": %g, \"cache\": \"%s\", \"exact_decode\": %s, \"generated\": %s, "
         "\"gen_s\": %.3f, \"index_s\": %.3f, \"hardware_threads\": %u, \"results\": [%s]%s}\n",
-        count, imgsz, batch, mosaic ? "true" : "false", mixup, cache.c_str(), generated ? "true" : "false",
+        count, imgsz, batch, mosaic ? "true" : "false", mixup, cache.c_str(), exact_decode ? "true" : "false", generated ? "true" : "false",
         gen_s, index_s, std::thread::hardware_concurrency(), results.c_str(), stage_json.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_loader: %s\n", e.what());

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "data/augment.hpp"
@@ -176,6 +177,70 @@ TEST(DataAugment, MosaicEqualsTheCanvasResizedBitForBit) {
       for (size_t i = 0; i < want.size(); ++i) expect_box(m.boxes[i], want[i].x1, want[i].y1, want[i].x2, want[i].y2, want[i].cls);
     }
   }
+}
+
+// A smooth random picture (a coarse random grid resized up), like a photo at this scale.
+torch::Tensor smooth_image(int h, int w) {
+  const torch::Tensor coarse = torch::randint(0, 256, {std::max(2, h / 6), std::max(2, w / 6), 3}, torch::kUInt8);
+  return libreyolo::ops::resize_bilinear(coarse, h, w);
+}
+
+TEST(DataAugment, MosaicFromReducedTilesHasTheSameBoxesAndNearlyTheSamePixels) {
+  // Dataset tiles whose pixels are a half-resolution decode of the tile (as a JPEG decoded at
+  // DCT scale 1/2) are sampled straight into the output: the boxes must be exactly those of the
+  // reference mosaic of the full tiles, the pixels those of its image within interpolation, and
+  // tiles at full resolution must give the reference mosaic itself, bit for bit.
+  torch::manual_seed(21);
+  Rng rng(23);
+  double worst_mean = 0, worst_far = 0;
+  for (const int S : {128, 96}) {
+    for (int trial = 0; trial < 16; ++trial) {
+      std::array<Sample, 4> full;
+      std::array<Tile, 4> reduced, same;
+      for (int k = 0; k < 4; ++k) {
+        // Mostly at most S (a dataset's tiles), some larger (shrunk to fit by the mosaic).
+        const int hi = trial % 4 == 3 ? 3 * S / 2 : S;
+        const int h = static_cast<int>(rng.randint(8, hi)), w = static_cast<int>(rng.randint(8, hi));
+        full[k].image = smooth_image(h, w);
+        for (int b = 0; b < 3; ++b) {
+          const double x1 = rng.uniform(0, w), y1 = rng.uniform(0, h);
+          full[k].boxes.push_back({x1, y1, x1 + rng.uniform(0, w), y1 + rng.uniform(0, h), static_cast<double>(b)});
+        }
+        reduced[k] = {libreyolo::ops::resize_bilinear(full[k].image, (h + 1) / 2, (w + 1) / 2), h, w, full[k].boxes};
+        same[k] = {full[k].image, h, w, full[k].boxes};
+      }
+      const int xc = static_cast<int>(rng.randint(S / 2, 3 * S / 2)), yc = static_cast<int>(rng.randint(S / 2, 3 * S / 2));
+      const Sample want = mosaic4({&full[0], &full[1], &full[2], &full[3]}, S, xc, yc);
+      const Sample exact = mosaic4({&same[0], &same[1], &same[2], &same[3]}, S, xc, yc);
+      const Sample got = mosaic4({&reduced[0], &reduced[1], &reduced[2], &reduced[3]}, S, xc, yc);
+      ASSERT_TRUE(torch::equal(exact.image, want.image)) << "full-resolution tiles take the exact path";
+      ASSERT_EQ(got.boxes.size(), want.boxes.size());
+      for (size_t i = 0; i < want.boxes.size(); ++i) {
+        EXPECT_EQ(got.boxes[i].x1, want.boxes[i].x1);
+        EXPECT_EQ(got.boxes[i].y1, want.boxes[i].y1);
+        EXPECT_EQ(got.boxes[i].x2, want.boxes[i].x2);
+        EXPECT_EQ(got.boxes[i].y2, want.boxes[i].y2);
+        EXPECT_EQ(got.boxes[i].cls, want.boxes[i].cls);
+      }
+      ASSERT_EQ(got.image.sizes(), want.image.sizes());
+      const torch::Tensor diff = (got.image.to(torch::kInt) - want.image.to(torch::kInt)).abs();
+      const double mean = diff.to(torch::kDouble).mean().item<double>();
+      // Large differences only along tile edges on odd canvas coordinates (one output pixel wide).
+      const double far = (diff > 12).to(torch::kDouble).mean().item<double>();
+      worst_mean = std::max(worst_mean, mean);
+      worst_far = std::max(worst_far, far);
+      EXPECT_LT(mean, 3.0) << "S " << S << " centre " << xc << "," << yc;
+      EXPECT_LT(far, 0.04) << "S " << S << " centre " << xc << "," << yc;
+      // The padding is exactly the pad colour where no tile reaches.
+      const torch::Tensor pad_exact = (want.image == 114).all(2);
+      const torch::Tensor pad_got = (got.image == 114).all(2);
+      EXPECT_GE(pad_got.sum().item<int64_t>() + S, pad_exact.sum().item<int64_t>());
+    }
+  }
+  RecordProperty("worst_mean_abs_diff", std::to_string(worst_mean));
+  RecordProperty("worst_fraction_over_12", std::to_string(worst_far));
+  std::printf("reduced-tile mosaic vs reference: worst mean |diff| %.3f levels, worst share over 12 levels %.4f\n",
+              worst_mean, worst_far);
 }
 
 TEST(DataAugment, MosaicDrawStaysInRange) {

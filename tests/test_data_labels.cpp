@@ -164,6 +164,10 @@ TEST(DataLabels, ImageBrokenAfterTheHeaderIsReplacedAtLoad) {
   // Keep a valid header but cut the data: the header probe passed, decoding fails later.
   const auto full = fs::file_size(tmp / "images" / "a.png");
   fs::resize_file(tmp / "images" / "a.png", full / 2);
+  // A mosaic tile is replaced the same way (and the image is reported once).
+  const Tile t = ds.load_mosaic_tile(0, 2);
+  EXPECT_EQ(t.image[0][0][0].item<uint8_t>(), 150);
+  EXPECT_EQ(ds.num_unreadable(), 1);
   const Sample s = ds.load_resized(0);  // replaced by the next readable image
   EXPECT_EQ(s.image[0][0][0].item<uint8_t>(), 150);
   EXPECT_EQ(ds.num_unreadable(), 1);
@@ -171,6 +175,7 @@ TEST(DataLabels, ImageBrokenAfterTheHeaderIsReplacedAtLoad) {
   // Nothing readable left: a DataError, not a crash or a loop.
   fs::remove(tmp / "images" / "b.png");
   EXPECT_THROW(ds.load_resized(1), DataError);
+  EXPECT_THROW(ds.load_mosaic_tile(1, 0), DataError);
 }
 
 TEST(DataLabels, NoUsableImageIsADataError) {

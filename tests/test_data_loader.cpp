@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 #include <libreyolo/errors.hpp>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <sstream>
@@ -363,4 +365,63 @@ TEST(DataLoader, MixupBlendsImagesAndKeepsTheMosaicTargets) {
     EXPECT_EQ(a, b);
   }
   EXPECT_EQ(differing, 6);
+}
+
+TEST(DataLoader, ReducedDecodeMosaicKeepsTheTargetsAndTheRecipesPixels) {
+  // The default (reduced_decode) decodes each mosaic tile at the JPEG DCT scale covering half
+  // of imgsz and samples it straight into the mosaic; reduced_decode=false is the reference's
+  // full decode, resize and 2x reduction. Same seed: identical targets, pixels within the
+  // interpolation difference measured here (240 x 180 JPEGs: DCT 1/2 for the mosaic at imgsz
+  // 128). Plain (non-mosaic) samples need all of imgsz, which 1/2 does not cover: unchanged.
+  static const DatasetSpec spec = [] {
+    SyntheticOptions o;
+    o.train_images = 12;
+    o.val_images = 1;
+    o.width = 240;
+    o.height = 180;
+    o.seed = 9;
+    return load_dataset_yaml(generate_synthetic_dataset(test::temp_dir("loader_reduced"), o));
+  }();
+  const int S = 128;
+  DatasetOptions fast;
+  fast.imgsz = S;
+  DatasetOptions exact = fast;
+  exact.reduced_decode = false;
+  const YoloDataset a(list_split_images(spec, "train"), fast), b(list_split_images(spec, "train"), exact);
+  // The tile the mosaic gets: boxes and nominal size as load_resized's, pixels at DCT 1/2.
+  const Tile t = a.load_mosaic_tile(3, 1);
+  const Sample r = b.load_resized(3);
+  EXPECT_EQ(t.height, r.image.size(0));
+  EXPECT_EQ(t.width, r.image.size(1));
+  EXPECT_EQ(t.image.size(1), 120);
+  ASSERT_EQ(t.boxes.size(), r.boxes.size());
+  for (size_t i = 0; i < t.boxes.size(); ++i) EXPECT_EQ(t.boxes[i].x2, r.boxes[i].x2);
+  EXPECT_TRUE(torch::equal(b.load_mosaic_tile(3, 0).image, r.image)) << "exact decode: the resized image";
+  EXPECT_THROW(a.load_mosaic_tile(0, YoloDataset::kTileSlots), UsageError);
+
+  AugmentOptions aug;
+  aug.imgsz = S;
+  const size_t npix = static_cast<size_t>(S) * S * 3;
+  double worst_mean = 0;
+  for (int64_t i = 0; i < 12; ++i) {
+    for (const bool mosaic : {true, false}) {
+      std::vector<uint8_t> ia(npix), ib(npix);
+      std::vector<float> ta(500), tb(500);
+      Rng ra = Rng::for_sample(4, 1, i, 0), rb = Rng::for_sample(4, 1, i, 0);
+      make_train_sample(a, i, mosaic, aug, ra, ia.data(), ta.data());
+      make_train_sample(b, i, mosaic, aug, rb, ib.data(), tb.data());
+      EXPECT_EQ(ta, tb) << "sample " << i;
+      double sum = 0;
+      for (size_t k = 0; k < npix; ++k) sum += std::abs(static_cast<int>(ia[k]) - static_cast<int>(ib[k]));
+      const double mean = sum / static_cast<double>(npix);
+      if (!mosaic) {
+        EXPECT_EQ(ia, ib) << "sample " << i;
+        continue;
+      }
+      worst_mean = std::max(worst_mean, mean);
+      EXPECT_LT(mean, 2.0) << "sample " << i;
+    }
+  }
+  RecordProperty("worst_mean_abs_diff", std::to_string(worst_mean));
+  std::printf("reduced-decode mosaic vs the reference recipe: worst mean |diff| %.3f levels\n", worst_mean);
 }

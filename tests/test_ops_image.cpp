@@ -51,13 +51,16 @@ torch::Tensor reference_resize(const torch::Tensor& img, int64_t oh, int64_t ow)
 // half-pixel centres clamped to the border, weights round(frac * 2^11), the four products summed
 // exactly and rounded once, (sum + 2^21) >> 22. Any faster implementation must match it bit
 // for bit (the augmentation's outputs must not move).
-torch::Tensor fixed_point_resize(const torch::Tensor& img, int64_t oh, int64_t ow) {
+// fixed_point_resample: the same at src = (d + 0.5) * scale - 0.5 + shift per axis (a resize:
+// scale in / out, shift 0).
+torch::Tensor fixed_point_resample(const torch::Tensor& img, int64_t oh, int64_t ow, double scale_y,
+                                   double shift_y, double scale_x, double shift_x) {
   const int64_t h = img.size(0), w = img.size(1), C = img.size(2);
   auto src = img.accessor<uint8_t, 3>();
   auto out = torch::empty({oh, ow, C}, torch::kUInt8);
   auto dst = out.accessor<uint8_t, 3>();
-  auto taps = [](int64_t d, int64_t in, int64_t o, int64_t* i0, int64_t* i1, int64_t* w1) {
-    const double f = (static_cast<double>(d) + 0.5) * (static_cast<double>(in) / static_cast<double>(o)) - 0.5;
+  auto taps = [](int64_t d, int64_t in, double scale, double shift, int64_t* i0, int64_t* i1, int64_t* w1) {
+    const double f = (static_cast<double>(d) + 0.5) * scale - 0.5 + shift;
     int64_t s = static_cast<int64_t>(std::floor(f));
     double frac = f - static_cast<double>(s);
     if (s < 0) s = 0, frac = 0.0;
@@ -68,10 +71,10 @@ torch::Tensor fixed_point_resize(const torch::Tensor& img, int64_t oh, int64_t o
   };
   for (int64_t y = 0; y < oh; ++y) {
     int64_t y0, y1, wy;
-    taps(y, h, oh, &y0, &y1, &wy);
+    taps(y, h, scale_y, shift_y, &y0, &y1, &wy);
     for (int64_t x = 0; x < ow; ++x) {
       int64_t x0, x1, wx;
-      taps(x, w, ow, &x0, &x1, &wx);
+      taps(x, w, scale_x, shift_x, &x0, &x1, &wx);
       for (int64_t c = 0; c < C; ++c) {
         const int64_t sum = (2048 - wy) * ((2048 - wx) * src[y0][x0][c] + wx * src[y0][x1][c]) +
                             wy * ((2048 - wx) * src[y1][x0][c] + wx * src[y1][x1][c]);
@@ -80,6 +83,11 @@ torch::Tensor fixed_point_resize(const torch::Tensor& img, int64_t oh, int64_t o
     }
   }
   return out;
+}
+
+torch::Tensor fixed_point_resize(const torch::Tensor& img, int64_t oh, int64_t ow) {
+  return fixed_point_resample(img, oh, ow, static_cast<double>(img.size(0)) / static_cast<double>(oh), 0.0,
+                              static_cast<double>(img.size(1)) / static_cast<double>(ow), 0.0);
 }
 
 double max_diff_to_reference(const torch::Tensor& img, int64_t oh, int64_t ow) {
@@ -140,6 +148,46 @@ TEST(Resize, BitIdenticalToTheFixedPointDefinition) {
   double r = 0;
   const auto box = ops::letterbox_topleft(img, 320, &r);
   EXPECT_TRUE(torch::equal(box.slice(0, 0, 319).slice(1, 0, 207), fixed_point_resize(img, 319, 207)));
+}
+
+TEST(Resample, WindowEqualsTheFixedPointDefinitionAndLeavesTheRestAlone) {
+  // Scales both ways, shifts of either sign (the mosaic's half-pixel offsets among them),
+  // written as a window into a larger image: the window follows the definition bit for bit,
+  // the pixels around it are untouched.
+  struct Case { int64_t h, w, oh, ow; double sy, dy, sx, dx; };
+  std::vector<Case> cases = {{405, 540, 240, 320, 405.0 / 240, 0.0, 540.0 / 320, 0.0},
+                             {405, 540, 100, 130, 2 * 405.0 / 480, 1.5 * 405.0 / 480, 2 * 540.0 / 640, -0.5 * 540.0 / 640},
+                             {20, 30, 25, 7, 0.5, -3.25, 3.0, 4.0}};
+  torch::manual_seed(7);
+  for (int k = 0; k < 30; ++k) {
+    const auto d = torch::randint(1, 90, {4}, torch::kLong);
+    const auto f = torch::rand({4}, torch::kFloat64);
+    cases.push_back({d[0].item<int64_t>(), d[1].item<int64_t>(), d[2].item<int64_t>(), d[3].item<int64_t>(),
+                     0.25 + 3 * f[0].item<double>(), 10 * f[1].item<double>() - 5, 0.25 + 3 * f[2].item<double>(),
+                     10 * f[3].item<double>() - 5});
+  }
+  uint64_t seed = 500;
+  for (const auto& k : cases) {
+    const auto img = random_image(k.h, k.w, 3, seed++);
+    auto canvas = torch::full({k.oh + 5, k.ow + 9, 3}, 7, torch::kUInt8);
+    uint8_t* at = canvas.data_ptr<uint8_t>() + (2 * canvas.size(1) + 4) * 3;
+    ops::resample_bilinear_into(img, at, k.oh, k.ow, canvas.size(1) * 3, k.sy, k.dy, k.sx, k.dx);
+    const auto want = fixed_point_resample(img, k.oh, k.ow, k.sy, k.dy, k.sx, k.dx);
+    const auto window = canvas.slice(0, 2, 2 + k.oh).slice(1, 4, 4 + k.ow);
+    ASSERT_TRUE(torch::equal(window, want)) << k.h << "x" << k.w << " -> " << k.oh << "x" << k.ow;
+    auto rest = canvas.clone();
+    rest.slice(0, 2, 2 + k.oh).slice(1, 4, 4 + k.ow).fill_(7);
+    ASSERT_TRUE(torch::equal(rest, torch::full_like(rest, 7))) << "wrote outside its window";
+  }
+  // Scale in / out with no shift is resize_bilinear.
+  const auto img = random_image(81, 108, 3, 9);
+  auto out = torch::empty({48, 64, 3}, torch::kUInt8);
+  ops::resample_bilinear_into(img, out.data_ptr<uint8_t>(), 48, 64, 64 * 3, 81.0 / 48, 0.0, 108.0 / 64, 0.0);
+  EXPECT_TRUE(torch::equal(out, ops::resize_bilinear(img, 48, 64)));
+  EXPECT_THROW(ops::resample_bilinear_into(img, out.data_ptr<uint8_t>(), 4, 4, 12, 0.0, 0.0, 1.0, 0.0),
+               libreyolo::UsageError);
+  EXPECT_THROW(ops::resample_bilinear_into(img.transpose(0, 1), out.data_ptr<uint8_t>(), 4, 4, 12, 1.0, 0.0, 1.0, 0.0),
+               libreyolo::UsageError);
 }
 
 TEST(Resize, HandComputedValues) {

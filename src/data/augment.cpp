@@ -321,8 +321,27 @@ MosaicParams draw_mosaic(Rng& rng, int S, int64_t n) {
 
 namespace {
 
+// A tile as plan_tiles reads it: pixels, its size at imgsz scale (the pixels' own size, or
+// another for a reduced decode) and its boxes at that scale.
+struct TileRef {
+  const torch::Tensor* image;
+  int h, w;
+  const std::vector<Box>* boxes;
+};
+
+std::array<TileRef, 4> refs_of(const std::array<const Sample*, 4>& tiles) {
+  std::array<TileRef, 4> r{};
+  for (size_t k = 0; k < 4; ++k) {
+    check_image(tiles[k]->image);
+    r[k] = {&tiles[k]->image, static_cast<int>(tiles[k]->image.size(0)), static_cast<int>(tiles[k]->image.size(1)),
+            &tiles[k]->boxes};
+  }
+  return r;
+}
+
 // Where one tile lands on the 2S canvas: canvas rectangle [x1a, x2a) x [y1a, y2a) takes the
-// tile's pixels from column x1b, row y1b on. `image` is the tile, shrunk to fit S if needed.
+// tile's pixels from column x1b, row y1b on. `image` is the tile, shrunk to fit S if needed;
+// w x h its size at canvas scale (image's own size unless the pixels are a reduced decode).
 struct TilePlacement {
   torch::Tensor image;
   int w = 0, h = 0;
@@ -332,23 +351,23 @@ struct TilePlacement {
 };
 
 // The four tiles around (xc, yc) on a 2S canvas: the reference's geometry. Boxes are shifted,
-// not clipped.
-std::array<TilePlacement, 4> plan_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc,
-                                        std::vector<Box>* boxes) {
+// not clipped. A tile larger than S is shrunk to fit: resized when its pixels are at canvas
+// scale (resize_pixels), else only its canvas size changes.
+std::array<TilePlacement, 4> plan_tiles(const std::array<TileRef, 4>& tiles, int S, int xc, int yc,
+                                        std::vector<Box>* boxes, bool resize_pixels) {
   const int S2 = 2 * S;
   if (xc < 0 || xc > S2 || yc < 0 || yc > S2) throw UsageError("mosaic centre outside the canvas");
   std::array<TilePlacement, 4> out;
   for (int k = 0; k < 4; ++k) {
     TilePlacement& t = out[static_cast<size_t>(k)];
-    torch::Tensor img = tiles[k]->image;
-    check_image(img);
-    int h = static_cast<int>(img.size(0)), w = static_cast<int>(img.size(1));
+    torch::Tensor img = *tiles[k].image;
+    int h = tiles[k].h, w = tiles[k].w;
+    if (h < 1 || w < 1) throw UsageError("mosaic tile of zero size");
     const double scale = std::min({1.0, static_cast<double>(S) / h, static_cast<double>(S) / w});
     if (scale < 1.0) {
-      img = ops::resize_bilinear(img, std::max(1, static_cast<int>(h * scale)),
-                                 std::max(1, static_cast<int>(w * scale))).contiguous();
-      h = static_cast<int>(img.size(0));
-      w = static_cast<int>(img.size(1));
+      h = std::max(1, static_cast<int>(h * scale));
+      w = std::max(1, static_cast<int>(w * scale));
+      if (resize_pixels) img = ops::resize_bilinear(img, h, w).contiguous();
     }
     // Canvas rectangle (a) and the part of the tile (b) that lands there.
     int x1a, y1a, x2a, y2a, x1b, y1b, x2b, y2b;
@@ -376,7 +395,7 @@ std::array<TilePlacement, 4> plan_tiles(const std::array<const Sample*, 4>& tile
     const int rows = y2a - y1a, cols = x2a - x1a;
     t.copies = rows > 0 && cols > 0 && rows == y2b - y1b && cols == x2b - x1b;
     const double padw = x1a - x1b, padh = y1a - y1b;
-    for (const Box& b : tiles[k]->boxes)
+    for (const Box& b : *tiles[k].boxes)
       boxes->push_back({b.x1 * scale + padw, b.y1 * scale + padh, b.x2 * scale + padw,
                         b.y2 * scale + padh, b.cls});
   }
@@ -397,7 +416,7 @@ void compose_canvas_row(const std::array<TilePlacement, 4>& plan, int cy, int S2
 Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   Sample out;
-  const std::array<TilePlacement, 4> plan = plan_tiles(tiles, S, xc, yc, &out.boxes);
+  const std::array<TilePlacement, 4> plan = plan_tiles(refs_of(tiles), S, xc, yc, &out.boxes, true);
   // empty rather than torch::full: ATen's fill would start an OpenMP team from inside a loader
   // thread.
   out.image = torch::empty({S2, S2, 3}, torch::kUInt8);
@@ -446,16 +465,30 @@ Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, i
   return out;
 }
 
-Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+namespace {
+
+// mosaic4's boxes: clipped to the canvas, halved, kept when wider and taller than 2 pixels.
+void halve_mosaic_boxes(const std::vector<Box>& boxes, int S2, std::vector<Box>* out) {
+  for (const Box& b0 : boxes) {
+    Box b = b0;
+    b.x1 = std::clamp(b.x1, 0.0, static_cast<double>(S2)) * 0.5;
+    b.x2 = std::clamp(b.x2, 0.0, static_cast<double>(S2)) * 0.5;
+    b.y1 = std::clamp(b.y1, 0.0, static_cast<double>(S2)) * 0.5;
+    b.y2 = std::clamp(b.y2, 0.0, static_cast<double>(S2)) * 0.5;
+    if (b.x2 - b.x1 > 2.0 && b.y2 - b.y1 > 2.0) out->push_back(b);
+  }
+}
+
+// Tiles whose pixels are at canvas scale: the canvas is never built: each output row is made
+// from its two canvas rows, composed in a small buffer and halved (bit for bit the canvas +
+// resize_bilinear of the reference geometry; tests/test_data_augment.cpp compares the two).
+Sample mosaic_exact(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
-  // The canvas is never built: each output row is made from its two canvas rows, composed in
-  // a small buffer and halved (bit for bit the canvas + resize_bilinear of the reference
-  // geometry; tests/test_data_augment.cpp compares the two).
-  Sample placed;
+  std::vector<Box> placed;
   std::array<TilePlacement, 4> plan;
   {
     StageScope timed(Stage::MosaicPlace);
-    plan = plan_tiles(tiles, S, xc, yc, &placed.boxes);
+    plan = plan_tiles(tiles, S, xc, yc, &placed, true);
   }
   Sample out;
   {
@@ -472,16 +505,67 @@ Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc)
       halve_rows(r0, r1, o + static_cast<size_t>(y) * S * 3, S, means);
     }
   }
-  const std::vector<Box>& boxes = placed.boxes;
-  for (const Box& b0 : boxes) {
-    Box b = b0;
-    b.x1 = std::clamp(b.x1, 0.0, static_cast<double>(S2)) * 0.5;
-    b.x2 = std::clamp(b.x2, 0.0, static_cast<double>(S2)) * 0.5;
-    b.y1 = std::clamp(b.y1, 0.0, static_cast<double>(S2)) * 0.5;
-    b.y2 = std::clamp(b.y2, 0.0, static_cast<double>(S2)) * 0.5;
-    if (b.x2 - b.x1 > 2.0 && b.y2 - b.y1 > 2.0) out.boxes.push_back(b);
-  }
+  halve_mosaic_boxes(placed, S2, &out.boxes);
   return out;
+}
+
+// Tiles from a reduced decode: each tile's pixels are sampled once, bilinearly, straight into
+// the S x S output. Output pixel (X, Y) covers canvas pixels 2X..2X+1, 2Y..2Y+1 and belongs to
+// the tile holding canvas pixel (2X + 1, 2Y + 1); it samples the tile's pixels at that block's
+// centre. Same geometry and boxes as mosaic_exact; pixels differ by the interpolation (and
+// along tile edges that fall on odd canvas coordinates, by which tile a block is given to).
+Sample mosaic_sampled(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) {
+  const int S2 = 2 * S;
+  std::vector<Box> placed;
+  std::array<TilePlacement, 4> plan;
+  {
+    StageScope timed(Stage::MosaicPlace);
+    plan = plan_tiles(tiles, S, xc, yc, &placed, false);
+  }
+  Sample out;
+  out.image = torch::empty({S, S, 3}, torch::kUInt8);
+  uint8_t* o = out.image.data_ptr<uint8_t>();
+  const int64_t stride = static_cast<int64_t>(S) * 3;
+  {
+    StageScope timed(Stage::MosaicDownscale);
+    std::memset(o, kPad, static_cast<size_t>(S) * stride);
+  }
+  StageScope timed(Stage::Resize);
+  for (const TilePlacement& t : plan) {
+    if (!t.copies) continue;
+    const int X0 = t.x1a / 2, X1 = t.x2a / 2, Y0 = t.y1a / 2, Y1 = t.y2a / 2;
+    if (X1 <= X0 || Y1 <= Y0) continue;
+    // Canvas position of the tile's pixel (0, 0), and pixels of `image` per canvas pixel.
+    const int offx = t.x1a - t.x1b, offy = t.y1a - t.y1b;
+    const double kx = static_cast<double>(t.image.size(1)) / t.w;
+    const double ky = static_cast<double>(t.image.size(0)) / t.h;
+    // Output column X = X0 + x reads image column (2X + 1 - offx) kx - 0.5 (pixel centres):
+    // resample_bilinear_into's (x + 0.5) scale - 0.5 + shift with scale 2 kx.
+    ops::resample_bilinear_into(t.image, o + static_cast<int64_t>(Y0) * stride + static_cast<int64_t>(X0) * 3,
+                                Y1 - Y0, X1 - X0, stride, 2.0 * ky, (2.0 * Y0 - offy) * ky, 2.0 * kx,
+                                (2.0 * X0 - offx) * kx);
+  }
+  halve_mosaic_boxes(placed, S2, &out.boxes);
+  return out;
+}
+
+}  // namespace
+
+Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
+  return mosaic_exact(refs_of(tiles), S, xc, yc);
+}
+
+Sample mosaic4(const std::array<const Tile*, 4>& tiles, int S, int xc, int yc) {
+  std::array<TileRef, 4> refs{};
+  bool exact = true;
+  for (size_t k = 0; k < 4; ++k) {
+    const Tile& t = *tiles[k];
+    check_image(t.image);
+    if (!t.image.is_contiguous()) throw UsageError("mosaic4: tile pixels must be contiguous");
+    refs[k] = {&t.image, t.height, t.width, &t.boxes};
+    exact = exact && t.image.size(0) == t.height && t.image.size(1) == t.width;
+  }
+  return exact ? mosaic_exact(refs, S, xc, yc) : mosaic_sampled(refs, S, xc, yc);
 }
 
 // ---- YOLOX random affine and mixup ---------------------------------------------------------
@@ -665,10 +749,10 @@ void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const 
   }
   if (mosaic && rng.uniform() < opt.mosaic_prob) {
     const MosaicParams mp = draw_mosaic(rng, S, ds.size());
-    const Sample t0 = ds.load_resized(index);
-    const Sample t1 = ds.load_resized(mp.others[0]);
-    const Sample t2 = ds.load_resized(mp.others[1]);
-    const Sample t3 = ds.load_resized(mp.others[2]);
+    const Tile t0 = ds.load_mosaic_tile(index, 0);
+    const Tile t1 = ds.load_mosaic_tile(mp.others[0], 1);
+    const Tile t2 = ds.load_mosaic_tile(mp.others[1], 2);
+    const Tile t3 = ds.load_mosaic_tile(mp.others[2], 3);
     const Sample m = mosaic4({&t0, &t1, &t2, &t3}, S, mp.xc, mp.yc);
     apply_transform(m, draw_transform(rng, opt), S, opt.max_labels, image_out, targets_out);
     if (opt.mixup_prob > 0 && rng.uniform() < opt.mixup_prob) {

@@ -62,6 +62,10 @@ MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size);
 // canvas of 114, shifts and clips their boxes, resizes the canvas to S x S and keeps boxes with
 // w > 2 and h > 2. Deterministic: all random choices are in the arguments.
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
+// The same from dataset tiles (YoloDataset::load_mosaic_tile): exactly the above when every
+// tile's pixels are at imgsz scale; else (a reduced decode) each tile is sampled once, straight
+// into the output at its scale: the same boxes, pixels within interpolation of the above.
+Sample mosaic4(const std::array<const Tile*, 4>& tiles, int imgsz, int xc, int yc);
 
 // The 2S x 2S mosaic canvas itself (tiles placed as mosaic4 places them), boxes clipped to it.
 Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);

@@ -281,7 +281,7 @@ void YoloDataset::fill_cache() {
   std::vector<std::string> problems(records_.size());
   parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
     try {
-      cache[static_cast<size_t>(i)] = decode_resized(records_[static_cast<size_t>(i)].path);
+      cache[static_cast<size_t>(i)] = decode_resized(records_[static_cast<size_t>(i)]);
     } catch (const DataError& e) {
       problems[static_cast<size_t>(i)] = records_[static_cast<size_t>(i)].path + " (" + e.what() + ")";
     }
@@ -347,9 +347,10 @@ void YoloDataset::fill_disk_cache() {
   std::vector<std::string> problems(records_.size());
   parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
     if (valid[static_cast<size_t>(i)]) return;
-    const std::string& path = records_[static_cast<size_t>(i)].path;
+    const Record& r = records_[static_cast<size_t>(i)];
+    const std::string& path = r.path;
     try {
-      if (!write_disk_cache(path, S, decode_resized(path))) failed.fetch_add(1);
+      if (!write_disk_cache(path, S, decode_resized(r))) failed.fetch_add(1);
     } catch (const DataError& e) {
       problems[static_cast<size_t>(i)] = path + " (" + e.what() + ")";
     }
@@ -376,7 +377,7 @@ torch::Tensor YoloDataset::original_labels(int64_t i) const {
   return boxes_to_tensor(original_boxes(i));
 }
 
-torch::Tensor YoloDataset::decode_resized(const std::string& path) const {
+torch::Tensor YoloDataset::decode_resized(const Record& r) const {
   const int S = options_.imgsz;
   // The decoded image is only an intermediate: it lives in this thread's reused memory, and the
   // result is always a tensor of its own (the resize's output, or a copy when no resize is
@@ -385,15 +386,30 @@ torch::Tensor YoloDataset::decode_resized(const std::string& path) const {
   torch::Tensor img;
   {
     StageScope timed(Stage::Decode);
-    img = io::decode_image_for_size(path, options_.reduced_decode ? S : 0, scratch);
+    img = io::decode_image_for_size(r.path, options_.reduced_decode ? S : 0, scratch);
   }
   StageScope timed(Stage::Resize);
-  torch::Tensor out = ops::resize_longest(img, S);
-  if (out.data_ptr() == img.data_ptr()) {
-    out = torch::empty_like(img);
+  // The size follows the header's, so that a reduced decode (whose sides libjpeg rounds up)
+  // gives the same size as a full one, and mosaic tiles agree on it either way.
+  const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, S);
+  if (img.size(0) == f.height && img.size(1) == f.width) {
+    torch::Tensor out = torch::empty_like(img);
     std::memcpy(out.data_ptr<uint8_t>(), img.data_ptr<uint8_t>(), static_cast<size_t>(img.numel()));
+    return out;
   }
-  return out;
+  return ops::resize_bilinear(img, static_cast<int>(f.height), static_cast<int>(f.width));
+}
+
+std::vector<Box> YoloDataset::boxes_at_imgsz(const Record& r, double ratio) const {
+  std::vector<Box> boxes(boxes_.begin() + static_cast<std::ptrdiff_t>(r.box_begin),
+                         boxes_.begin() + static_cast<std::ptrdiff_t>(r.box_begin + r.box_count));
+  for (Box& b : boxes) {
+    b.x1 *= ratio;
+    b.y1 *= ratio;
+    b.x2 *= ratio;
+    b.y2 *= ratio;
+  }
+  return boxes;
 }
 
 Sample YoloDataset::load_record(int64_t i) const {
@@ -409,25 +425,56 @@ Sample YoloDataset::load_record(int64_t i) const {
     if (cached) {
       s.image = std::move(*cached);
     } else {
-      s.image = decode_resized(r.path);
+      s.image = decode_resized(r);
       write_disk_cache(r.path, S, s.image);
     }
   } else {
-    s.image = decode_resized(r.path);
+    s.image = decode_resized(r);
   }
   // Labels scale with the header size, as the reference does (PIL size, not decoded pixels).
-  const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
-  s.boxes.assign(boxes_.begin() + r.box_begin, boxes_.begin() + r.box_begin + r.box_count);
-  for (Box& b : s.boxes) {
-    b.x1 *= ratio;
-    b.y1 *= ratio;
-    b.x2 *= ratio;
-    b.y2 *= ratio;
-  }
+  s.boxes = boxes_at_imgsz(r, ops::fitted_size(r.h0, r.w0, S).ratio);
   return s;
 }
 
-Sample YoloDataset::load_resized(int64_t i) const {
+Tile YoloDataset::load_tile_record(int64_t i, int slot) const {
+  const Record& r = records_[static_cast<size_t>(i)];
+  const int S = options_.imgsz;
+  const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, S);
+  if (cache_.empty() && !disk_cache_ && options_.reduced_decode) {
+    // The mosaic shows this tile at half of imgsz: decode at the DCT scale that covers that and
+    // let the mosaic sample it once, instead of a full decode, a resize to imgsz and a 2x2
+    // reduction.
+    thread_local io::DecodeScratch scratch[kTileSlots];
+    torch::Tensor img;
+    {
+      StageScope timed(Stage::Decode);
+      img = io::decode_image_for_size(r.path, (S + 1) / 2, scratch[slot]);
+    }
+    Tile t;
+    t.height = static_cast<int>(f.height);
+    t.width = static_cast<int>(f.width);
+    t.boxes = boxes_at_imgsz(r, f.ratio);
+    if (std::max(img.size(0), img.size(1)) <= S) {
+      t.image = img;
+    } else {
+      // Larger than imgsz (no DCT scaling for this format): resized as load_resized does, so
+      // the mosaic never samples with gaps between its taps.
+      StageScope timed(Stage::Resize);
+      t.image = ops::resize_bilinear(img, t.height, t.width);
+    }
+    return t;
+  }
+  Sample s = load_record(i);
+  Tile t;
+  t.height = static_cast<int>(s.image.size(0));
+  t.width = static_cast<int>(s.image.size(1));
+  t.image = std::move(s.image);
+  t.boxes = std::move(s.boxes);
+  return t;
+}
+
+template <class Load>
+auto YoloDataset::first_readable(int64_t i, Load&& load) const {
   const int64_t n = size();
   if (i < 0 || i >= n)
     throw UsageError(strfmt("dataset index %lld out of range [0, %lld)", static_cast<long long>(i),
@@ -436,7 +483,7 @@ Sample YoloDataset::load_resized(int64_t i) const {
     const int64_t j = (i + k) % n;
     if (bad_[j].load(std::memory_order_relaxed)) continue;
     try {
-      return load_record(j);
+      return load(j);
     } catch (const DataError& e) {
       if (!bad_[j].exchange(true)) {
         ++unreadable_;
@@ -446,6 +493,16 @@ Sample YoloDataset::load_resized(int64_t i) const {
     }
   }
   throw DataError("none of the dataset's images can be decoded");
+}
+
+Sample YoloDataset::load_resized(int64_t i) const {
+  return first_readable(i, [this](int64_t j) { return load_record(j); });
+}
+
+Tile YoloDataset::load_mosaic_tile(int64_t i, int slot) const {
+  if (slot < 0 || slot >= kTileSlots)
+    throw UsageError(strfmt("load_mosaic_tile: slot %d outside [0, %d)", slot, kTileSlots));
+  return first_readable(i, [this, slot](int64_t j) { return load_tile_record(j, slot); });
 }
 
 }  // namespace libreyolo::data

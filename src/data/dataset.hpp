@@ -24,6 +24,16 @@ struct Sample {
   std::vector<Box> boxes;
 };
 
+// A mosaic tile (YoloDataset::load_mosaic_tile): the image at imgsz scale is height x width
+// pixels and the boxes are in those pixels. `image` holds exactly that picture, or (a reduced
+// decode) the same picture at another resolution, at most imgsz on its longest side, which the
+// mosaic samples straight at its output scale (half of imgsz).
+struct Tile {
+  torch::Tensor image;
+  int height = 0, width = 0;
+  std::vector<Box> boxes;
+};
+
 // Ram: resized images held in memory; Disk: stored beside the images once (data/disk_cache.hpp)
 // and read back instead of decoding.
 enum class CacheMode { None, Ram, Disk };
@@ -35,9 +45,11 @@ struct DatasetOptions {
   // check, and an out-of-range id would make the loss index out of bounds.
   int num_classes = 0;
   int threads = 0;  // for scanning headers/labels and filling the cache; 0 = hardware threads
-  // Decode large JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers imgsz before the
-  // bilinear resize: much faster for big photos, but the pixels differ slightly from a full
-  // decode + resize (the reference). Images already near imgsz are unaffected.
+  // Decode JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers the size needed:
+  // imgsz for a plain sample (big photos only), half of imgsz for a mosaic tile, which is then
+  // sampled once, straight into the mosaic at its output scale. Faster, but the pixels differ
+  // slightly from the reference's full decode + resize (+ the mosaic's 2x reduction); boxes are
+  // the same. false: the reference's pixels (bit for bit with cache=ram).
   bool reduced_decode = true;
 };
 
@@ -77,6 +89,13 @@ class YoloDataset {
   // scaled by r = min(S/h0, S/w0). An image that fails to decode is reported once and replaced
   // by the next readable one, so a corrupt file never stops training.
   Sample load_resized(int64_t i) const;
+  // The same image and boxes for a mosaic, as cheaply as they come: the cached resized image,
+  // or (reduced_decode, no cache) a decode at the DCT scale covering half of imgsz, not resized.
+  // `slot` (0..3) picks this thread's decode memory: the image is valid until the next call
+  // with the same slot on this thread, or as long as it is held when it comes from the cache.
+  // Corrupt images are replaced as in load_resized.
+  static constexpr int kTileSlots = 4;
+  Tile load_mosaic_tile(int64_t i, int slot) const;
 
   // Images skipped at construction plus images found undecodable later.
   int64_t num_corrupt() const { return skipped_ + unreadable_.load(); }
@@ -96,7 +115,14 @@ class YoloDataset {
     size_t box_begin = 0, box_count = 0;
   };
   Sample load_record(int64_t i) const;
-  torch::Tensor decode_resized(const std::string& path) const;
+  Tile load_tile_record(int64_t i, int slot) const;
+  // Calls load(j) for j = i, i + 1, ... (cyclically) until an image decodes, marking and
+  // reporting the ones that do not.
+  template <class Load>
+  auto first_readable(int64_t i, Load&& load) const;
+  std::vector<Box> boxes_at_imgsz(const Record& r, double ratio) const;
+  // The record's image decoded and resized to its imgsz size (ops::fitted_size of the header's).
+  torch::Tensor decode_resized(const Record& r) const;
   void fill_cache();
   void fill_disk_cache();
   // Drops the records whose `problems` entry is set (undecodable images), reporting them; returns

@@ -22,16 +22,16 @@ struct Taps {
   std::vector<int32_t> i0, i1, w1;
 };
 
-// OpenCV INTER_LINEAR geometry: half-pixel centres, src = (dst + 0.5) * in / out - 0.5,
-// positions outside [0, in - 1] clamp to the border pixel.
-Taps make_taps(int64_t in, int64_t out, int64_t unit) {
+// OpenCV INTER_LINEAR geometry: half-pixel centres, src = (dst + 0.5) * scale - 0.5 + shift
+// (a plain resize: scale = in / out, shift = 0), positions outside [0, in - 1] clamp to the
+// border pixel.
+Taps make_taps(int64_t in, int64_t out, int64_t unit, double scale, double shift) {
   Taps t;
   t.i0.resize(out);
   t.i1.resize(out);
   t.w1.resize(out);
-  const double scale = static_cast<double>(in) / static_cast<double>(out);
   for (int64_t d = 0; d < out; ++d) {
-    const double f = (static_cast<double>(d) + 0.5) * scale - 0.5;
+    const double f = (static_cast<double>(d) + 0.5) * scale - 0.5 + shift;
     int64_t s = static_cast<int64_t>(std::floor(f));
     double frac = f - static_cast<double>(s);
     if (s < 0) {
@@ -76,12 +76,17 @@ __attribute__((target_clones("avx2", "default"))) void gather_rgb(const int32_t*
 }
 
 // kC > 0 fixes the channel count at compile time (the common 1 and 3); 0 reads `channels`.
+// Per-axis geometry of a resampling: scale and shift of make_taps.
+struct AxisMap {
+  double scale = 1.0, shift = 0.0;
+};
+
 template <int kC>
 void resize_rows(const uint8_t* src, int64_t in_h, int64_t in_w, uint8_t* dst, int64_t out_h,
-                 int64_t out_w, int64_t dst_row_stride, int channels) {
+                 int64_t out_w, int64_t dst_row_stride, int channels, AxisMap my, AxisMap mx) {
   const int C = kC > 0 ? kC : channels;
-  const Taps xs = make_taps(in_w, out_w, C);
-  const Taps ys = make_taps(in_h, out_h, 1);
+  const Taps xs = make_taps(in_w, out_w, C, mx.scale, mx.shift);
+  const Taps ys = make_taps(in_h, out_h, 1, my.scale, my.shift);
   const int64_t src_row_stride = in_w * C;
   const int64_t row_len = out_w * C;
   constexpr int32_t kRound = 1 << (2 * kBits - 1);
@@ -171,6 +176,20 @@ void check_hwc_u8(const torch::Tensor& t, const char* what) {
                             (long long)t.size(0)));
 }
 
+void resample_rows(const uint8_t* s, int64_t in_h, int64_t in_w, int C, uint8_t* dst, int64_t out_h,
+                   int64_t out_w, int64_t dst_row_stride, AxisMap my, AxisMap mx) {
+  switch (C) {
+    case 1:
+      resize_rows<1>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C, my, mx);
+      break;
+    case 3:
+      resize_rows<3>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C, my, mx);
+      break;
+    default:
+      resize_rows<0>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C, my, mx);
+  }
+}
+
 // Resizes `src` (contiguous) into dst rows of `dst_row_stride` bytes; equal sizes copy.
 void resize_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t out_w,
                  int64_t dst_row_stride) {
@@ -182,28 +201,35 @@ void resize_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t 
       std::memcpy(dst + y * dst_row_stride, s + y * in_w * C, size_t(in_w) * C);
     return;
   }
-  switch (C) {
-    case 1:
-      resize_rows<1>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C);
-      break;
-    case 3:
-      resize_rows<3>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C);
-      break;
-    default:
-      resize_rows<0>(s, in_h, in_w, dst, out_h, out_w, dst_row_stride, C);
-  }
-}
-
-// LibreYOLO's sizes: r = min(S/h, S/w), new side = max(int(side * r), 1) (Python float
-// arithmetic, which is IEEE double here too).
-void fitted_size(int64_t h, int64_t w, int target, double* r, int64_t* nh, int64_t* nw) {
-  *r = std::min(static_cast<double>(target) / static_cast<double>(h),
-                static_cast<double>(target) / static_cast<double>(w));
-  *nh = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(h) * *r), 1);
-  *nw = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(w) * *r), 1);
+  const AxisMap my{static_cast<double>(in_h) / static_cast<double>(out_h), 0.0};
+  const AxisMap mx{static_cast<double>(in_w) / static_cast<double>(out_w), 0.0};
+  resample_rows(s, in_h, in_w, C, dst, out_h, out_w, dst_row_stride, my, mx);
 }
 
 }  // namespace
+
+// LibreYOLO's sizes: r = min(S/h, S/w), new side = max(int(side * r), 1) (Python float
+// arithmetic, which is IEEE double here too).
+FittedSize fitted_size(int64_t h, int64_t w, int target) {
+  FittedSize f;
+  f.ratio = std::min(static_cast<double>(target) / static_cast<double>(h),
+                     static_cast<double>(target) / static_cast<double>(w));
+  f.height = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(h) * f.ratio), 1);
+  f.width = std::max<int64_t>(static_cast<int64_t>(static_cast<double>(w) * f.ratio), 1);
+  return f;
+}
+
+void resample_bilinear_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t out_w,
+                            int64_t dst_row_stride, double scale_y, double shift_y, double scale_x,
+                            double shift_x) {
+  check_hwc_u8(src, "resample_bilinear_into");
+  if (!src.is_contiguous()) throw UsageError("resample_bilinear_into: the source must be contiguous");
+  if (out_h < 1 || out_w < 1) return;
+  if (!(scale_y > 0 && scale_x > 0) || !std::isfinite(shift_y) || !std::isfinite(shift_x))
+    throw UsageError("resample_bilinear_into: scales must be positive and shifts finite");
+  resample_rows(src.data_ptr<uint8_t>(), src.size(0), src.size(1), static_cast<int>(src.size(2)), dst,
+                out_h, out_w, dst_row_stride, AxisMap{scale_y, shift_y}, AxisMap{scale_x, shift_x});
+}
 
 torch::Tensor resize_bilinear(const torch::Tensor& hwc, int out_h, int out_w) {
   check_hwc_u8(hwc, "resize_bilinear");
@@ -220,10 +246,9 @@ torch::Tensor resize_bilinear(const torch::Tensor& hwc, int out_h, int out_w) {
 torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio) {
   check_hwc_u8(hwc, "resize_longest");
   if (target < 1) throw UsageError(strfmt("resize_longest: target must be positive, got %d", target));
-  double r;
-  int64_t nh, nw;
-  fitted_size(hwc.size(0), hwc.size(1), target, &r, &nh, &nw);
-  if (ratio) *ratio = r;
+  const FittedSize f = fitted_size(hwc.size(0), hwc.size(1), target);
+  const int64_t nh = f.height, nw = f.width;
+  if (ratio) *ratio = f.ratio;
   if (nh == hwc.size(0) && nw == hwc.size(1)) return hwc;
   return resize_bilinear(hwc, static_cast<int>(nh), static_cast<int>(nw));
 }
@@ -231,12 +256,9 @@ torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio
 torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio, uint8_t pad) {
   check_hwc_u8(hwc, "letterbox_topleft");
   if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
-  double r;
-  int64_t nh, nw;
-  fitted_size(hwc.size(0), hwc.size(1), size, &r, &nh, &nw);
-  nh = std::min<int64_t>(nh, size);
-  nw = std::min<int64_t>(nw, size);
-  if (ratio) *ratio = r;
+  const FittedSize f = fitted_size(hwc.size(0), hwc.size(1), size);
+  const int64_t nh = std::min<int64_t>(f.height, size), nw = std::min<int64_t>(f.width, size);
+  if (ratio) *ratio = f.ratio;
   const torch::Tensor src = hwc.contiguous();
   const int64_t C = src.size(2);
   torch::Tensor canvas = torch::empty({size, size, C}, src.options());

@@ -10,6 +10,21 @@ namespace libreyolo::ops {
 // [H, W, C] uint8 -> [out_h, out_w, C] uint8 (any C; 1 and 3 have unrolled loops). Results are
 // within one level of the exact real-valued interpolation (fixed-point weights).
 torch::Tensor resize_bilinear(const torch::Tensor& hwc, int out_h, int out_w);
+// Output pixel (x, y) of an out_h x out_w window written at `dst` (rows dst_row_stride bytes
+// apart, C = src's channels) reads `src` (contiguous) bilinearly at the pixel-centre position
+//   ((x + 0.5) * scale_x - 0.5 + shift_x, (y + 0.5) * scale_y - 0.5 + shift_y),
+// clamped to the border, with resize_bilinear's arithmetic (shift 0 and scale in / out is
+// resize_bilinear bit for bit). For sampling a picture straight into part of a larger image.
+void resample_bilinear_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t out_w,
+                            int64_t dst_row_stride, double scale_y, double shift_y, double scale_x,
+                            double shift_x);
+// LibreYOLO's resized size of an h x w image for a longest side `target`: ratio
+// min(target / h, target / w), sides int(side * ratio), at least 1.
+struct FittedSize {
+  double ratio = 1.0;
+  int64_t height = 0, width = 0;
+};
+FittedSize fitted_size(int64_t h, int64_t w, int target);
 // Resize so the longer side becomes `target` (sizes truncated with int(), at least 1),
 // as LibreYOLO's load_resized_img does. Returns the ratio used via *ratio if given, and the
 // input itself (no copy) when the size already matches.
