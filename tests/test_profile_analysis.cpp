@@ -169,7 +169,11 @@ TEST(ProfileVerdict, FirstMatchingRuleWins) {
   EXPECT_NE(v.why.find("7298 kernels/step"), std::string::npos) << v.why;
   in.util = 0.85;
   EXPECT_EQ(lp::decide(in).bound, "compute");
-  in.dataload_frac = 0.25;  // dataloader beats compute
+  in.dataload_frac = 0.25;  // input waits while the GPU is saturated overlap its work: compute
+  v = lp::decide(in);
+  EXPECT_EQ(v.bound, "compute");
+  EXPECT_NE(v.why.find("input waits (~25% of the step) overlap"), std::string::npos) << v.why;
+  in.util = 0.6;  // the GPU idles meanwhile: dataloader beats host / launch
   v = lp::decide(in);
   EXPECT_EQ(v.bound, "dataloader");
   EXPECT_NE(v.why.find("25%"), std::string::npos) << v.why;

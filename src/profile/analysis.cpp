@@ -151,17 +151,27 @@ Verdict decide(const VerdictInputs& in) {
     return {"memory-pressure", buf};
   }
   const char* dev = in.cpu ? "CPU" : "GPU";
-  if (in.dataload_frac && *in.dataload_frac >= 0.2) {
+  const double util = std::min(in.util, 1.0);
+  // Waiting on input limits the run only when the device is idle meanwhile. A saturated device
+  // (a captured step runs ahead of the host, which then waits on the loader while the GPU
+  // works) is compute-bound whatever the training thread's wait: a faster loader would not
+  // shorten the step. (The reference tests dataloader first; it never overlaps the two.)
+  const bool saturated = util >= 0.8;
+  if (in.dataload_frac && *in.dataload_frac >= 0.2 && !saturated) {
     std::snprintf(buf, sizeof buf, "the %s waits on input data (~%.0f%% of the step)", dev, *in.dataload_frac * 100);
     return {"dataloader", buf};
   }
-  const double util = std::min(in.util, 1.0);
-  if (util >= 0.8) {
+  if (saturated) {
     if (in.cpu)
       std::snprintf(buf, sizeof buf, "the CPU is saturated with ops (~%.0f%% of the step inside ops)", util * 100);
     else
       std::snprintf(buf, sizeof buf, "the GPU is saturated (~%.0f%% busy)", util * 100);
-    return {"compute", buf};
+    std::string why = buf;
+    if (in.dataload_frac && *in.dataload_frac >= 0.2) {
+      std::snprintf(buf, sizeof buf, "; the input waits (~%.0f%% of the step) overlap its work", *in.dataload_frac * 100);
+      why += buf;
+    }
+    return {"compute", why};
   }
   std::string why;
   if (in.cpu) {

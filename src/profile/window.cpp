@@ -239,6 +239,10 @@ void Window::step_begin() {
   s.step_synced = s.step_measured && s.m >= s.half;
   if (!s.step_measured) return;
   s.start_trace();
+  // The unsynced half is timed as a whole between two device syncs: here before its first step
+  // (work queued by the warm-up is not its time) and in step_end after its last (a step that
+  // runs ahead of the GPU, such as a graph replay, is charged for the work it queued).
+  if (s.m == 0) s.sync();
   s.step_scope.open("ProfilerStep#" + std::to_string(s.step_i));
   s.t_step0 = Clock::now();
 }
@@ -285,6 +289,7 @@ void Window::step_end() {
   s.in_step = false;
   if (s.step_measured) {
     if (!s.step_synced) {
+      if (s.m + 1 == s.half) s.sync();
       s.sum_step += ms_since(s.t_step0);
       ++s.n_unsynced;
     }
