@@ -13,7 +13,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <type_traits>
 #include <stdexcept>
 #include <string>
@@ -23,7 +22,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kVec = kernels::bn_act_max_vector_width();
-constexpr int kUnroll = kernels::bn_act_max_unroll();
 
 __device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
 __device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
@@ -135,22 +133,7 @@ __device__ bool last_block(unsigned* counters) {
 // In all four kernels thread (tx, ty) of block (bx, by) owns the channel group g = by*CX + tx,
 // i.e. channels g*V .. g*V+V-1, and walks rows bx*RY + ty stepping by gridDim.x*RY.
 
-// One row's V values folded into a thread's running (count, mean, M2): Welford's update.
-template <int V>
-__device__ __forceinline__ void welford_row(const float (&v)[V], float& n, float (&mean)[V], float (&m2)[V]) {
-  n += 1.f;
-  const float inv = __fdividef(1.f, n);
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const float d = v[j] - mean[j];
-    mean[j] += d * inv;
-    m2[j] += d * (v[j] - mean[j]);
-  }
-}
-
-// The reductions walk a thread's rows U at a time: U loads issued together, then the U updates
-// in row order, so the results do not depend on U (it only sets how many loads are in flight).
-template <typename T, int V, int U>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     bn_stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
                     unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
@@ -164,19 +147,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int j = 0; j < V; ++j) mean[j] = m2[j] = 0.f;
   if (mine) {
     const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
-    int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    if constexpr (U > 1) {
-      for (; r + (U - 1) * step < rows; r += U * step) {
-        float vs[U][V];
-#pragma unroll
-        for (int u = 0; u < U; ++u) load_pack<T, V>(x, (r + u * step) * channels + g * V, vs[u]);
-#pragma unroll
-        for (int u = 0; u < U; ++u) welford_row<V>(vs[u], n, mean, m2);
-      }
-    }
-    for (; r < rows; r += step) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
       load_pack<T, V>(x, r * channels + g * V, v);
-      welford_row<V>(v, n, mean, m2);
+      n += 1.f;
+      const float inv = __fdividef(1.f, n);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float d = v[j] - mean[j];
+        mean[j] += d * inv;
+        m2[j] += d * (v[j] - mean[j]);
+      }
     }
   }
   block_welford<V>(n, mean, m2, sn, sm, sq);
@@ -290,21 +270,7 @@ __device__ __forceinline__ float bn_out_grad(float dy, float z, bool act) {
   return dy * s * (1.f + z * (1.f - s));
 }
 
-// One row's contribution to the backward sums: g (the gradient at BatchNorm's output) and g * xhat.
-template <int V>
-__device__ __forceinline__ void grad_sums_row(const float (&xv)[V], const float (&gv)[V], const float (&mu)[V],
-                                              const float (&is)[V], const float (&ga)[V], const float (&be)[V],
-                                              bool act, float (&sum_g)[V], float (&sum_gx)[V]) {
-#pragma unroll
-  for (int j = 0; j < V; ++j) {
-    const float xhat = (xv[j] - mu[j]) * is[j];
-    const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j], act);
-    sum_g[j] += gr;
-    sum_gx[j] += gr * xhat;
-  }
-}
-
-template <typename T, int V, int U>
+template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     bn_backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
                               const float* __restrict__ gamma, const float* __restrict__ beta,
@@ -329,25 +295,17 @@ __global__ void __launch_bounds__(kThreads)
       be[j] = beta[c];
     }
     const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
-    int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
-    if constexpr (U > 1) {
-      for (; r + (U - 1) * step < rows; r += U * step) {
-        float xs[U][V], gs[U][V];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t i = (r + u * step) * channels + g * V;
-          load_pack<T, V>(x, i, xs[u]);
-          load_pack<T, V>(dy, i, gs[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) grad_sums_row<V>(xs[u], gs[u], mu, is, ga, be, act, sum_g, sum_gx);
-      }
-    }
-    for (; r < rows; r += step) {
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
       const int64_t i = r * channels + g * V;
       load_pack<T, V>(x, i, xv);
       load_pack<T, V>(dy, i, gv);
-      grad_sums_row<V>(xv, gv, mu, is, ga, be, act, sum_g, sum_gx);
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float xhat = (xv[j] - mu[j]) * is[j];
+        const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j], act);
+        sum_g[j] += gr;
+        sum_gx[j] += gr * xhat;
+      }
     }
   }
   block_sum2<V>(sum_g, sum_gx, sa, sb);
@@ -476,28 +434,9 @@ void dispatch_launch(const BnActLaunch& l, Fn&& fn) {
   dispatch(l.dtype, [&](auto* tag) { dispatch_vec(l.vec, [&](auto vc) { fn(tag, vc); }); });
 }
 
-// The same plus integral_constant<int, U>: the reductions' rows per iteration.
-template <typename Fn>
-void dispatch_reduction(const BnActLaunch& l, Fn&& fn) {
-  dispatch_launch(l, [&](auto* tag, auto vc) {
-    if (l.unroll == kUnroll)
-      fn(tag, vc, std::integral_constant<int, kUnroll>{});
-    else
-      fn(tag, vc, std::integral_constant<int, 1>{});
-  });
-}
-
 }  // namespace
 
 int bn_act_vector_width(int channels) { return channels % kVec == 0 ? kVec : 1; }
-
-int bn_act_default_unroll() {
-  static const int unroll = [] {
-    const char* e = std::getenv("LIBREYOLO_BN_UNROLL");
-    return e && std::string(e) == "1" ? 1 : kUnroll;
-  }();
-  return unroll;
-}
 
 int bn_act_row_blocks(int64_t rows, int channels, int vec) {
   const Grid g = grid_for(channels, vec);
@@ -516,10 +455,10 @@ namespace {
 void launch_stats(const BnActLaunch& l, const Grid& g, const void* x, float* partials, unsigned* counters,
                   float* mean, float* invstd, float* running_mean, float* running_var, float momentum, float eps,
                   float* row) {
-  dispatch_reduction(l, [&](auto* tag, auto vc, auto uc) {
+  dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int V = decltype(vc)::value;
-    bn_stats_kernel<T, V, decltype(uc)::value><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+    bn_stats_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
         static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean,
         running_var, momentum, eps, row);
   });
@@ -538,7 +477,6 @@ void launch_apply(const BnActLaunch& l, const Grid& g, const void* x, const floa
 
 void check_vec(const BnActLaunch& l, const char* what) {
   if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument(std::string(what) + ": unsupported vector width");
-  if (l.unroll != 1 && l.unroll != kUnroll) throw std::invalid_argument(std::string(what) + ": unsupported unroll");
 }
 
 }  // namespace
@@ -577,10 +515,10 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
                             unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate) {
   check_vec(l, "bn_act_backward_reduce");
   const Grid g = grid_for(l.channels, l.vec);
-  dispatch_reduction(l, [&](auto* tag, auto vc, auto uc) {
+  dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int V = decltype(vc)::value;
-    bn_backward_reduce_kernel<T, V, decltype(uc)::value><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
+    bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
         static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
         l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
   });

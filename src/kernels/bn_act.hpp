@@ -30,16 +30,9 @@ struct BnActLaunch {
   // SyncBN backward (bn_act_backward_reduce/elemt below): the second half of dsum carries
   // sum(g * (x - mean)) instead of sum(g * xhat), the form every process can add up.
   bool sync_sums = false;
-  // Rows each thread of the two reductions loads at once: 1 or bn_act_max_unroll(). The results
-  // are the same bit for bit (the updates keep their order); more loads in flight are faster.
-  int unroll = 1;
 };
 
 constexpr int bn_act_max_vector_width() { return 8; }
-constexpr int bn_act_max_unroll() { return 4; }
-// The unroll launches use: bn_act_max_unroll(), or 1 with LIBREYOLO_BN_UNROLL=1 (for A/B
-// measurements), read once.
-int bn_act_default_unroll();
 // The widest vector the channel count allows (the caller still checks pointer alignment).
 int bn_act_vector_width(int channels);
 // Number of row-blocks for a launch (the size of the partials' P dimension).

@@ -111,7 +111,6 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
   for (const at::Tensor* t : tensors)
     if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % bytes != 0) l.vec = 1;
   l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels, l.vec);
-  l.unroll = kernels::bn_act_default_unroll();
   kernel_dtype(z.scalar_type(), &l.dtype);
   l.act = act;
   l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
