@@ -144,6 +144,35 @@ TEST(DistGpu, GraphedStepsWithNcclEqualEagerStepsOnTwoGpus) {
   EXPECT_LE(d.global, 1e-4);
 }
 
+// The same comparison on one GPU, through the trainer (the CLI): the step runner's own tests
+// (GpuStepGraph) are bit for bit, so the trainer's graphed run must equal its eager run too.
+// Recorded failing on nvidia-h200-x2 on 2026-11-30 (CLI runs of the built-in dataset at imgsz
+// 128: graphed vs eager 0.22 relative over the weights after 25 steps, epoch loss 6.94 vs 6.79;
+// two GPUs 0.0035): the discrepancy this test pins lies outside the step runner.
+TEST(GpuTrainGraph, TrainerGraphedRunEqualsItsEagerRunOnOneGpu) {
+  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
+  const std::string dir = test::temp_dir("gpu_train_graph");
+  std::map<std::string, std::string> logs;
+  for (const char* name : {"eager", "graphed"}) {
+    auto a = args(dir, name, 2, 8, "0");  // 32 images: 4 steps per epoch, 8 in all
+    a.push_back("val=false");
+    if (std::string(name) == "graphed") a.push_back("cuda_graph=true");
+    const pid_t pid = launch(a, {{"LIBREYOLO_TF32", "0"}}, dir + "/" + name + ".txt");
+    auto st = wait_for(pid, 300);
+    logs[name] = slurp(dir + "/" + name + ".txt");
+    ASSERT_TRUE(st && exited_ok(*st)) << logs[name];
+  }
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(logs["graphed"], m, std::regex("CUDA graphs: ([0-9]+) of 8 steps replayed")))
+      << logs["graphed"];
+  EXPECT_GE(std::stoi(m[1]), 5) << logs["graphed"];
+  const auto last = [&](const std::string& n) { return (fs::path(dir) / n / "weights" / "last.pt").string(); };
+  const WeightDiff d = weight_diff(last("eager"), last("graphed"), "train_model");
+  std::printf("[ REPORT   ] 1 GPU, 8 steps through the trainer, graphed vs eager: worst tensor %.2g (%s), model %.2g\n",
+              d.worst, d.worst_name.c_str(), d.global);
+  EXPECT_LE(d.global, 1e-4);
+}
+
 // The CUDA SyncBN paths of the fused node (NCHW: ATen's SyncBatchNorm kernels; channels_last: our
 // fused kernels split around the all-reduce; both gather per-process rows [mean, invstd, count]
 // with an all-reduce and combine them in one kernel), with a stats sync that
