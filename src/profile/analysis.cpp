@@ -351,10 +351,11 @@ WindowSel select_window(const Parsed& p, const json* summary) {
   }
   const auto real_steps = jnum(summary, "window", "real_steps");
   if (real_steps && *real_steps >= 1) {
-    // Our own window: the unsynced half, less up to two settling steps.
+    // Our own window: the whole unsynced half. It is bounded by device syncs (window.cpp), so
+    // it has no backlog to settle; leaving its first steps out would charge the queue they left
+    // for the GPU (drained in its last step) to the others.
     const int c = std::min(static_cast<int>(*real_steps), n);
-    const int a = c >= 4 ? 2 : (c >= 2 ? 1 : 0);
-    w.w0 = marks[a]->ts;
+    w.w0 = marks[0]->ts;
     w.w1 = c < n ? marks[c]->ts : marks[n - 1]->ts + marks[n - 1]->dur;
   } else if (n >= 4) {  // a raw trace: 1.6.0's rule
     w.w0 = marks[2]->ts;
