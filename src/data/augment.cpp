@@ -467,6 +467,13 @@ Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, i
 
 namespace {
 
+// plan_tiles, timed as the mosaic's placement stage.
+std::array<TilePlacement, 4> timed_plan(const std::array<TileRef, 4>& tiles, int S, int xc, int yc,
+                                        std::vector<Box>* placed, bool resize_pixels) {
+  StageScope timed(Stage::MosaicPlace);
+  return plan_tiles(tiles, S, xc, yc, placed, resize_pixels);
+}
+
 // mosaic4's boxes: clipped to the canvas, halved, kept when wider and taller than 2 pixels.
 void halve_mosaic_boxes(const std::vector<Box>& boxes, int S2, std::vector<Box>* out) {
   for (const Box& b0 : boxes) {
@@ -485,11 +492,7 @@ void halve_mosaic_boxes(const std::vector<Box>& boxes, int S2, std::vector<Box>*
 Sample mosaic_exact(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   std::vector<Box> placed;
-  std::array<TilePlacement, 4> plan;
-  {
-    StageScope timed(Stage::MosaicPlace);
-    plan = plan_tiles(tiles, S, xc, yc, &placed, true);
-  }
+  const std::array<TilePlacement, 4> plan = timed_plan(tiles, S, xc, yc, &placed, true);
   Sample out;
   {
     StageScope timed(Stage::MosaicDownscale);
@@ -517,11 +520,7 @@ Sample mosaic_exact(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) 
 Sample mosaic_sampled(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   std::vector<Box> placed;
-  std::array<TilePlacement, 4> plan;
-  {
-    StageScope timed(Stage::MosaicPlace);
-    plan = plan_tiles(tiles, S, xc, yc, &placed, false);
-  }
+  const std::array<TilePlacement, 4> plan = timed_plan(tiles, S, xc, yc, &placed, false);
   Sample out;
   out.image = torch::empty({S, S, 3}, torch::kUInt8);
   uint8_t* o = out.image.data_ptr<uint8_t>();
