@@ -120,7 +120,16 @@ for p in sorted(glob.glob(os.path.join(sys.argv[1], "prof_*", "prof", "profile.j
 PY
 }
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
-want loader && run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16
+# Loader alone (issue 12): per-stage table and threads, the default (mosaic tiles decoded at the
+# JPEG DCT scale they are shown at) against the reference's full decode, then cache=ram.
+want loader && {
+  run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16 --stages \
+    --dir /tmp/libreyolo_bench_loader_512
+  run loader_exact 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16 --stages \
+    --exact-decode --dir /tmp/libreyolo_bench_loader_512
+  run loader_ram 300 "$BIN/bench_loader" --count 512 --threads 8,16 --imgsz 640 --batch 16 --cache ram \
+    --dir /tmp/libreyolo_bench_loader_512
+}
 want e2e && {
   run e2e 400 "$BIN/bench_train_e2e" --device cuda --workers 8,16
   run e2e_bf16 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16
@@ -182,6 +191,11 @@ for path in sorted(glob.glob(os.path.join(log, "*.json"))):
     except Exception: continue
     for r in d.get("results", []) if isinstance(d.get("results"), list) else []:
         print(name, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}))
+    st = d.get("stages")
+    if isinstance(st, dict):
+        ms = {k: round(v["ms_per_sample"], 2) for k, v in st.get("ms_per_sample", {}).items() if v["ms_per_sample"] > 0.001}
+        print(name, "stages", json.dumps({"ms_per_sample": ms, "wall_ms_per_sample": st.get("wall_ms_per_sample"),
+                                          "output_hash": st.get("output_hash")}))
     if "runs" in d:
         for r in d["runs"]: print(name, json.dumps(r))
     if "total" in d: print(name, json.dumps({k: d[k] for k in ("total", "preprocess", "inference", "postprocess")}))
