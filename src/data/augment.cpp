@@ -321,22 +321,15 @@ MosaicParams draw_mosaic(Rng& rng, int S, int64_t n) {
 
 namespace {
 
-// A tile as plan_tiles reads it: pixels, its size at imgsz scale (the pixels' own size, or
-// another for a reduced decode) and its boxes at that scale.
-struct TileRef {
-  const torch::Tensor* image;
-  int h, w;
-  const std::vector<Box>* boxes;
-};
-
-std::array<TileRef, 4> refs_of(const std::array<const Sample*, 4>& tiles) {
-  std::array<TileRef, 4> r{};
+// Samples as mosaic tiles: pixels at imgsz scale (their own size), checked.
+std::array<Tile, 4> tiles_of(const std::array<const Sample*, 4>& samples) {
+  std::array<Tile, 4> t;
   for (size_t k = 0; k < 4; ++k) {
-    check_image(tiles[k]->image);
-    r[k] = {&tiles[k]->image, static_cast<int>(tiles[k]->image.size(0)), static_cast<int>(tiles[k]->image.size(1)),
-            &tiles[k]->boxes};
+    const Sample& s = *samples[k];
+    check_image(s.image);
+    t[k] = {s.image, static_cast<int>(s.image.size(0)), static_cast<int>(s.image.size(1)), s.boxes};
   }
-  return r;
+  return t;
 }
 
 // Where one tile lands on the 2S canvas: canvas rectangle [x1a, x2a) x [y1a, y2a) takes the
@@ -353,15 +346,15 @@ struct TilePlacement {
 // The four tiles around (xc, yc) on a 2S canvas: the reference's geometry. Boxes are shifted,
 // not clipped. A tile larger than S is shrunk to fit: resized when its pixels are at canvas
 // scale (resize_pixels), else only its canvas size changes.
-std::array<TilePlacement, 4> plan_tiles(const std::array<TileRef, 4>& tiles, int S, int xc, int yc,
+std::array<TilePlacement, 4> plan_tiles(const std::array<const Tile*, 4>& tiles, int S, int xc, int yc,
                                         std::vector<Box>* boxes, bool resize_pixels) {
   const int S2 = 2 * S;
   if (xc < 0 || xc > S2 || yc < 0 || yc > S2) throw UsageError("mosaic centre outside the canvas");
   std::array<TilePlacement, 4> out;
   for (int k = 0; k < 4; ++k) {
     TilePlacement& t = out[static_cast<size_t>(k)];
-    torch::Tensor img = *tiles[k].image;
-    int h = tiles[k].h, w = tiles[k].w;
+    torch::Tensor img = tiles[k]->image;
+    int h = tiles[k]->height, w = tiles[k]->width;
     if (h < 1 || w < 1) throw UsageError("mosaic tile of zero size");
     const double scale = std::min({1.0, static_cast<double>(S) / h, static_cast<double>(S) / w});
     if (scale < 1.0) {
@@ -395,7 +388,7 @@ std::array<TilePlacement, 4> plan_tiles(const std::array<TileRef, 4>& tiles, int
     const int rows = y2a - y1a, cols = x2a - x1a;
     t.copies = rows > 0 && cols > 0 && rows == y2b - y1b && cols == x2b - x1b;
     const double padw = x1a - x1b, padh = y1a - y1b;
-    for (const Box& b : *tiles[k].boxes)
+    for (const Box& b : tiles[k]->boxes)
       boxes->push_back({b.x1 * scale + padw, b.y1 * scale + padh, b.x2 * scale + padw,
                         b.y2 * scale + padh, b.cls});
   }
@@ -416,7 +409,8 @@ void compose_canvas_row(const std::array<TilePlacement, 4>& plan, int cy, int S2
 Sample place_tiles(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   Sample out;
-  const std::array<TilePlacement, 4> plan = plan_tiles(refs_of(tiles), S, xc, yc, &out.boxes, true);
+  const std::array<Tile, 4> t = tiles_of(tiles);
+  const std::array<TilePlacement, 4> plan = plan_tiles({&t[0], &t[1], &t[2], &t[3]}, S, xc, yc, &out.boxes, true);
   // empty rather than torch::full: ATen's fill would start an OpenMP team from inside a loader
   // thread.
   out.image = torch::empty({S2, S2, 3}, torch::kUInt8);
@@ -468,7 +462,7 @@ Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int S, int xc, i
 namespace {
 
 // plan_tiles, timed as the mosaic's placement stage.
-std::array<TilePlacement, 4> timed_plan(const std::array<TileRef, 4>& tiles, int S, int xc, int yc,
+std::array<TilePlacement, 4> timed_plan(const std::array<const Tile*, 4>& tiles, int S, int xc, int yc,
                                         std::vector<Box>* placed, bool resize_pixels) {
   StageScope timed(Stage::MosaicPlace);
   return plan_tiles(tiles, S, xc, yc, placed, resize_pixels);
@@ -489,7 +483,7 @@ void halve_mosaic_boxes(const std::vector<Box>& boxes, int S2, std::vector<Box>*
 // Tiles whose pixels are at canvas scale: the canvas is never built: each output row is made
 // from its two canvas rows, composed in a small buffer and halved (bit for bit the canvas +
 // resize_bilinear of the reference geometry; tests/test_data_augment.cpp compares the two).
-Sample mosaic_exact(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) {
+Sample mosaic_exact(const std::array<const Tile*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   std::vector<Box> placed;
   const std::array<TilePlacement, 4> plan = timed_plan(tiles, S, xc, yc, &placed, true);
@@ -517,7 +511,7 @@ Sample mosaic_exact(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) 
 // the tile holding canvas pixel (2X + 1, 2Y + 1); it samples the tile's pixels at that block's
 // centre. Same geometry and boxes as mosaic_exact; pixels differ by the interpolation (and
 // along tile edges that fall on odd canvas coordinates, by which tile a block is given to).
-Sample mosaic_sampled(const std::array<TileRef, 4>& tiles, int S, int xc, int yc) {
+Sample mosaic_sampled(const std::array<const Tile*, 4>& tiles, int S, int xc, int yc) {
   const int S2 = 2 * S;
   std::vector<Box> placed;
   const std::array<TilePlacement, 4> plan = timed_plan(tiles, S, xc, yc, &placed, false);
@@ -551,20 +545,18 @@ Sample mosaic_sampled(const std::array<TileRef, 4>& tiles, int S, int xc, int yc
 }  // namespace
 
 Sample mosaic4(const std::array<const Sample*, 4>& tiles, int S, int xc, int yc) {
-  return mosaic_exact(refs_of(tiles), S, xc, yc);
+  const std::array<Tile, 4> t = tiles_of(tiles);
+  return mosaic_exact({&t[0], &t[1], &t[2], &t[3]}, S, xc, yc);
 }
 
 Sample mosaic4(const std::array<const Tile*, 4>& tiles, int S, int xc, int yc) {
-  std::array<TileRef, 4> refs{};
   bool exact = true;
-  for (size_t k = 0; k < 4; ++k) {
-    const Tile& t = *tiles[k];
-    check_image(t.image);
-    if (!t.image.is_contiguous()) throw UsageError("mosaic4: tile pixels must be contiguous");
-    refs[k] = {&t.image, t.height, t.width, &t.boxes};
-    exact = exact && t.image.size(0) == t.height && t.image.size(1) == t.width;
+  for (const Tile* t : tiles) {
+    check_image(t->image);
+    if (!t->image.is_contiguous()) throw UsageError("mosaic4: tile pixels must be contiguous");
+    exact = exact && t->image.size(0) == t->height && t->image.size(1) == t->width;
   }
-  return exact ? mosaic_exact(refs, S, xc, yc) : mosaic_sampled(refs, S, xc, yc);
+  return exact ? mosaic_exact(tiles, S, xc, yc) : mosaic_sampled(tiles, S, xc, yc);
 }
 
 // ---- YOLOX random affine and mixup ---------------------------------------------------------
