@@ -339,7 +339,7 @@ int main(int argc, char** argv) {
     std::cerr << "unknown family " << o.family << "\n";
     return 2;
   }
-  at::globalContext().setBenchmarkCuDNN(o.cudnn_benchmark);
+  for (const std::string& line : configure_cudnn(o.cudnn_benchmark)) std::fprintf(stderr, "%s\n", line.c_str());
   json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", o.imgsz}, {"steps", o.steps},
               {"warmup", o.warmup}, {"ema", o.ema}, {"results", json::array()}};
   const std::vector<bool> fused_modes =

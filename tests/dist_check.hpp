@@ -29,6 +29,13 @@ namespace libreyolo::test {
 
 using Env = std::vector<std::pair<std::string, std::string>>;
 
+// The CLI program: LIBREYOLO_CLI when set (prebuilt binaries carried to another machine, where
+// the build's path does not exist: scripts/gpu.sh sets it), else the one this build made.
+inline std::string cli_path() {
+  const char* v = std::getenv("LIBREYOLO_CLI");
+  return v && *v ? v : LIBREYOLO_CLI_PATH;
+}
+
 // Starts the CLI with `args`, this process's environment minus any rank variables plus `add`;
 // stderr goes to err_path.
 inline pid_t launch(const std::vector<std::string>& args, const Env& add, const std::string& err_path) {
@@ -47,7 +54,7 @@ inline pid_t launch(const std::vector<std::string>& args, const Env& add, const 
   std::vector<char*> envp, argv;
   for (auto& s : envs) envp.push_back(s.data());
   envp.push_back(nullptr);
-  std::vector<std::string> full = {LIBREYOLO_CLI_PATH};
+  std::vector<std::string> full = {cli_path()};
   full.insert(full.end(), args.begin(), args.end());
   for (auto& a : full) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -83,7 +90,8 @@ inline Env rank_env(int rank, int world, int port) {
   return {{"RANK", std::to_string(rank)},         {"LOCAL_RANK", std::to_string(rank)},
           {"WORLD_SIZE", std::to_string(world)},  {"LOCAL_WORLD_SIZE", std::to_string(world)},
           {"MASTER_ADDR", "127.0.0.1"},           {"MASTER_PORT", std::to_string(port)},
-          {"OMP_NUM_THREADS", "1"},                {"LIBREYOLO_TF32", "0"}};
+          {"OMP_NUM_THREADS", "1"},                {"LIBREYOLO_TF32", "0"},
+          {"LIBREYOLO_DETERMINISTIC", "1"}};
 }
 
 inline bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0; }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -31,6 +32,25 @@ struct CudnnSettings {
 
  private:
   bool benchmark_, deterministic_, tf32_;
+};
+
+// Sets an environment variable for one scope (the old value, or its absence, comes back after).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had_)
+      setenv(name_, old_.c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
 };
 
 }  // namespace libreyolo::test

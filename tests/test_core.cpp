@@ -1,3 +1,4 @@
+#include <ATen/Context.h>
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
@@ -50,6 +51,50 @@ TEST(Device, ResolvesSingleDevices) {
       EXPECT_EQ(e.code(), "device_not_available");
     }
   }
+}
+
+// The cuDNN settings a training run takes (configure_cudnn) and the environment's overrides; the
+// process-wide context is put back afterwards.
+TEST(Device, ConfiguresCudnnForTrainingFromTheEnvironment) {
+  auto& ctx = at::globalContext();
+  const bool bench = ctx.benchmarkCuDNN(), det = ctx.deterministicCuDNN();
+  const int limit = ctx.benchmarkLimitCuDNN();
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", ""), d("LIBREYOLO_DETERMINISTIC", "");
+    EXPECT_TRUE(libreyolo::configure_cudnn(true).empty());
+    EXPECT_TRUE(ctx.benchmarkCuDNN());
+    EXPECT_EQ(ctx.benchmarkLimitCuDNN(), libreyolo::kAutotuneCandidates);
+    libreyolo::configure_cudnn(false);
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+  }
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "0");
+    const auto said = libreyolo::configure_cudnn(true);
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("no autotuning"), std::string::npos) << said[0];
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+  }
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "6");
+    libreyolo::configure_cudnn(false);
+    EXPECT_TRUE(ctx.benchmarkCuDNN());
+    EXPECT_EQ(ctx.benchmarkLimitCuDNN(), 6);
+  }
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "fast");
+    EXPECT_THROW(libreyolo::configure_cudnn(true), libreyolo::UsageError);
+  }
+  {
+    libreyolo::test::ScopedEnv d("LIBREYOLO_DETERMINISTIC", "1");
+    const auto said = libreyolo::configure_cudnn(true);
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+    EXPECT_TRUE(ctx.deterministicCuDNN());
+    ASSERT_FALSE(said.empty());
+    EXPECT_NE(said.back().find("deterministic"), std::string::npos);
+  }
+  ctx.setBenchmarkCuDNN(bench);
+  ctx.setDeterministicCuDNN(det);
+  ctx.setBenchmarkLimitCuDNN(limit);
 }
 
 TEST(Options, AppliesKeyValuesWithTypes) {

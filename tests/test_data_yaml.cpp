@@ -18,23 +18,6 @@ void touch(const fs::path& p, const std::string& text = "") {
   std::ofstream(p) << text;
 }
 
-// Sets an environment variable for one scope.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old, had_ = true;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (had_)
-      setenv(name_, old_.c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
-
 std::string error_code_of(const std::function<void()>& fn) {
   try {
     fn();
@@ -52,7 +35,7 @@ TEST(DataYaml, RelativePathPrefersDatasetsDirThenYamlFolder) {
   touch(tmp / "cfg" / "ds" / "images" / "train" / "x.jpg");
   {
     // Not under the datasets dir: relative to the YAML's folder.
-    ScopedEnv env("LIBREYOLO_DATASETS_DIR", (tmp / "nowhere").string());
+    test::ScopedEnv env("LIBREYOLO_DATASETS_DIR", (tmp / "nowhere").string());
     const DatasetSpec spec = load_dataset_yaml((tmp / "cfg" / "data.yaml").string());
     EXPECT_EQ(spec.root, (tmp / "cfg" / "ds").string());
     EXPECT_EQ(spec.splits.at("train").at(0), (tmp / "cfg" / "ds" / "images" / "train").string());
@@ -62,15 +45,15 @@ TEST(DataYaml, RelativePathPrefersDatasetsDirThenYamlFolder) {
   {
     // Present under $LIBREYOLO_DATASETS_DIR: that one wins.
     fs::create_directories(tmp / "store" / "ds");
-    ScopedEnv env("LIBREYOLO_DATASETS_DIR", (tmp / "store").string());
+    test::ScopedEnv env("LIBREYOLO_DATASETS_DIR", (tmp / "store").string());
     const DatasetSpec spec = load_dataset_yaml((tmp / "cfg" / "data.yaml").string());
     EXPECT_EQ(spec.root, (tmp / "store" / "ds").string());
   }
 }
 
 TEST(DataYaml, DefaultDatasetsDirIsHomeDatasets) {
-  ScopedEnv env("LIBREYOLO_DATASETS_DIR", "");
-  ScopedEnv home("HOME", "/some/home");
+  test::ScopedEnv env("LIBREYOLO_DATASETS_DIR", "");
+  test::ScopedEnv home("HOME", "/some/home");
   EXPECT_EQ(datasets_dir(), "/some/home/datasets");
 }
 

@@ -224,14 +224,8 @@ void Trainer::setup_device() {
   channels_last_ = cfg_.memory_format == "channels_last" || (cfg_.memory_format == "auto" && device_.is_cuda());
   // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
   // fastest (measured on an H200: v9-t batch 8 bf16 step 75 -> 67 ms).
-  if (device_.is_cuda()) at::globalContext().setBenchmarkCuDNN(true);
-  // LIBREYOLO_TF32=0: true fp32 convolutions and matmuls (cuDNN's default for convolutions is
-  // TF32, ~1e-3 relative per op): for comparisons across runs and GPU counts.
-  if (const char* tf32 = std::getenv("LIBREYOLO_TF32"); device_.is_cuda() && tf32 && std::string(tf32) == "0") {
-    at::globalContext().setAllowTF32CuDNN(false);
-    at::globalContext().setAllowTF32CuBLAS(false);
-    log_info("LIBREYOLO_TF32=0: convolutions and matmuls in full fp32 (no TF32)");
-  }
+  if (device_.is_cuda())
+    for (const std::string& line : configure_cudnn(true)) log_info(line);
 }
 
 // Under torchrun every rank trains, whatever `device` says (as in LibreYOLO): rank i on
