@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist bn; "bench" = all benchmarks.
 #   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
 #   and torchrun) and two torchrun "nodes" of one GPU each.
 set -uo pipefail
@@ -27,6 +27,7 @@ summary "gpu: $(tail -n +2 "$LOG/gpu.txt" | head -1); cores $(nproc)"
 
 if [ -x "$ROOT/.carry/bin/libreyolo_gpu_tests" ] && [ "${LIBREYOLO_GPU_BUILD:-0}" != 1 ]; then
   BIN=$ROOT/.carry/bin
+  export LIBREYOLO_CLI=$BIN/libreyolo  # the tests that start the CLI: not at the build's path here
   summary "binaries: prebuilt (.carry/bin)"
 else
   export LIBREYOLO_SYSTEM_TORCH=1 LIBREYOLO_PY=python3 LIBREYOLO_BUILD_DIR=$ROOT/build-gpu
@@ -56,6 +57,8 @@ want forward && {
   run forward_bf16_cl 300 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
 }
 want predict && run predict 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10
+# The fused BatchNorm kernels alone over activation shapes, on the default and two other grids.
+want bn && run bn_act 200 "$BIN/bench_bn_act" --grids auto,c8r8,c8r16
 want step && {
   # LIBREYOLO_STEP_ARGS replaces the main table's arguments (e.g. fewer sizes, --fused both).
   run step 600 "$BIN/bench_train_step" --device cuda --cudnn-benchmark \

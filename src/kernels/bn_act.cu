@@ -58,6 +58,28 @@ __device__ __forceinline__ void store_pack(T* __restrict__ p, int64_t i, const f
   *reinterpret_cast<Pack<T, V>*>(p + i) = k;
 }
 
+// Loads in flight per thread in the statistics kernel's loops: the loads of kUnroll rows (or
+// partials) are issued before any of their arithmetic, so each thread waits for memory once per
+// kUnroll rows instead of once per row (each row's Welford update depends on the previous one's).
+// Not in the backward reduction: two [kUnroll][V] arrays there spilled to local memory and
+// doubled its time on large activations (H200, bench_bn_act).
+constexpr int kUnroll = 4;
+
+// V consecutive floats of the partials (written by other blocks of this launch: read through L2).
+template <int V>
+__device__ __forceinline__ void load_partial(const float* p, float (&out)[V]) {
+  if constexpr (V % 4 == 0) {
+#pragma unroll
+    for (int j = 0; j < V; j += 4) {
+      const float4 q = __ldcg(reinterpret_cast<const float4*>(p + j));
+      out[j] = q.x, out[j + 1] = q.y, out[j + 2] = q.z, out[j + 3] = q.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) out[j] = __ldcg(p + j);
+  }
+}
+
 // Reduces each thread's V (mean, M2) pairs with its count over threadIdx.y (Chan's merge); the
 // result lands in row 0: sn[tx], sm[j * kThreads + tx], sq[j * kThreads + tx].
 template <int V>
@@ -142,20 +164,27 @@ __global__ void __launch_bounds__(kThreads)
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
   const int p_count = gridDim.x;
-  float n = 0.f, mean[V], m2[V], v[V];
+  float n = 0.f, mean[V], m2[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) mean[j] = m2[j] = 0.f;
   if (mine) {
     const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-      load_pack<T, V>(x, r * channels + g * V, v);
-      n += 1.f;
-      const float inv = __fdividef(1.f, n);
+    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += kUnroll * step) {
+      float vs[kUnroll][V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float d = v[j] - mean[j];
-        mean[j] += d * inv;
-        m2[j] += d * (v[j] - mean[j]);
+      for (int u = 0; u < kUnroll; ++u)
+        if (r + u * step < rows) load_pack<T, V>(x, (r + u * step) * channels + g * V, vs[u]);
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (r + u * step >= rows) break;
+        n += 1.f;
+        const float inv = __fdividef(1.f, n);
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = vs[u][j] - mean[j];
+          mean[j] += d * inv;
+          m2[j] += d * (vs[u][j] - mean[j]);
+        }
       }
     }
   }
@@ -176,18 +205,30 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < V; ++j) mean[j] = m2[j] = 0.f;
   if (mine) {
-    for (int p = threadIdx.y; p < p_count; p += blockDim.y) {
-      const int64_t at = static_cast<int64_t>(p) * channels + g * V;
-      const float nb = __ldcg(partials + at);
-      if (nb == 0.f) continue;
-      const float nn = n + nb, f = nb / nn;
+    for (int p = threadIdx.y; p < p_count; p += kUnroll * blockDim.y) {
+      float nbs[kUnroll], mb[kUnroll][V], qb[kUnroll][V];
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float d = __ldcg(partials + plane + at + j) - mean[j];
-        mean[j] += d * f;
-        m2[j] += __ldcg(partials + 2 * plane + at + j) + d * d * n * f;
+      for (int u = 0; u < kUnroll; ++u) {
+        const int pu = p + u * blockDim.y;
+        nbs[u] = 0.f;
+        if (pu >= p_count) continue;
+        const int64_t at = static_cast<int64_t>(pu) * channels + g * V;
+        nbs[u] = __ldcg(partials + at);
+        load_partial<V>(partials + plane + at, mb[u]);
+        load_partial<V>(partials + 2 * plane + at, qb[u]);
       }
-      n = nn;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (nbs[u] == 0.f) continue;
+        const float nn = n + nbs[u], f = nbs[u] / nn;
+#pragma unroll
+        for (int j = 0; j < V; ++j) {
+          const float d = mb[u][j] - mean[j];
+          mean[j] += d * f;
+          m2[j] += qb[u][j] + d * d * n * f;
+        }
+        n = nn;
+      }
     }
   }
   block_welford<V>(n, mean, m2, sn, sm, sq);
@@ -382,9 +423,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int channels_per_block(int groups) {
+// The smallest power of two >= groups, at most `most`.
+int channels_per_block(int groups, int most) {
   int cx = 1;
-  while (cx < groups && cx < 32) cx <<= 1;
+  while (cx < groups && cx < most) cx <<= 1;
   return cx;
 }
 
@@ -393,12 +435,21 @@ struct Grid {
   int channel_blocks;
 };
 
-// Over channel groups of `vec` channels.
-Grid grid_for(int channels, int vec) {
+// Over channel groups of `vec` channels, at most `most` groups (a power of two <= 32) per block.
+Grid grid_for(int channels, int vec, int most = 32) {
   const int groups = channels / vec;
-  const int cx = channels_per_block(groups);
+  const int cx = channels_per_block(groups, most);
   return {dim3(cx, kThreads / cx), (groups + cx - 1) / cx};
 }
+
+// The reductions' grid: bn_act_reduce_block_channels() channels per block unless the launch
+// says otherwise (the last block of a channel block merges the P partials of its channels alone,
+// so narrower blocks merge less each; bench_bn_act sweeps this).
+Grid reduce_grid(int channels, int vec, int block_groups) {
+  if (block_groups <= 0) block_groups = std::max(1, std::min(32, bn_act_reduce_block_channels() / vec));
+  return grid_for(channels, vec, std::min(block_groups, 32));
+}
+Grid reduce_grid(const BnActLaunch& l) { return reduce_grid(l.channels, l.vec, l.block_groups); }
 
 // Row-blocks for the elementwise kernels: enough blocks to fill the GPU several times over.
 int elementwise_row_blocks(int64_t rows, const Grid& g) {
@@ -438,15 +489,19 @@ void dispatch_launch(const BnActLaunch& l, Fn&& fn) {
 
 int bn_act_vector_width(int channels) { return channels % kVec == 0 ? kVec : 1; }
 
-int bn_act_row_blocks(int64_t rows, int channels, int vec) {
-  const Grid g = grid_for(channels, vec);
-  // At least ~4 rows per thread, at most ~1024 blocks in all.
-  const int64_t want = (rows + 4 * g.block.y - 1) / (4 * g.block.y);
+int bn_act_row_blocks(int64_t rows, int channels, int vec, int block_groups, int rows_per_thread) {
+  const Grid g = reduce_grid(channels, vec, block_groups);
+  if (rows_per_thread <= 0) rows_per_thread = bn_act_rows_per_thread();
+  // About rows_per_thread rows per thread, at most ~1024 blocks in all.
+  const int64_t per_block = static_cast<int64_t>(rows_per_thread) * g.block.y;
+  const int64_t want = (rows + per_block - 1) / per_block;
   const int64_t cap = std::max<int64_t>(1, 1024 / g.channel_blocks);
   return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
 }
 
-int bn_act_counters(int channels, int vec) { return grid_for(channels, vec).channel_blocks; }
+int bn_act_counters(int channels, int vec, int block_groups) {
+  return reduce_grid(channels, vec, block_groups).channel_blocks;
+}
 
 namespace {
 
@@ -485,17 +540,16 @@ void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, con
                     float* running_mean, float* running_var, float momentum, float eps, float* partials,
                     unsigned* counters, float* mean, float* invstd, void* y) {
   check_vec(l, "bn_act_forward");
-  const Grid g = grid_for(l.channels, l.vec);
-  launch_stats(l, g, x, partials, counters, mean, invstd, running_mean, running_var, momentum, eps, nullptr);
-  launch_apply(l, g, x, gamma, beta, mean, invstd, y);
+  launch_stats(l, reduce_grid(l), x, partials, counters, mean, invstd, running_mean, running_var, momentum, eps,
+               nullptr);
+  launch_apply(l, grid_for(l.channels, l.vec), x, gamma, beta, mean, invstd, y);
   check(cudaGetLastError(), "bn_act_forward");
 }
 
 void bn_act_local_stats(const BnActLaunch& l, const void* x, float eps, float* partials, unsigned* counters,
                         float* row) {
   check_vec(l, "bn_act_local_stats");
-  launch_stats(l, grid_for(l.channels, l.vec), x, partials, counters, nullptr, nullptr, nullptr, nullptr, 0.f, eps,
-               row);
+  launch_stats(l, reduce_grid(l), x, partials, counters, nullptr, nullptr, nullptr, nullptr, 0.f, eps, row);
   check(cudaGetLastError(), "bn_act_local_stats");
 }
 
@@ -514,7 +568,7 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
                             const float* beta, const float* mean, const float* invstd, float* partials,
                             unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate) {
   check_vec(l, "bn_act_backward_reduce");
-  const Grid g = grid_for(l.channels, l.vec);
+  const Grid g = reduce_grid(l);
   dispatch_launch(l, [&](auto* tag, auto vc) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int V = decltype(vc)::value;

@@ -30,15 +30,27 @@ struct BnActLaunch {
   // SyncBN backward (bn_act_backward_reduce/elemt below): the second half of dsum carries
   // sum(g * (x - mean)) instead of sum(g * xhat), the form every process can add up.
   bool sync_sums = false;
+  // Channel groups per block of the two reductions (statistics, backward sums): 0 = the default
+  // (bn_act_reduce_block_channels() channels); else a power of two <= 32, clamped to the channel
+  // count. row_blocks and the counters must come from the same value.
+  int block_groups = 0;
 };
 
 constexpr int bn_act_max_vector_width() { return 8; }
 // The widest vector the channel count allows (the caller still checks pointer alignment).
 int bn_act_vector_width(int channels);
-// Number of row-blocks for a launch (the size of the partials' P dimension).
-int bn_act_row_blocks(int64_t rows, int channels, int vec);
+// Defaults of the reductions' grid: channels per block and rows per thread (bench_bn_act sweeps
+// both). Narrower blocks and more rows per thread made the medium activations' reductions up to
+// 2-6x faster alone on an H200 (e.g. 256 channels at 40x40, batch 16: statistics 92 -> 15 us),
+// but the graphed v9-t step was no faster with them (batch 16: 27.3 ms against 27.1-27.2 ms;
+// that build's backward reduction also had the unrolling that spilled, see bn_act.cu), so the
+// grid stays the one the other results were measured with.
+constexpr int bn_act_reduce_block_channels() { return 256; }
+constexpr int bn_act_rows_per_thread() { return 4; }
+// Number of row-blocks for a launch (the size of the partials' P dimension); 0 = the defaults.
+int bn_act_row_blocks(int64_t rows, int channels, int vec, int block_groups = 0, int rows_per_thread = 0);
 // Counters needed for a launch (one per channel block). bn_act_max_counters() bounds it.
-int bn_act_counters(int channels, int vec);
+int bn_act_counters(int channels, int vec, int block_groups = 0);
 constexpr int bn_act_max_counters() { return 4096; }
 // Bound on P * C over every launch: P <= max(1, 1024 / channel_blocks) row-blocks of at most 32
 // channel groups of `vec` channels each.
