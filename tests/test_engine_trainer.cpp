@@ -8,6 +8,8 @@
 
 #include "data/synthetic.hpp"
 #include "io/checkpoint.hpp"
+#include "io/image.hpp"
+#include "io/sample_image.hpp"
 #include "support.hpp"
 
 namespace fs = std::filesystem;
@@ -242,6 +244,41 @@ TEST(Trainer, CudaGraphOnTheCpuTrainsEagerWithOneLine) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda_graph_scope"), std::string::npos) << e.what();
   }
+}
+
+// A folder through predict at batch 1, 2 and 4 (decoding runs a batch ahead on its own threads):
+// the same images in the same order with the same detections, the unreadable file skipped in each.
+TEST(Predict, FolderBatchesAndDecodeAheadKeepOrderAndDetections) {
+  const fs::path dir = fs::path(test::temp_dir("predict_folder")) / "imgs";
+  fs::create_directories(dir);
+  for (int i = 0; i < 6; ++i) {
+    torch::Tensor img = io::make_sample_image(120 + 8 * i, 160 - 4 * i);
+    io::save_image((dir / ("img" + std::to_string(i) + (i % 2 ? ".png" : ".jpg"))).string(), img);
+  }
+  std::ofstream(dir / "img3b.jpg") << "not an image";
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
+  std::vector<std::vector<PredictResult>> runs;
+  for (const char* batch : {"1", "2", "4"})
+    runs.push_back(model.predict(dir.string(), {{"imgsz", "96"}, {"conf", "0.000001"}, {"batch", batch}}));
+  ASSERT_EQ(runs[0].size(), 6u);
+  for (size_t r = 1; r < runs.size(); ++r) {
+    ASSERT_EQ(runs[r].size(), runs[0].size());
+    for (size_t i = 0; i < runs[0].size(); ++i) {
+      const auto &a = runs[0][i], &b = runs[r][i];
+      EXPECT_EQ(a.source, b.source);
+      EXPECT_EQ(a.height, b.height);
+      ASSERT_EQ(a.detections.size(), b.detections.size()) << a.source << " batch run " << r;
+      for (size_t k = 0; k < a.detections.size(); ++k) {
+        EXPECT_EQ(a.detections[k].class_id, b.detections[k].class_id);
+        EXPECT_NEAR(a.detections[k].x1, b.detections[k].x1, 1e-3);
+        EXPECT_NEAR(a.detections[k].y2, b.detections[k].y2, 1e-3);
+        EXPECT_NEAR(a.detections[k].score, b.detections[k].score, 1e-5);
+      }
+    }
+  }
+  EXPECT_EQ(fs::path(runs[0][3].source).filename(), "img3.png");
+  EXPECT_EQ(fs::path(runs[0][4].source).filename(), "img4.jpg");  // after the skipped img3b.jpg
+  EXPECT_GT(runs[0][0].detections.size(), 0u);
 }
 
 // Inference CUDA graphs where they cannot run (the CPU): predict with cuda_graph=true|auto gives

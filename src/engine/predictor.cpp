@@ -5,7 +5,10 @@
 #include <chrono>
 #include <filesystem>
 #include <glob.h>
+#include <atomic>
+#include <future>
 #include <set>
+#include <thread>
 
 #include "models/loaded_model.hpp"
 #include "core/log.hpp"
@@ -52,6 +55,66 @@ std::set<int> parse_classes(const std::string& text) {
     start = end + 1;
   }
   return out;
+}
+
+// One batch of sources decoded and letterboxed: what the forward and the postprocess need.
+struct PreparedBatch {
+  std::vector<std::string> sources;     // the readable ones, in order
+  std::vector<torch::Tensor> originals;  // their decoded images
+  std::vector<double> ratios;
+  std::vector<std::string> skipped;     // unreadable: "path (why)", in order
+  torch::Tensor batch;                  // [n, S, S, 3] uint8 (pinned for a CUDA forward)
+  double ms = 0;                        // wall time of the preparation
+};
+
+// Decodes and letterboxes sources[first, first + count) on up to `threads` threads (each image is
+// independent; results keep the sources' order).
+PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t first, size_t count, int size,
+                            int threads, bool pin) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<torch::Tensor> images(count), canvases(count);
+  std::vector<double> ratios(count, 1.0);
+  std::vector<std::string> errors(count);
+  auto work = [&](size_t i) {
+    const std::string& src = sources[first + i];
+    try {
+      images[i] = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+      canvases[i] = ops::letterbox_topleft(images[i], size, &ratios[i]);
+    } catch (const Error& e) {
+      errors[i] = e.what();
+      images[i] = torch::Tensor();
+    }
+  };
+  const size_t n_threads = std::min<size_t>(count, static_cast<size_t>(std::max(1, threads)));
+  if (n_threads <= 1) {
+    for (size_t i = 0; i < count; ++i) work(i);
+  } else {
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> pool;
+    for (size_t t = 0; t < n_threads; ++t)
+      pool.emplace_back([&] {
+        for (size_t i = next++; i < count; i = next++) work(i);
+      });
+    for (auto& th : pool) th.join();
+  }
+  PreparedBatch b;
+  std::vector<torch::Tensor> kept;
+  for (size_t i = 0; i < count; ++i) {
+    if (!images[i].defined()) {
+      b.skipped.push_back(sources[first + i] + " (" + errors[i] + ")");
+      continue;
+    }
+    b.sources.push_back(sources[first + i]);
+    b.originals.push_back(std::move(images[i]));
+    b.ratios.push_back(ratios[i]);
+    kept.push_back(std::move(canvases[i]));
+  }
+  if (!kept.empty()) {
+    b.batch = torch::stack(kept);
+    if (pin) b.batch = b.batch.pin_memory();
+  }
+  b.ms = ms_since(t0);
+  return b;
 }
 
 }  // namespace
@@ -126,31 +189,32 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   std::vector<PredictResult> results;
   std::set<std::string> used_names;
   std::vector<std::string> skipped;  // unreadable images: warned about, then left out
-  for (size_t first = 0; first < sources.size(); first += static_cast<size_t>(cfg.batch)) {
-    auto t0 = std::chrono::steady_clock::now();
-    std::vector<torch::Tensor> originals, canvases;
-    std::vector<double> ratios;
-    std::vector<std::string> batch_sources;
-    for (size_t i = 0; i < std::min(sources.size() - first, static_cast<size_t>(cfg.batch)); ++i) {
-      const auto& src = sources[first + i];
-      torch::Tensor img;
-      try {
-        img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
-      } catch (const Error& e) {
-        log_warn("skipping " + src + ": " + e.what());
-        skipped.push_back(src + " (" + e.what() + ")");
-        continue;
-      }
-      batch_sources.push_back(src);
-      double r = 1.0;
-      canvases.push_back(ops::letterbox_topleft(img, S, &r));
-      ratios.push_back(r);
-      originals.push_back(img);
+  // Decoding runs one batch ahead on its own threads, so a folder's next images are read while
+  // this batch is on the device (and its detections are drawn and saved).
+  const size_t step = static_cast<size_t>(cfg.batch);
+  const int threads = std::max(1, std::min(static_cast<int>(std::thread::hardware_concurrency()), cfg.batch));
+  const bool pin = dev.is_cuda();
+  // One batch in all: prepared on this thread when asked for (no thread to start for one image).
+  const auto policy = sources.size() > step ? std::launch::async : std::launch::deferred;
+  auto start = [&](size_t first) {
+    return std::async(policy, prepare_batch, std::cref(sources), first,
+                      std::min(sources.size() - first, step), S, threads, pin);
+  };
+  std::future<PreparedBatch> ahead = start(0);
+  for (size_t first = 0; first < sources.size(); first += step) {
+    PreparedBatch prepared = ahead.get();
+    if (first + step < sources.size()) ahead = start(first + step);
+    for (const std::string& why : prepared.skipped) {
+      log_warn("skipping " + why);
+      skipped.push_back(why);
     }
-    const size_t n = batch_sources.size();
+    const size_t n = prepared.sources.size();
     if (n == 0) continue;
-    torch::Tensor batch = torch::stack(canvases);
-    double pre_ms = ms_since(t0);
+    const std::vector<torch::Tensor>& originals = prepared.originals;
+    const std::vector<double>& ratios = prepared.ratios;
+    const std::vector<std::string>& batch_sources = prepared.sources;
+    const torch::Tensor& batch = prepared.batch;
+    const double pre_ms = prepared.ms;
 
     auto t1 = std::chrono::steady_clock::now();
     torch::Tensor pred = runner.forward(batch);
