@@ -276,6 +276,15 @@ TEST(FoldBn, FoldFollowsTrainingAndModeSwitches) {
   b.c->train();
   b.c->eval();
   EXPECT_LE(rel_err(b.folded(), b.unfolded()), kBlockTol);
+  // eval() on an eval block (every predict() does it) keeps the fold; a real switch recomputes it.
+  const uint64_t before = common::fold_computations();
+  b.c->eval();
+  b.folded();
+  EXPECT_EQ(common::fold_computations(), before);
+  b.c->train();
+  b.c->eval();
+  b.folded();
+  EXPECT_GT(common::fold_computations(), before);
 }
 
 // Writes that no version counter sees (a replayed CUDA graph of a training update) need

@@ -37,8 +37,14 @@ struct Computed {
   at::Tensor weight, bias;  // float64
 };
 
+std::atomic<uint64_t>& computations() {
+  static std::atomic<uint64_t> n{0};
+  return n;
+}
+
 Computed compute(c10::ArrayRef<FoldSource> sources) {
   TORCH_CHECK(!sources.empty(), "BatchNorm folding: no source layers");
+  computations().fetch_add(1, std::memory_order_relaxed);
   int64_t kh = 0, kw = 0;
   for (const auto& s : sources) {
     kh = std::max(kh, s.conv->weight.size(2));
@@ -79,6 +85,7 @@ void push_tensor(std::vector<uint64_t>& out, const torch::Tensor& t) {
 void set_fold_bn(bool on) { fold_flag().store(on); }
 bool fold_bn() { return fold_flag().load(); }
 void note_weights_changed() { generation().fetch_add(1); }
+uint64_t fold_computations() { return computations().load(); }
 
 at::ScalarType fold_compute_dtype(const torch::Tensor& x) {
   const auto t = x.scalar_type();

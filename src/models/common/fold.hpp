@@ -10,7 +10,7 @@
 //  - a source tensor's version counter moved (in-place writes: load_state_dict, optimizer steps,
 //    EMA updates, an edit under NoGradGuard), or its TensorImpl or data pointer changed (set_data:
 //    moving device or dtype, channels_last conversion);
-//  - the module's train() was called or it ran a training forward (running statistics are written
+//  - the module's mode was switched by train() or it ran a training forward (running statistics are written
 //    by the fused training kernels through raw pointers, which bump no version);
 //  - note_weights_changed() was called: writes no version counter sees (a replayed CUDA graph of a
 //    training step or EMA update) must call it; the training step runner does once per update.
@@ -34,6 +34,9 @@ void set_fold_bn(bool on);
 bool fold_bn();
 // Marks every fold stale (see above).
 void note_weights_changed();
+// Folds computed so far in this process (each one a float64 pass over a layer's sources): for
+// tests and diagnostics.
+uint64_t fold_computations();
 
 // One Conv2d(bias=false) + BatchNorm2d pair, and its owner's epoch (bumped on train() and training
 // forwards).
