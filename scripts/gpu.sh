@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist bn; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist bn pool; "bench" = all benchmarks.
 #   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
 #   and torchrun) and two torchrun "nodes" of one GPU each.
 set -uo pipefail
@@ -57,6 +57,12 @@ want forward && {
   run forward_bf16_cl 300 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
 }
 want predict && run predict 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10
+# The pooling kernels (LIBREYOLO_FUSED_POOL, off by default until this says they are faster): the
+# graphed v9-t step with them off and on, twice each, same binary.
+want pool && for r in 1 2; do for v in 0 1; do
+  LIBREYOLO_FUSED_POOL=$v run pool_${v}_$r 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema \
+    --sizes t,s --batches 8,16,32 --dtypes bf16 --cuda-graph on --steps 30 --warmup 12
+done; done
 # The fused BatchNorm kernels alone over activation shapes, on the default and two other grids.
 want bn && run bn_act 200 "$BIN/bench_bn_act" --grids auto,c8r8,c8r16
 want step && {

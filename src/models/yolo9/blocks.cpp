@@ -1,6 +1,7 @@
 #include "models/yolo9/blocks.hpp"
 
 #include "models/conv_bn_act.hpp"
+#include "models/pool2.hpp"
 
 namespace libreyolo::models::yolo9 {
 
@@ -98,7 +99,7 @@ AConvImpl::AConvImpl(int64_t c1, int64_t c2) {
 }
 
 torch::Tensor AConvImpl::forward(const torch::Tensor& x) {
-  return cv->forward(torch::avg_pool2d(x, {2, 2}, {1, 1}, {0, 0}, false, true));
+  return cv->forward(avg_pool2_split(x, x.size(1)).first);
 }
 
 ADownImpl::ADownImpl(int64_t c1, int64_t c2) {
@@ -107,10 +108,10 @@ ADownImpl::ADownImpl(int64_t c1, int64_t c2) {
 }
 
 torch::Tensor ADownImpl::forward(const torch::Tensor& x) {
-  auto y = torch::avg_pool2d(x, {2, 2}, {1, 1}, {0, 0}, false, true);
-  const int64_t half = (y.size(1) + 1) / 2;  // torch.chunk puts the larger part first
-  auto a = cv1->forward(y.narrow(1, 0, half));
-  auto b = cv2->forward(torch::max_pool2d(y.narrow(1, half, y.size(1) - half), {3, 3}, {2, 2}, {1, 1}));
+  const int64_t half = (x.size(1) + 1) / 2;  // torch.chunk puts the larger part first
+  const auto [first, second] = avg_pool2_split(x, half);
+  auto a = cv1->forward(first);
+  auto b = cv2->forward(torch::max_pool2d(second, {3, 3}, {2, 2}, {1, 1}));
   return torch::cat({a, b}, 1);
 }
 

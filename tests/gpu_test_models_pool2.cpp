@@ -1,0 +1,121 @@
+// The 2x2 stride-1 average pooling kernels (models/pool2.hpp, kernels/pool2.cu) against ATen's
+// avg_pool2d on the same channels_last input: forward and input gradient, bit for bit, in float32,
+// float16 and bfloat16, vectorised and not, split at C (AConv) and at C/2 (ADown); and a YOLOv9
+// training step with the switch on against the same step with it off.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <ATen/autocast_mode.h>
+
+#include "engine/step.hpp"
+#include "models/detector.hpp"
+#include "models/pool2.hpp"
+#include "support.hpp"
+
+using namespace libreyolo;
+
+namespace {
+
+struct PoolSwitch {
+  explicit PoolSwitch(bool on) : was_(models::fused_pool()) { models::set_fused_pool(on); }
+  ~PoolSwitch() { models::set_fused_pool(was_); }
+  bool was_;
+};
+
+// Forward parts and input gradient of avg_pool2_split under the given switch.
+struct PoolRun {
+  torch::Tensor a, b, grad;
+};
+
+PoolRun run_pool(const torch::Tensor& x0, const torch::Tensor& ga, const torch::Tensor& gb, int64_t split,
+                 bool fused) {
+  PoolSwitch sw(fused);
+  torch::Tensor x = x0.detach().clone(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+  auto [a, b] = models::avg_pool2_split(x, split);
+  torch::Tensor loss = (a.to(torch::kFloat) * ga.to(torch::kFloat)).sum();
+  if (b.size(1) > 0) loss = loss + (b.to(torch::kFloat) * gb.to(torch::kFloat)).sum();
+  loss.backward();
+  return {a.detach(), b.detach(), x.grad()};
+}
+
+}  // namespace
+
+TEST(GpuPool2, KernelsEqualAtenBitForBit) {
+  LY_REQUIRE_CUDA();
+  const auto dev = torch::Device(torch::kCUDA, 0);
+  torch::manual_seed(3);
+  struct Case {
+    std::vector<int64_t> shape;  // N, C, H, W
+    int64_t split;
+  };
+  // 8-channel vectors (C and split multiples of 8) and the scalar path; odd sizes; split at C.
+  const std::vector<Case> cases = {{{4, 32, 40, 40}, 32}, {{2, 64, 21, 17}, 32}, {{3, 12, 9, 11}, 12},
+                                   {{2, 10, 8, 7}, 5},    {{1, 16, 2, 2}, 8},    {{2, 48, 33, 30}, 24}};
+  int checked = 0;
+  for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    for (const auto& c : cases) {
+      const torch::Tensor x =
+          torch::randn(c.shape, torch::TensorOptions().device(dev)).mul(3).to(dtype).contiguous(
+              at::MemoryFormat::ChannelsLast);
+      const std::vector<int64_t> out = {c.shape[0], c.shape[1], c.shape[2] - 1, c.shape[3] - 1};
+      // Output gradients with values small enough for float16's subnormals after the division.
+      const torch::Tensor ga = (torch::randn({out[0], c.split, out[2], out[3]}, x.options()) * 1e-4).to(dtype);
+      const torch::Tensor gb = (torch::randn({out[0], out[1] - c.split, out[2], out[3]}, x.options())).to(dtype);
+      const PoolRun ref = run_pool(x, ga, gb, c.split, false);
+      const PoolRun got = run_pool(x, ga, gb, c.split, true);
+      const std::string what = std::string(c10::toString(dtype)) + " " + c10::str(c10::IntArrayRef(c.shape)) +
+                               " split " + std::to_string(c.split);
+      EXPECT_TRUE(got.a.is_contiguous(at::MemoryFormat::ChannelsLast)) << what;
+      EXPECT_TRUE(torch::equal(got.a, ref.a)) << what;
+      EXPECT_TRUE(torch::equal(got.b, ref.b)) << what;
+      EXPECT_TRUE(torch::equal(got.grad, ref.grad))
+          << what << ": max |diff| " << (got.grad.to(torch::kFloat) - ref.grad.to(torch::kFloat)).abs().max().item<float>();
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 18);
+}
+
+// The switch changes no value of a YOLOv9-t training step in bf16 autocast (the loss is a plain
+// sum of the outputs: this is about the pooling inside, not the detector's loss).
+TEST(GpuPool2, Yolo9tStepWithTheKernelsEqualsTheStepWithout) {
+  LY_REQUIRE_CUDA();
+  const auto dev = torch::Device(torch::kCUDA, 0);
+  const test::CudnnSettings cudnn(/*benchmark=*/false, /*deterministic=*/true, /*allow_tf32=*/false);
+  auto step = [&](bool fused) {
+    PoolSwitch sw(fused);
+    torch::manual_seed(5);
+    auto model = models::find_family("yolo9")->build("t", 4);
+    model->to(dev);
+    engine::to_channels_last(*model);
+    model->train();
+    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
+    torch::manual_seed(6);
+    torch::Tensor x = torch::rand({2, 3, 128, 128}, torch::TensorOptions().device(dev))
+                          .contiguous(at::MemoryFormat::ChannelsLast);
+    torch::Tensor loss;
+    {
+      at::autocast::set_autocast_enabled(at::kCUDA, true);
+      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+      auto outs = model->forward_raw(x);
+      loss = torch::zeros({}, x.options());
+      for (const auto& o : outs) loss = loss + o.to(torch::kFloat).square().mean();
+      at::autocast::set_autocast_enabled(at::kCUDA, false);
+      at::autocast::clear_cache();
+    }
+    loss.backward();
+    std::vector<torch::Tensor> grads;
+    for (auto& p : model->parameters())
+      if (p.grad().defined()) grads.push_back(p.grad().clone());
+    return std::make_pair(loss.item<double>(), grads);
+  };
+  const auto off = step(false), on = step(true);
+  EXPECT_EQ(off.first, on.first);
+  ASSERT_EQ(off.second.size(), on.second.size());
+  double worst = 0;
+  for (size_t i = 0; i < off.second.size(); ++i)
+    worst = std::max(worst, (off.second[i] - on.second[i]).abs().max().item<double>());
+  std::printf("[ REPORT   ] v9-t bf16 step, pooling kernels on vs off: loss %.9g vs %.9g, worst gradient diff %.3g\n",
+              off.first, on.first, worst);
+  EXPECT_EQ(worst, 0.0);
+}
