@@ -552,6 +552,11 @@ TEST(ProfileInfer, VerdictRulesFirstMatchWins) {
   EXPECT_EQ(lp::inference_verdict(4, 2, 1, true, 1.0).first, "preprocess");         // pre 57%
   EXPECT_EQ(lp::inference_verdict(1, 5, 1, false, 0.1).first, "compute");           // CPU
   EXPECT_EQ(lp::inference_verdict(1, 5, 1, true, 0.5).first, "host / launch");       // util < 0.8
+  EXPECT_NE(lp::inference_verdict(1, 5, 1, true, 0.5).second.find("cuda_graph=true"), std::string::npos);
+  // Already graphed: the same bound, but not the lever it already uses.
+  const auto graphed = lp::inference_verdict(1, 5, 1, true, 0.5, true);
+  EXPECT_EQ(graphed.first, "host / launch");
+  EXPECT_EQ(graphed.second.find("cuda_graph=true"), std::string::npos) << graphed.second;
   EXPECT_EQ(lp::inference_verdict(1, 5, 1, true, 0.9).first, "compute");
   // post >= fwd but under 35% of the step: not the postprocess rule.
   EXPECT_EQ(lp::inference_verdict(10, 3, 3, true, 0.9).first, "preprocess");

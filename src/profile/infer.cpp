@@ -66,7 +66,7 @@ double percentile(const std::vector<double>& sorted, double q) {
 }
 
 std::pair<std::string, std::string> inference_verdict(double pre, double fwd, double post, bool cuda,
-                                                      double traced_util) {
+                                                      double traced_util, bool graphed) {
   const double step = pre + fwd + post;
   if (step <= 0) return {"inference", "insufficient timing to classify"};
   char buf[256];
@@ -89,9 +89,17 @@ std::pair<std::string, std::string> inference_verdict(double pre, double fwd, do
     return {"compute", buf};
   }
   if (traced_util < 0.8) {
-    std::snprintf(buf, sizeof buf,
-                  "GPU only ~%.0f%% busy during the forward: launch overhead dominates (cuda_graph=true, a larger batch)",
-                  100 * traced_util);
+    if (graphed)
+      std::snprintf(buf, sizeof buf,
+                    "GPU only ~%.0f%% busy during the forward although it is replayed from a CUDA graph: the input "
+                    "upload, the synchronisation after it and a small batch's short kernels leave it idle (a larger "
+                    "batch)",
+                    100 * traced_util);
+    else
+      std::snprintf(buf, sizeof buf,
+                    "GPU only ~%.0f%% busy during the forward: launch overhead dominates (cuda_graph=true, a larger "
+                    "batch)",
+                    100 * traced_util);
     return {"host / launch", buf};
   }
   std::snprintf(buf, sizeof buf, "the GPU is busy ~%.0f%% of the iteration", 100 * traced_util);
@@ -252,7 +260,8 @@ InferReport profile_inference(const InferOptions& opt_in, const InferStages& st,
       log_warn(std::string("profiler: the trace could not be written or analysed: ") + e.what());
     }
   }
-  auto [bound, why] = inference_verdict(pre, fwd, post, cuda, util);
+  const std::string graph_mode = meta.value("cuda_graph", std::string("false"));
+  auto [bound, why] = inference_verdict(pre, fwd, post, cuda, util, graph_mode != "false" && graph_mode != "off");
   if (analysed && prof.value("bound", std::string()) == "memory-pressure") {
     bound = "memory-pressure";
     why = prof.value("bound_why", why);

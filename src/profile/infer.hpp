@@ -38,9 +38,10 @@ struct InferReport {
 
 // pct(q) over sorted samples: sorted[min(n-1, round_half_even(q/100 * (n-1)))].
 double percentile(const std::vector<double>& sorted, double q);
-// The verdict rules of perf_tools.md §3 (first match wins): {bound, why}.
+// The verdict rules of perf_tools.md §3 (first match wins): {bound, why}. `graphed`: the forward
+// is already replayed from a CUDA graph, so cuda_graph=true is not the lever to name.
 std::pair<std::string, std::string> inference_verdict(double pre_ms, double fwd_ms, double post_ms, bool cuda,
-                                                      double traced_util);
+                                                      double traced_util, bool graphed = false);
 
 // `meta`: model, batch, imgsz, half, amp_dtype, device, conf, iou, max_det (mode is added).
 InferReport profile_inference(const InferOptions& opt, const InferStages& stages, c10::Device device,
