@@ -67,19 +67,26 @@ struct PreparedBatch {
   double ms = 0;                        // wall time of the preparation
 };
 
-// Decodes and letterboxes sources[first, first + count) on up to `threads` threads (each image is
-// independent; results keep the sources' order).
+// Decodes and letterboxes sources[first, first + count) on up to `threads` threads, each image
+// straight into its slot of one batch tensor (pinned for a CUDA forward; the host allocator's
+// cache makes that a reuse after the first batches), so nothing is copied on one thread after the
+// decoding: the previous version stacked the canvases and then pinned the stack, two serial copies
+// of 39 MB per batch of 32 at 640 px. Results keep the sources' order.
 PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t first, size_t count, int size,
                             int threads, bool pin) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<torch::Tensor> images(count), canvases(count);
+  torch::Tensor slots =
+      torch::empty({static_cast<int64_t>(count), size, size, 3}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pin));
+  uint8_t* base = slots.data_ptr<uint8_t>();
+  const int64_t slot_bytes = int64_t(size) * size * 3;
+  std::vector<torch::Tensor> images(count);
   std::vector<double> ratios(count, 1.0);
   std::vector<std::string> errors(count);
   auto work = [&](size_t i) {
     const std::string& src = sources[first + i];
     try {
       images[i] = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
-      canvases[i] = ops::letterbox_topleft(images[i], size, &ratios[i]);
+      ops::letterbox_topleft_into(images[i], size, base + static_cast<int64_t>(i) * slot_bytes, &ratios[i]);
     } catch (const Error& e) {
       errors[i] = e.what();
       images[i] = torch::Tensor();
@@ -98,19 +105,21 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
     for (auto& th : pool) th.join();
   }
   PreparedBatch b;
-  std::vector<torch::Tensor> kept;
+  std::vector<int64_t> kept;
   for (size_t i = 0; i < count; ++i) {
     if (!images[i].defined()) {
       b.skipped.push_back(sources[first + i] + " (" + errors[i] + ")");
       continue;
     }
+    kept.push_back(static_cast<int64_t>(i));
     b.sources.push_back(sources[first + i]);
     b.originals.push_back(std::move(images[i]));
     b.ratios.push_back(ratios[i]);
-    kept.push_back(std::move(canvases[i]));
   }
-  if (!kept.empty()) {
-    b.batch = torch::stack(kept);
+  if (kept.size() == count) {
+    b.batch = slots;
+  } else if (!kept.empty()) {  // an unreadable file in this batch: close the gaps (rare)
+    b.batch = slots.index_select(0, torch::tensor(kept, torch::kLong));
     if (pin) b.batch = b.batch.pin_memory();
   }
   b.ms = ms_since(t0);

@@ -253,7 +253,7 @@ torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio
   return resize_bilinear(hwc, static_cast<int>(nh), static_cast<int>(nw));
 }
 
-torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio, uint8_t pad) {
+void letterbox_topleft_into(const torch::Tensor& hwc, int size, uint8_t* base, double* ratio, uint8_t pad) {
   check_hwc_u8(hwc, "letterbox_topleft");
   if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
   const FittedSize f = fitted_size(hwc.size(0), hwc.size(1), size);
@@ -261,14 +261,19 @@ torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* rati
   if (ratio) *ratio = f.ratio;
   const torch::Tensor src = hwc.contiguous();
   const int64_t C = src.size(2);
-  torch::Tensor canvas = torch::empty({size, size, C}, src.options());
-  uint8_t* base = canvas.data_ptr<uint8_t>();
   const int64_t stride = int64_t(size) * C;
   // Pad only what the image does not cover, then resize straight into the canvas.
   for (int64_t y = 0; y < nh; ++y)
     std::memset(base + y * stride + nw * C, pad, size_t(stride - nw * C));
   std::memset(base + nh * stride, pad, size_t((size - nh) * stride));
   resize_into(src, base, nh, nw, stride);
+}
+
+torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio, uint8_t pad) {
+  check_hwc_u8(hwc, "letterbox_topleft");
+  if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
+  torch::Tensor canvas = torch::empty({size, size, hwc.size(2)}, hwc.options());
+  letterbox_topleft_into(hwc, size, canvas.data_ptr<uint8_t>(), ratio, pad);
   return canvas;
 }
 

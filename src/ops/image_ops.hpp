@@ -33,5 +33,9 @@ torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio
 // ratio min(S/h, S/w)). Returns the canvas; *ratio receives the ratio.
 torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio = nullptr,
                                 uint8_t pad = 114);
+// The same into `out`: size * size * C bytes (C = hwc's channels), e.g. one image's slot of a
+// batch allocated once.
+void letterbox_topleft_into(const torch::Tensor& hwc, int size, uint8_t* out, double* ratio = nullptr,
+                            uint8_t pad = 114);
 
 }  // namespace libreyolo::ops
