@@ -6,6 +6,12 @@
 
 #include <libreyolo/libreyolo.hpp>
 
+#include <filesystem>
+#include <fstream>
+
+#include "io/image.hpp"
+#include "io/sample_image.hpp"
+#include "models/common/fold.hpp"
 #include "models/forward_graphs.hpp"
 #include "models/loaded_model.hpp"
 #include "support.hpp"
@@ -143,4 +149,51 @@ TEST(GpuInferenceGraph, AFamilyThatDoesNotDeclareItIsRefusedByName) {
   graphs.forward(*model, fam, images, spec, models::GraphMode::Auto);
   graphs.forward(*model, fam, images, spec, models::GraphMode::Auto);
   EXPECT_EQ(graphs.info().captures, 0);
+}
+
+// predict() over a folder on the GPU (decoding a batch ahead into a pinned batch, graphed
+// forward): batch 4 gives the images of batch 1 in the same order with the same detections (to a
+// tolerance: cuDNN's algorithms differ between batch sizes), the unreadable file skipped in both;
+// and a repeated predict() of one image does not refold the BatchNorms (the 20+ ms per call that
+// the first H200 measurement of bench_predict showed).
+TEST(GpuPredict, FolderAtBatchFourEqualsBatchOneAndRepeatedCallsDoNotRefold) {
+  LY_REQUIRE_CUDA();
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, /*allow_tf32=*/false);
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(test::temp_dir("gpu_predict_folder")) / "imgs";
+  fs::create_directories(dir);
+  for (int i = 0; i < 7; ++i)
+    io::save_image((dir / ("img" + std::to_string(i) + ".jpg")).string(),
+                   io::make_sample_image(240 + 16 * i, 320).roll({i * 29}, {1}).contiguous(), 90);
+  std::ofstream(dir / "img3b.jpg") << "not an image";
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cuda:0");
+  const Kwargs common = {{"imgsz", "320"}, {"conf", "0.000001"}, {"cuda_graph", "true"}};
+  auto with = [&](const char* batch) {
+    Kwargs kw = common;
+    kw.push_back({"batch", batch});
+    return model.predict(dir.string(), kw);
+  };
+  const auto one = with("1"), four = with("4");
+  ASSERT_EQ(one.size(), 7u);
+  ASSERT_EQ(four.size(), one.size());
+  size_t boxes = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    EXPECT_EQ(one[i].source, four[i].source);
+    const size_t n = std::min(one[i].detections.size(), four[i].detections.size());
+    boxes += n;
+    // Each of batch 1's top detections has its twin in batch 4's (order may differ between nearly
+    // equal scores; a box at the threshold may come and go).
+    for (size_t k = 0; k < std::min<size_t>(n, 20); ++k) {
+      const Detection& d = one[i].detections[k];
+      bool found = false;
+      for (const Detection& e : four[i].detections)
+        found = found || (e.class_id == d.class_id && std::abs(e.x1 - d.x1) < 0.05 && std::abs(e.y1 - d.y1) < 0.05 &&
+                          std::abs(e.x2 - d.x2) < 0.05 && std::abs(e.score - d.score) < 1e-4);
+      EXPECT_TRUE(found) << one[i].source << " detection #" << k;
+    }
+  }
+  EXPECT_GT(boxes, 0u);
+  const uint64_t folds = models::common::fold_computations();
+  for (int i = 0; i < 3; ++i) model.predict((dir / "img0.jpg").string(), common);
+  EXPECT_EQ(models::common::fold_computations(), folds);
 }
