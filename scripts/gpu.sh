@@ -4,7 +4,8 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist bn pool; "bench" = all benchmarks.
+#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist bn pool folder; "bench" = all
+#   benchmarks.
 #   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
 #   and torchrun) and two torchrun "nodes" of one GPU each.
 set -uo pipefail
@@ -56,7 +57,26 @@ want forward && {
   run forward_bf16 300 "$BIN/bench_forward" --device cuda --dtype bf16 --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
   run forward_bf16_cl 300 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t,s --batches 1,8,32 --iters 100 --warmup 10
 }
-want predict && run predict 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10
+want predict && {
+  run predict 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10
+  run predict_graph_half 300 "$BIN/bench_predict" --device cuda --iters 100 --warmup 10 --cuda-graph on --half
+}
+# A folder of 1,000 640x480 JPEGs at batch 32, graphed fp16. On 2026-12-01 only the process that
+# had just written the files reached ~1,550 img/s (others 410-540): the first run writes them, the
+# next ones read them, then variants that test the suspects (OpenMP teams, malloc's mmap threshold).
+want folder && {
+  F="--device cuda --folder 1000 --batch 32 --half --cuda-graph on"
+  rm -rf /tmp/libreyolo_bench_folder_1000
+  run folder_writes 300 "$BIN/bench_predict" $F
+  run folder_reads 300 "$BIN/bench_predict" $F
+  OMP_NUM_THREADS=1 run folder_omp1 300 "$BIN/bench_predict" $F
+  MALLOC_MMAP_THRESHOLD_=134217728 run folder_mmap 300 "$BIN/bench_predict" $F
+  run folder_reads_again 300 "$BIN/bench_predict" $F
+  run folder_batch1 300 "$BIN/bench_predict" --device cuda --folder 1000 --batch 1 --half --cuda-graph on
+  for f in "$LOG"/folder_*.json; do
+    summary "$(basename "$f" .json): $(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['img_per_s'],1), 'img/s')" "$f" 2>&1)"
+  done
+}
 # The pooling kernels (LIBREYOLO_FUSED_POOL, off by default until this says they are faster): the
 # graphed v9-t step with them off and on, twice each, same binary.
 want pool && for r in 1 2; do for v in 0 1; do
