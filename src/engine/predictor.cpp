@@ -6,7 +6,9 @@
 #include <filesystem>
 #include <glob.h>
 #include <atomic>
+#include <exception>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -82,6 +84,10 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
   std::vector<torch::Tensor> images(count);
   std::vector<double> ratios(count, 1.0);
   std::vector<std::string> errors(count);
+  // An unreadable image is skipped; anything else (out of memory, a bug) is the caller's, raised
+  // after the threads are joined (an exception escaping a thread would end the process).
+  std::exception_ptr failure;
+  std::mutex failure_mutex;
   auto work = [&](size_t i) {
     const std::string& src = sources[first + i];
     try {
@@ -89,6 +95,10 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
       ops::letterbox_topleft_into(images[i], size, base + static_cast<int64_t>(i) * slot_bytes, &ratios[i]);
     } catch (const Error& e) {
       errors[i] = e.what();
+      images[i] = torch::Tensor();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(failure_mutex);
+      if (!failure) failure = std::current_exception();
       images[i] = torch::Tensor();
     }
   };
@@ -104,6 +114,7 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
       });
     for (auto& th : pool) th.join();
   }
+  if (failure) std::rethrow_exception(failure);
   PreparedBatch b;
   std::vector<int64_t> kept;
   for (size_t i = 0; i < count; ++i) {
