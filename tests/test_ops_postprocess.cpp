@@ -155,6 +155,40 @@ TEST(Postprocess, FastAndGenericPathsAgree) {
   }
 }
 
+// The batched entry (a device batch's candidates gathered at once) gives each image what the
+// one-image call gives it: float64 on the CPU takes the batched ATen path, float32 the per-image one.
+TEST(Postprocess, BatchEqualsImageByImage) {
+  torch::manual_seed(6);
+  const int64_t batch = 3, anchors = 1500, nc = 12;
+  auto pred = torch::empty({batch, 4 + nc, anchors});
+  auto xy = torch::rand({batch, 2, anchors}) * 300;
+  pred.slice(1, 0, 2).copy_(xy);
+  pred.slice(1, 2, 4).copy_(xy + torch::rand({batch, 2, anchors}) * 60 + 2);
+  pred.slice(1, 4).copy_(torch::sigmoid(torch::randn({batch, nc, anchors}) * 2 - 4));
+  pred[1].slice(0, 4).fill_(0.01f);  // an image without candidates at the predict threshold
+  const std::vector<ops::ImageGeometry> geo = {{0.8, 250, 380}, {1.0, 300, 300}, {0.5, 600, 700}};
+  for (const auto& t : {ops::kPredictThresholds, ops::kValThresholds}) {
+    for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
+      const auto all = ops::postprocess_yolo_batch(pred.to(dtype), t.conf, t.iou, t.max_det, geo);
+      ASSERT_EQ(all.size(), 3u);
+      int64_t total = 0;
+      for (int64_t i = 0; i < batch; ++i) {
+        const auto one = ops::postprocess_yolo(pred[i].to(dtype), t.conf, t.iou, t.max_det, geo[i].ratio,
+                                               geo[i].orig_h, geo[i].orig_w);
+        const auto& b = all[static_cast<size_t>(i)];
+        ASSERT_EQ(b.scores.sizes(), one.scores.sizes()) << "image " << i;
+        EXPECT_TRUE(torch::equal(b.classes, one.classes)) << "image " << i;
+        EXPECT_TRUE(torch::equal(b.boxes, one.boxes)) << "image " << i;
+        EXPECT_TRUE(torch::equal(b.scores, one.scores)) << "image " << i;
+        total += b.scores.size(0);
+      }
+      EXPECT_GT(total, 20);
+      if (t.conf > 0.1) EXPECT_EQ(all[1].scores.size(0), 0);
+    }
+  }
+  EXPECT_THROW(ops::postprocess_yolo_batch(pred, 0.25, 0.45, 300, {geo[0]}), libreyolo::UsageError);
+}
+
 TEST(Postprocess, DefaultThresholds) {
   EXPECT_DOUBLE_EQ(ops::kPredictThresholds.conf, 0.25);
   EXPECT_DOUBLE_EQ(ops::kPredictThresholds.iou, 0.45);

@@ -23,4 +23,13 @@ ops::Detections InferenceRunner::postprocess(const torch::Tensor& pred, const mo
   return family_.postprocess(pred, args);
 }
 
+std::vector<ops::Detections> InferenceRunner::postprocess_batch(
+    const torch::Tensor& pred, const std::vector<models::PostprocessArgs>& args) const {
+  const torch::Tensor rows = pred.narrow(0, 0, static_cast<int64_t>(args.size()));
+  if (family_.postprocess_batch && !args.empty()) return family_.postprocess_batch(rows, args);
+  std::vector<ops::Detections> out;
+  for (size_t i = 0; i < args.size(); ++i) out.push_back(family_.postprocess(rows[static_cast<int64_t>(i)], args[i]));
+  return out;
+}
+
 }  // namespace libreyolo::engine

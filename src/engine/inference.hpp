@@ -30,6 +30,10 @@ class InferenceRunner {
   torch::Tensor forward(const torch::Tensor& images);
   // One image's predictions -> detections in original-image pixels, by the family's postprocess.
   ops::Detections postprocess(const torch::Tensor& pred, const models::PostprocessArgs& args) const;
+  // Every image of a batch of predictions (the first args.size() rows of pred), the same thresholds
+  // for all: the family's batched postprocess when it has one, else image by image.
+  std::vector<ops::Detections> postprocess_batch(const torch::Tensor& pred,
+                                                 const std::vector<models::PostprocessArgs>& args) const;
 
   const InferenceOptions& options() const { return opt_; }
 

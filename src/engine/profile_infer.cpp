@@ -67,11 +67,13 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
   };
   st.forward = [&] { pred = runner.forward(batch); };
   st.postprocess = [&] {
+    // As predict() does it: the batch's detections at once, then to the host.
+    std::vector<models::PostprocessArgs> args;
     for (int j = 0; j < B; ++j) {
       const auto& [h, w] = sizes[static_cast<size_t>(j)];
-      ops::Detections det =
-          runner.postprocess(pred[j], {cfg.conf, cfg.iou, cfg.max_det, ratios[static_cast<size_t>(j)], h, w});
-      // To the host, as predict() hands them out.
+      args.push_back({cfg.conf, cfg.iou, cfg.max_det, ratios[static_cast<size_t>(j)], h, w});
+    }
+    for (ops::Detections& det : runner.postprocess_batch(pred, args)) {
       det.boxes = det.boxes.to(torch::kCPU);
       det.scores = det.scores.to(torch::kCPU);
       det.classes = det.classes.to(torch::kCPU);

@@ -113,13 +113,17 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
     libreyolo::synchronize(opt.device);
     double t2 = now_ms();
     t_inf += t2 - t1;
+    std::vector<models::PostprocessArgs> args;
+    for (size_t i = 0; i < batch->indices.size(); ++i) {
+      const auto [h0, w0] = batch->orig_hw[i];
+      const double ratio = std::min(static_cast<double>(S) / h0, static_cast<double>(S) / w0);
+      args.push_back({opt.conf, opt.iou, opt.max_det, ratio, static_cast<int>(h0), static_cast<int>(w0)});
+    }
+    std::vector<ops::Detections> dets = runner.postprocess_batch(pred, args);
     for (size_t i = 0; i < batch->indices.size(); ++i) {
       const int64_t idx = batch->indices[i];
       const auto [h0, w0] = batch->orig_hw[i];
-      const double ratio = std::min(static_cast<double>(S) / h0, static_cast<double>(S) / w0);
-      ops::Detections det = runner.postprocess(pred[static_cast<int64_t>(i)],
-                                               {opt.conf, opt.iou, opt.max_det, ratio, static_cast<int>(h0),
-                                                static_cast<int>(w0)});
+      const ops::Detections& det = dets[i];
       torch::Tensor gt = dataset->original_labels(idx);  // [N,5] x1,y1,x2,y2,cls
       const auto det_boxes = det.boxes.to(torch::kCPU), det_scores = det.scores.to(torch::kCPU);
       const auto det_classes = det.classes.to(torch::kCPU);

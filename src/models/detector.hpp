@@ -97,6 +97,10 @@ struct Family {
   // Training augmentation pipeline (data/augment.hpp AugmentStyle): "yolo9" or "yolox".
   std::string augment = "yolo9";
   std::function<ops::Detections(const torch::Tensor& pred, const PostprocessArgs& args)> postprocess;
+  // Optional: every image of a batch [B, ...] at once, the same detections as `postprocess` image
+  // by image (fewer device synchronisations); unset: `postprocess` per image.
+  std::function<std::vector<ops::Detections>(const torch::Tensor& pred, const std::vector<PostprocessArgs>& args)>
+      postprocess_batch;
   // Postprocess thresholds of validation during training.
   ops::PostprocessThresholds train_val_thresholds = ops::kTrainValThresholds;
 };

@@ -88,6 +88,52 @@ std::vector<Candidate> collect_aten(const torch::Tensor& p, double conf, int64_t
   return out;
 }
 
+// All images' candidates of pred [B, 4 + nc, A] found on pred's device, copied to the host in
+// one go; per image the order and selection of collect_aten (class-major, then the top `cap` by
+// score when there are more).
+std::vector<std::vector<Candidate>> collect_aten_batch(const torch::Tensor& p, double conf, int64_t cap) {
+  const int64_t batch = p.size(0);
+  std::vector<std::vector<Candidate>> out(static_cast<size_t>(batch));
+  const torch::Tensor scores = p.slice(1, 4);  // [B, nc, A]
+  const torch::Tensor triples = (scores > conf).nonzero();  // [K, 3]: image, class, anchor (sorted)
+  if (triples.size(0) == 0) return out;
+  const torch::Tensor img = triples.select(1, 0), cls = triples.select(1, 1), anchor = triples.select(1, 2);
+  const torch::Tensor score = scores.index({img, cls, anchor});
+  // [K, 4] boxes: p[img, 0:4, anchor].
+  const torch::Tensor boxes = p.slice(1, 0, 4).permute({0, 2, 1}).index({img, anchor});
+  const torch::Tensor packed = torch::cat({img.unsqueeze(1).to(torch::kFloat32), boxes.to(torch::kFloat32),
+                                           score.unsqueeze(1).to(torch::kFloat32),
+                                           cls.unsqueeze(1).to(torch::kFloat32)},
+                                          1)
+                                   .to(torch::kCPU)
+                                   .contiguous();
+  const int64_t k = packed.size(0);
+  const float* q = packed.data_ptr<float>();
+  for (int64_t i = 0; i < k; ++i, q += 7)
+    out[static_cast<size_t>(q[0])].push_back({{q[1], q[2], q[3], q[4]}, q[5], static_cast<int64_t>(q[6])});
+  // More candidates than the cap in an image (a tiny conf): its best `cap` by score (equal scores
+  // at the cut may be chosen otherwise than topk would; the NMS orders by score anyway).
+  for (auto& c : out) {
+    if (static_cast<int64_t>(c.size()) <= cap) continue;
+    std::stable_sort(c.begin(), c.end(), [](const Candidate& x, const Candidate& y) { return x.score > y.score; });
+    c.resize(static_cast<size_t>(cap));
+  }
+  return out;
+}
+
+void check_thresholds(int max_det, double ratio, int orig_h, int orig_w) {
+  if (max_det < 1) throw UsageError(strfmt("postprocess_yolo: max_det must be >= 1, got %d", max_det));
+  if (!(ratio > 0) || !std::isfinite(ratio))
+    throw UsageError(strfmt("postprocess_yolo: ratio must be positive, got %g", ratio));
+  if (orig_h < 1 || orig_w < 1)
+    throw UsageError(strfmt("postprocess_yolo: bad original size %dx%d", orig_w, orig_h));
+}
+
+// Candidates -> detections: mapped to the original image, clipped, degenerate and non-finite
+// rows dropped, class-aware NMS, the best max_det kept.
+Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, double ratio, int orig_h,
+                  int orig_w);
+
 }  // namespace
 
 Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
@@ -95,17 +141,40 @@ Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, 
   if (!pred.defined() || !at::isFloatingType(pred.scalar_type()) ||
       !(pred.dim() == 2 || (pred.dim() == 3 && pred.size(0) == 1)) || pred.size(-2) <= 4)
     throw UsageError("postprocess_yolo: pred must be a floating tensor [4 + nc, A] for one image");
-  if (max_det < 1) throw UsageError(strfmt("postprocess_yolo: max_det must be >= 1, got %d", max_det));
-  if (!(ratio > 0) || !std::isfinite(ratio))
-    throw UsageError(strfmt("postprocess_yolo: ratio must be positive, got %g", ratio));
-  if (orig_h < 1 || orig_w < 1)
-    throw UsageError(strfmt("postprocess_yolo: bad original size %dx%d", orig_w, orig_h));
-
+  check_thresholds(max_det, ratio, orig_h, orig_w);
   const torch::Tensor p = pred.dim() == 3 ? pred[0] : pred;
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
   const std::vector<Candidate> cand = p.is_cpu() && p.scalar_type() == torch::kFloat32
                                           ? collect_cpu(p, conf, cap)
                                           : collect_aten(p, conf, cap);
+  return finish(cand, iou, max_det, ratio, orig_h, orig_w);
+}
+
+std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double conf, double iou, int max_det,
+                                               const std::vector<ImageGeometry>& geometry) {
+  if (!pred.defined() || !at::isFloatingType(pred.scalar_type()) || pred.dim() != 3 || pred.size(1) <= 4 ||
+      pred.size(0) != static_cast<int64_t>(geometry.size()))
+    throw UsageError("postprocess_yolo_batch: pred must be a floating tensor [B, 4 + nc, A], one geometry per image");
+  for (const auto& g : geometry) check_thresholds(max_det, g.ratio, g.orig_h, g.orig_w);
+  std::vector<Detections> out;
+  out.reserve(geometry.size());
+  if (pred.is_cpu() && pred.scalar_type() == torch::kFloat32) {
+    for (size_t i = 0; i < geometry.size(); ++i)
+      out.push_back(postprocess_yolo(pred[static_cast<int64_t>(i)], conf, iou, max_det, geometry[i].ratio,
+                                     geometry[i].orig_h, geometry[i].orig_w));
+    return out;
+  }
+  const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
+  const auto cand = collect_aten_batch(pred, conf, cap);
+  for (size_t i = 0; i < geometry.size(); ++i)
+    out.push_back(finish(cand[i], iou, max_det, geometry[i].ratio, geometry[i].orig_h, geometry[i].orig_w));
+  return out;
+}
+
+namespace {
+
+Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, double ratio, int orig_h,
+                  int orig_w) {
   if (cand.empty()) return empty_detections();
 
   // Map to the original image, clip, drop degenerate and non-finite rows. (The reference also
@@ -141,5 +210,7 @@ Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, 
   return {out_boxes.index_select(0, keep), out_scores.index_select(0, keep),
           out_classes.index_select(0, keep)};
 }
+
+}  // namespace
 
 }  // namespace libreyolo::ops

@@ -4,6 +4,7 @@
 #include <torch/types.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace libreyolo::ops {
 
@@ -37,5 +38,18 @@ inline constexpr int64_t kMaxNmsCandidates = 30000;
 // A GPU pred is reduced to its candidates on the device and copied to the host once.
 Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
                             double ratio, int orig_h, int orig_w);
+
+// One image of a batch: its letterbox ratio and original size.
+struct ImageGeometry {
+  double ratio = 1.0;
+  int orig_h = 0, orig_w = 0;
+};
+
+// postprocess_yolo for every image of pred [B, 4 + nc, A] (B = geometry.size()), the same
+// detections image by image. A device pred is reduced to all images' candidates on the device and
+// copied to the host in one go (a fixed number of synchronisations per batch instead of several
+// per image); a CPU float32 one takes postprocess_yolo's path image by image.
+std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double conf, double iou, int max_det,
+                                               const std::vector<ImageGeometry>& geometry);
 
 }  // namespace libreyolo::ops

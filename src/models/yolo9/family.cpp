@@ -123,6 +123,13 @@ Family make_family() {
   f.postprocess = [](const torch::Tensor& pred, const PostprocessArgs& a) {
     return ops::postprocess_yolo(pred, a.conf, a.iou, a.max_det, a.ratio, a.orig_h, a.orig_w);
   };
+  f.postprocess_batch = [](const torch::Tensor& pred, const std::vector<PostprocessArgs>& args) {
+    TORCH_CHECK(!args.empty(), "postprocess_batch: no images");
+    std::vector<ops::ImageGeometry> geometry;
+    for (const auto& a : args) geometry.push_back({a.ratio, a.orig_h, a.orig_w});
+    const auto& a = args.front();  // thresholds are the call's, the same for every image
+    return ops::postprocess_yolo_batch(pred, a.conf, a.iou, a.max_det, geometry);
+  };
   return f;
 }
 
