@@ -45,3 +45,34 @@ TEST(GpuPostprocess, NmsOnCudaTensors) {
   EXPECT_TRUE(torch::equal(ops::nms(boxes.cuda(), scores.cuda(), 0.5).cpu(),
                            ops::nms(boxes, scores, 0.5)));
 }
+
+// The batched postprocess on a CUDA batch (all images' candidates gathered on the device, one copy)
+// equals the one-image call on each image's CUDA rows, for float32 and float16 predictions.
+TEST(GpuPostprocess, CudaBatchEqualsImageByImage) {
+  LY_REQUIRE_CUDA();
+  torch::manual_seed(8);
+  const int64_t batch = 4, anchors = 8400, nc = 80;
+  auto pred = torch::empty({batch, 4 + nc, anchors});
+  auto xy = torch::rand({batch, 2, anchors}) * 600;
+  pred.slice(1, 0, 2).copy_(xy);
+  pred.slice(1, 2, 4).copy_(xy + torch::rand({batch, 2, anchors}) * 80 + 2);
+  pred.slice(1, 4).copy_(torch::sigmoid(torch::randn({batch, nc, anchors}) * 2 - 5));
+  const std::vector<libreyolo::ops::ImageGeometry> geo = {
+      {1.0, 480, 640}, {0.5, 1280, 960}, {1.0, 640, 640}, {0.8, 700, 800}};
+  for (const auto dtype : {torch::kFloat32, torch::kHalf}) {
+    const torch::Tensor p = pred.to(torch::kCUDA).to(dtype);
+    for (const double conf : {0.25, 0.001}) {
+      const auto all = libreyolo::ops::postprocess_yolo_batch(p, conf, 0.6, 300, geo);
+      ASSERT_EQ(all.size(), geo.size());
+      for (int64_t i = 0; i < batch; ++i) {
+        const auto& g = geo[static_cast<size_t>(i)];
+        const auto one = libreyolo::ops::postprocess_yolo(p[i], conf, 0.6, 300, g.ratio, g.orig_h, g.orig_w);
+        const auto& b = all[static_cast<size_t>(i)];
+        ASSERT_EQ(b.scores.sizes(), one.scores.sizes()) << "image " << i << " conf " << conf;
+        EXPECT_TRUE(torch::equal(b.boxes, one.boxes)) << "image " << i;
+        EXPECT_TRUE(torch::equal(b.scores, one.scores)) << "image " << i;
+        EXPECT_TRUE(torch::equal(b.classes, one.classes)) << "image " << i;
+      }
+    }
+  }
+}
