@@ -5,10 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <glob.h>
-#include <atomic>
-#include <exception>
 #include <future>
-#include <mutex>
 #include <set>
 #include <thread>
 
@@ -16,6 +13,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "core/strings.hpp"
+#include "data/parallel.hpp"
 #include "engine/inference.hpp"
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
@@ -84,37 +82,18 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
   std::vector<torch::Tensor> images(count);
   std::vector<double> ratios(count, 1.0);
   std::vector<std::string> errors(count);
-  // An unreadable image is skipped; anything else (out of memory, a bug) is the caller's, raised
-  // after the threads are joined (an exception escaping a thread would end the process).
-  std::exception_ptr failure;
-  std::mutex failure_mutex;
-  auto work = [&](size_t i) {
+  // An unreadable image is skipped; anything else (out of memory, a bug) reaches the caller.
+  data::parallel_for(static_cast<int64_t>(count), threads, [&](int64_t k) {
+    const auto i = static_cast<size_t>(k);
     const std::string& src = sources[first + i];
     try {
       images[i] = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
-      ops::letterbox_topleft_into(images[i], size, base + static_cast<int64_t>(i) * slot_bytes, &ratios[i]);
+      ops::letterbox_topleft_into(images[i], size, base + k * slot_bytes, &ratios[i]);
     } catch (const Error& e) {
       errors[i] = e.what();
       images[i] = torch::Tensor();
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(failure_mutex);
-      if (!failure) failure = std::current_exception();
-      images[i] = torch::Tensor();
     }
-  };
-  const size_t n_threads = std::min<size_t>(count, static_cast<size_t>(std::max(1, threads)));
-  if (n_threads <= 1) {
-    for (size_t i = 0; i < count; ++i) work(i);
-  } else {
-    std::atomic<size_t> next{0};
-    std::vector<std::thread> pool;
-    for (size_t t = 0; t < n_threads; ++t)
-      pool.emplace_back([&] {
-        for (size_t i = next++; i < count; i = next++) work(i);
-      });
-    for (auto& th : pool) th.join();
-  }
-  if (failure) std::rethrow_exception(failure);
+  });
   PreparedBatch b;
   std::vector<int64_t> kept;
   for (size_t i = 0; i < count; ++i) {

@@ -9,6 +9,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include "kernels/elements.cuh"
+
 #include <algorithm>
 #include <cstdint>
 #include <stdexcept>
@@ -20,27 +22,11 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 65535;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-__device__ __forceinline__ T from_float(float v);
-template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
-
 __device__ __forceinline__ float epilogue(float v, float b, bool act) {
   v += b;
   return act ? v / (1.f + expf(-v)) : v;
 }
 
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Vec {
-  T v[V];
-};
 
 // NHWC: pack p covers channels (p % packs_per_row) * V ... + V - 1 of one pixel.
 template <typename T, int V, typename I>
@@ -48,10 +34,10 @@ __global__ void bias_act_nhwc(T* __restrict__ y, I packs, I packs_per_row, const
   const I stride = static_cast<I>(gridDim.x) * blockDim.x;
   for (I p = static_cast<I>(blockIdx.x) * blockDim.x + threadIdx.x; p < packs; p += stride) {
     const int c0 = static_cast<int>(p % packs_per_row) * V;
-    Vec<T, V> k = reinterpret_cast<const Vec<T, V>*>(y)[p];
+    Pack<T, V> k = reinterpret_cast<const Pack<T, V>*>(y)[p];
 #pragma unroll
     for (int j = 0; j < V; ++j) k.v[j] = from_float<T>(epilogue(to_float(k.v[j]), __ldg(bias + c0 + j), act));
-    reinterpret_cast<Vec<T, V>*>(y)[p] = k;
+    reinterpret_cast<Pack<T, V>*>(y)[p] = k;
   }
 }
 

@@ -8,6 +8,8 @@
 // consecutive groups of a row, so a warp's loads are contiguous in NHWC.
 #include "kernels/bn_act.hpp"
 
+#include "kernels/elements.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -23,38 +25,21 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kVec = kernels::bn_act_max_vector_width();
 
-__device__ __forceinline__ float load(const float* p, int64_t i) { return p[i]; }
-__device__ __forceinline__ float load(const __half* p, int64_t i) { return __half2float(p[i]); }
-__device__ __forceinline__ float load(const __nv_bfloat16* p, int64_t i) {
-  return __bfloat162float(p[i]);
-}
-__device__ __forceinline__ void store(float* p, int64_t i, float v) { p[i] = v; }
-__device__ __forceinline__ void store(__half* p, int64_t i, float v) { p[i] = __float2half_rn(v); }
-__device__ __forceinline__ void store(__nv_bfloat16* p, int64_t i, float v) {
-  p[i] = __float2bfloat16_rn(v);
-}
-
 __device__ __forceinline__ float sigmoid(float z) { return 1.f / (1.f + expf(-z)); }
 
-// V consecutive channels of one row, loaded or stored as one vector access (V * sizeof(T) bytes,
-// aligned to that: the caller guarantees it).
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
-
+// V consecutive channels of one row as one vector access (Pack: kernels/elements.cuh).
 template <typename T, int V>
 __device__ __forceinline__ void load_pack(const T* __restrict__ p, int64_t i, float (&out)[V]) {
   const Pack<T, V> k = *reinterpret_cast<const Pack<T, V>*>(p + i);
 #pragma unroll
-  for (int j = 0; j < V; ++j) out[j] = load(k.v, j);
+  for (int j = 0; j < V; ++j) out[j] = to_float(k.v[j]);
 }
 
 template <typename T, int V>
 __device__ __forceinline__ void store_pack(T* __restrict__ p, int64_t i, const float (&in)[V]) {
   Pack<T, V> k;
 #pragma unroll
-  for (int j = 0; j < V; ++j) store(k.v, j, in[j]);
+  for (int j = 0; j < V; ++j) k.v[j] = from_float<T>(in[j]);
   *reinterpret_cast<Pack<T, V>*>(p + i) = k;
 }
 

@@ -1,6 +1,8 @@
 // 2x2 stride-1 average pooling over NHWC, split output. See pool2.hpp for the contract.
 #include "kernels/pool2.hpp"
 
+#include "kernels/elements.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -15,25 +17,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kVec = 8;
-
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
-
-template <typename T>
-__device__ __forceinline__ T from_float(float v) {
-  if constexpr (std::is_same_v<T, float>)
-    return v;
-  else if constexpr (std::is_same_v<T, __half>)
-    return __float2half_rn(v);
-  else
-    return __float2bfloat16_rn(v);
-}
-
-template <typename T, int V>
-struct alignas(sizeof(T) * V) Pack {
-  T v[V];
-};
 
 template <typename T, int V>
 __device__ __forceinline__ void add_pack(const T* __restrict__ p, float (&acc)[V]) {

@@ -16,6 +16,7 @@
 
 #include "kernels/bias_act.hpp"
 #include "kernels/bn_act.hpp"
+#include "models/kernel_dtype.hpp"
 #endif
 
 namespace libreyolo::models {
@@ -44,15 +45,6 @@ struct BelowAutograd {
 };
 
 #ifdef LIBREYOLO_CUDA_KERNELS
-bool kernel_dtype(at::ScalarType t, kernels::DType* out) {
-  switch (t) {
-    case at::kFloat: *out = kernels::DType::Float32; return true;
-    case at::kHalf: *out = kernels::DType::Float16; return true;
-    case at::kBFloat16: *out = kernels::DType::BFloat16; return true;
-    default: return false;
-  }
-}
-
 // Per device, kept for the life of the process (never freed: a static tensor would be destroyed
 // after the CUDA caching allocator at exit), both allocated once at their largest size, so no
 // launch allocates or moves them (a captured step keeps their addresses):

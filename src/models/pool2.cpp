@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/pool2.hpp"
+#include "models/kernel_dtype.hpp"
 #endif
 
 namespace libreyolo::models {
@@ -28,18 +29,9 @@ std::pair<torch::Tensor, torch::Tensor> aten_split(const torch::Tensor& x, int64
 }
 
 #ifdef LIBREYOLO_CUDA_KERNELS
-bool pool_dtype(at::ScalarType t, kernels::DType* out) {
-  switch (t) {
-    case at::kFloat: *out = kernels::DType::Float32; return true;
-    case at::kHalf: *out = kernels::DType::Float16; return true;
-    case at::kBFloat16: *out = kernels::DType::BFloat16; return true;
-    default: return false;
-  }
-}
-
 bool kernel_applies(const torch::Tensor& x) {
   kernels::DType dt;
-  return fused_pool_flag().load() && x.is_cuda() && x.dim() == 4 && pool_dtype(x.scalar_type(), &dt) &&
+  return fused_pool_flag().load() && x.is_cuda() && x.dim() == 4 && kernel_dtype(x.scalar_type(), &dt) &&
          x.size(2) >= 2 && x.size(3) >= 2 && x.size(1) <= INT32_MAX && x.size(2) <= INT32_MAX &&
          x.size(3) <= INT32_MAX && x.is_contiguous(at::MemoryFormat::ChannelsLast);
 }
@@ -51,7 +43,7 @@ kernels::Pool2Launch launch_for(const torch::Tensor& x, int64_t split, std::init
   l.height = static_cast<int>(x.size(2));
   l.width = static_cast<int>(x.size(3));
   l.split = static_cast<int>(split);
-  pool_dtype(x.scalar_type(), &l.dtype);
+  kernel_dtype(x.scalar_type(), &l.dtype);
   l.vec = kernels::avg_pool2_vector_width(l.channels, l.split);
   const auto bytes = static_cast<uintptr_t>(l.vec) * x.element_size();
   for (const void* p : ptrs)

@@ -58,40 +58,10 @@ std::vector<Candidate> collect_cpu(const torch::Tensor& p, double conf, int64_t 
   return out;
 }
 
-// Any dtype or device: the candidates are found on pred's device and copied to the host once.
-std::vector<Candidate> collect_aten(const torch::Tensor& p, double conf, int64_t cap) {
-  const torch::Tensor scores = p.slice(0, 4);  // [nc, A]
-  const torch::Tensor pairs = (scores > conf).nonzero();
-  if (pairs.size(0) == 0) return {};
-  torch::Tensor cls = pairs.select(1, 0);
-  torch::Tensor anchor = pairs.select(1, 1);
-  torch::Tensor score = scores.index({cls, anchor});
-  if (score.size(0) > cap) {
-    const torch::Tensor top = std::get<1>(score.topk(cap));
-    anchor = anchor.index_select(0, top);
-    cls = cls.index_select(0, top);
-    score = score.index_select(0, top);
-  }
-  // [K, 6] = box, score, class (class ids are exact in float32 below 2^24).
-  const torch::Tensor boxes = p.slice(0, 0, 4).index_select(1, anchor).t();
-  const torch::Tensor packed =
-      torch::cat({boxes.to(torch::kFloat32), score.unsqueeze(1).to(torch::kFloat32),
-                  cls.unsqueeze(1).to(torch::kFloat32)},
-                 1)
-          .to(torch::kCPU)
-          .contiguous();
-  const int64_t k = packed.size(0);
-  const float* q = packed.data_ptr<float>();
-  std::vector<Candidate> out(k);
-  for (int64_t i = 0; i < k; ++i, q += 6)
-    out[i] = {{q[0], q[1], q[2], q[3]}, q[4], static_cast<int64_t>(q[5])};
-  return out;
-}
-
-// All images' candidates of pred [B, 4 + nc, A] found on pred's device, copied to the host in
-// one go; per image the order and selection of collect_aten (class-major, then the top `cap` by
-// score when there are more).
-std::vector<std::vector<Candidate>> collect_aten_batch(const torch::Tensor& p, double conf, int64_t cap) {
+// Any dtype or device, pred [B, 4 + nc, A]: every image's candidates found on pred's device and
+// copied to the host in one go. Per image they come class by class (nonzero's order), or, when an
+// image has more than `cap`, as its top `cap` by score (topk on the device, as LibreYOLO).
+std::vector<std::vector<Candidate>> collect_aten(const torch::Tensor& p, double conf, int64_t cap) {
   const int64_t batch = p.size(0);
   std::vector<std::vector<Candidate>> out(static_cast<size_t>(batch));
   const torch::Tensor scores = p.slice(1, 4);  // [B, nc, A]
@@ -99,7 +69,7 @@ std::vector<std::vector<Candidate>> collect_aten_batch(const torch::Tensor& p, d
   if (triples.size(0) == 0) return out;
   const torch::Tensor img = triples.select(1, 0), cls = triples.select(1, 1), anchor = triples.select(1, 2);
   const torch::Tensor score = scores.index({img, cls, anchor});
-  // [K, 4] boxes: p[img, 0:4, anchor].
+  // [K, 7] = image, box (p[img, 0:4, anchor]), score, class (ids exact in float32 below 2^24).
   const torch::Tensor boxes = p.slice(1, 0, 4).permute({0, 2, 1}).index({img, anchor});
   const torch::Tensor packed = torch::cat({img.unsqueeze(1).to(torch::kFloat32), boxes.to(torch::kFloat32),
                                            score.unsqueeze(1).to(torch::kFloat32),
@@ -111,12 +81,19 @@ std::vector<std::vector<Candidate>> collect_aten_batch(const torch::Tensor& p, d
   const float* q = packed.data_ptr<float>();
   for (int64_t i = 0; i < k; ++i, q += 7)
     out[static_cast<size_t>(q[0])].push_back({{q[1], q[2], q[3], q[4]}, q[5], static_cast<int64_t>(q[6])});
-  // More candidates than the cap in an image (a tiny conf): its best `cap` by score (equal scores
-  // at the cut may be chosen otherwise than topk would; the NMS orders by score anyway).
-  for (auto& c : out) {
-    if (static_cast<int64_t>(c.size()) <= cap) continue;
-    std::stable_sort(c.begin(), c.end(), [](const Candidate& x, const Candidate& y) { return x.score > y.score; });
-    c.resize(static_cast<size_t>(cap));
+  // An image over the cap (a tiny conf): the same topk over its scores in the same order.
+  int64_t offset = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    auto& c = out[static_cast<size_t>(b)];
+    const auto count = static_cast<int64_t>(c.size());
+    if (count > cap) {
+      const torch::Tensor top = std::get<1>(score.narrow(0, offset, count).topk(cap)).to(torch::kCPU);
+      const int64_t* t = top.data_ptr<int64_t>();
+      std::vector<Candidate> kept(static_cast<size_t>(cap));
+      for (int64_t j = 0; j < cap; ++j) kept[static_cast<size_t>(j)] = c[static_cast<size_t>(t[j])];
+      c.swap(kept);
+    }
+    offset += count;
   }
   return out;
 }
@@ -146,7 +123,7 @@ Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, 
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
   const std::vector<Candidate> cand = p.is_cpu() && p.scalar_type() == torch::kFloat32
                                           ? collect_cpu(p, conf, cap)
-                                          : collect_aten(p, conf, cap);
+                                          : collect_aten(p.unsqueeze(0), conf, cap).front();
   return finish(cand, iou, max_det, ratio, orig_h, orig_w);
 }
 
@@ -165,7 +142,7 @@ std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double
     return out;
   }
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
-  const auto cand = collect_aten_batch(pred, conf, cap);
+  const auto cand = collect_aten(pred, conf, cap);
   for (size_t i = 0; i < geometry.size(); ++i)
     out.push_back(finish(cand[i], iou, max_det, geometry[i].ratio, geometry[i].orig_h, geometry[i].orig_w));
   return out;
