@@ -358,6 +358,9 @@ int main(int argc, char** argv) {
     std::cerr << "no CUDA device\n";
     return 1;
   }
+  // The caching allocator's per-device state exists only once CUDA is initialised (lazily, by the
+  // first allocation); its statistics calls in run_config would otherwise fail on a fresh process.
+  if (dev.is_cuda()) (void)torch::empty({1}, torch::TensorOptions().device(dev));
   const models::Family* fam = models::find_family(o.family);
   if (!fam) {
     std::cerr << "unknown family " << o.family << "\n";

@@ -77,11 +77,11 @@ want folder && {
     summary "$(basename "$f" .json): $(python3 -c "import json,sys; print(round(json.load(open(sys.argv[1]))['img_per_s'],1), 'img/s')" "$f" 2>&1)"
   done
 }
-# The pooling kernels (LIBREYOLO_FUSED_POOL, off by default until this says they are faster): the
+# The pooling kernels (LIBREYOLO_FUSED_POOL, on by default since this said they are faster): the
 # graphed v9-t step with them off and on, twice each, same binary.
 want pool && for r in 1 2; do for v in 0 1; do
   LIBREYOLO_FUSED_POOL=$v run pool_${v}_$r 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema \
-    --sizes t,s --batches 8,16,32 --dtypes bf16 --cuda-graph on --steps 30 --warmup 12
+    ${LIBREYOLO_POOL_ARGS:---sizes t,s --batches 8,16,32} --dtypes bf16 --cuda-graph on --steps 30 --warmup 12
 done; done
 # The fused BatchNorm kernels alone over activation shapes, on the default and two other grids.
 want bn && run bn_act 200 "$BIN/bench_bn_act" --grids auto,c8r8,c8r16

@@ -18,7 +18,7 @@ namespace {
 std::atomic<bool>& fused_pool_flag() {
   static std::atomic<bool> on{[] {
     const char* v = std::getenv("LIBREYOLO_FUSED_POOL");
-    return v && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
+    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
   }()};
   return on;
 }
