@@ -3,7 +3,7 @@
 //
 //   bench_loader [--count 256] [--threads 1,2,4] [--imgsz 640] [--batch 16] [--cache none|ram|disk]
 //                [--no-mosaic] [--mixup P] [--dir DIR (reuse or keep the images)] [--stages]
-//                [--exact-decode]
+//                [--exact-decode] [--gpu]
 // Prints one JSON object on stdout. --exact-decode turns reduced decoding off (DatasetOptions::
 // reduced_decode): every image decoded at full size and resized as the reference does, mosaic
 // tiles included; the default decodes mosaic tiles at the JPEG DCT scale covering imgsz / 2.
@@ -49,7 +49,7 @@ double seconds_since(Clock::time_point t0) {
   std::fprintf(stderr,
                "bench_loader: %s\nusage: bench_loader [--count N] [--threads 1,2,4] [--imgsz S] "
                "[--batch B] [--cache none|ram|disk] [--no-mosaic] [--mixup P] [--dir DIR] [--stages]\n"
-               "       [--exact-decode]\n",
+               "       [--exact-decode] [--gpu]\n",
                why.c_str());
   std::exit(2);
 }
@@ -70,8 +70,10 @@ std::vector<int> parse_list(const std::string& s) {
 }
 
 // One epoch on the calling thread with the stage timers on; a JSON object.
-std::string stage_report(const std::shared_ptr<const YoloDataset>& ds, int batch, bool mosaic, double mixup) {
+std::string stage_report(const std::shared_ptr<const YoloDataset>& ds, int batch, bool mosaic, double mixup,
+                         bool gpu) {
   LoaderOptions o;
+  o.gpu = gpu ? 0 : -1;
   o.batch = batch;
   o.workers = 0;
   o.seed = 1;
@@ -91,7 +93,7 @@ std::string stage_report(const std::shared_ptr<const YoloDataset>& ds, int batch
   while (auto b = loader.next()) {
     images += b->images.size(0);
     const auto th = Clock::now();
-    for (const torch::Tensor& t : {b->images, b->targets}) {
+    for (const torch::Tensor& t : {b->images.cpu(), b->targets}) {
       const auto* p = static_cast<const uint8_t*>(t.data_ptr());
       for (size_t i = 0, n = static_cast<size_t>(t.nbytes()); i < n; ++i) hash = (hash ^ p[i]) * 1099511628211ull;
     }
@@ -123,7 +125,7 @@ int main(int argc, char** argv) {
   int count = 256, imgsz = 640, batch = 16;
   std::vector<int> threads = {1, 2, 4};
   std::string cache = "none", dir;
-  bool mosaic = true, stages = false, exact_decode = false;
+  bool mosaic = true, stages = false, exact_decode = false, gpu = false;
   double mixup = 0.0;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -142,6 +144,7 @@ int main(int argc, char** argv) {
       else if (a == "--mixup") mixup = std::stod(value());
       else if (a == "--stages") stages = true;
       else if (a == "--exact-decode") exact_decode = true;
+      else if (a == "--gpu") gpu = true;
       else usage("unknown flag " + a);
     } catch (const std::logic_error&) {
       usage("bad value for " + a);
@@ -193,6 +196,7 @@ int main(int argc, char** argv) {
       o.workers = t;
       o.seed = 1;
       o.augment.mixup_prob = mixup;
+      o.gpu = gpu ? 0 : -1;  // the GPU loader: nvJPEG decode and drawing on device 0
       DataLoader loader(ds, o);
       loader.set_mosaic(mosaic);
       loader.set_epoch(0);
@@ -210,12 +214,12 @@ int main(int argc, char** argv) {
                         results.empty() ? "" : ", ", t, static_cast<long long>(batches),
                         static_cast<long long>(images), s, images > 0 ? images / s : 0.0);
     }
-    const std::string stage_json = stages ? ", \"stages\": " + stage_report(ds, batch, mosaic, mixup) : "";
+    const std::string stage_json = stages ? ", \"stages\": " + stage_report(ds, batch, mosaic, mixup, gpu) : "";
     std::printf(
         "{\"bench\": \"loader\", \"count\": %d, \"image_wh\": [1080, 810], \"imgsz\": %d, "
-        "\"batch\": %d, \"mosaic\": %s, \"mixup\": %g, \"cache\": \"%s\", \"exact_decode\": %s, \"generated\": %s, "
+        "\"batch\": %d, \"gpu\": %s, \"mosaic\": %s, \"mixup\": %g, \"cache\": \"%s\", \"exact_decode\": %s, \"generated\": %s, "
         "\"gen_s\": %.3f, \"index_s\": %.3f, \"hardware_threads\": %u, \"results\": [%s]%s}\n",
-        count, imgsz, batch, mosaic ? "true" : "false", mixup, cache.c_str(), exact_decode ? "true" : "false", generated ? "true" : "false",
+        count, imgsz, batch, gpu ? "true" : "false", mosaic ? "true" : "false", mixup, cache.c_str(), exact_decode ? "true" : "false", generated ? "true" : "false",
         gen_s, index_s, std::thread::hardware_concurrency(), results.c_str(), stage_json.c_str());
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_loader: %s\n", e.what());

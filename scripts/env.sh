@@ -82,6 +82,14 @@ _ly_setup() {
       touch "$venv/.ready-$LIBREYOLO_TORCH_VERSION"
     fi
   fi
+  # nvJPEG's header for the GPU loader (a small wheel; the library itself is loaded at run time).
+  if [ "${LIBREYOLO_SYSTEM_TORCH:-0}" != 1 ] && ! [ -f "$LIBREYOLO_CACHE/venv/.nvjpeg" ]; then
+    if "$LIBREYOLO_PY" -m pip install -q --progress-bar off "nvidia-nvjpeg==13.0.*" >&2; then
+      touch "$LIBREYOLO_CACHE/venv/.nvjpeg"
+    else
+      _ly_log "could not install nvidia-nvjpeg: the GPU loader (loader=gpu) will be off in this build"
+    fi
+  fi
   LIBREYOLO_TORCH_CMAKE=$("$LIBREYOLO_PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
   LIBREYOLO_NV_ROOT=$("$LIBREYOLO_PY" -c 'import nvidia;print(list(nvidia.__path__)[0])' 2>/dev/null || true)
   [ "${LIBREYOLO_SYSTEM_TORCH:-0}" = 1 ] || _ly_gloo_headers

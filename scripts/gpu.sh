@@ -158,10 +158,15 @@ want loader && {
     --exact-decode --dir /tmp/libreyolo_bench_loader_512
   run loader_ram 300 "$BIN/bench_loader" --count 512 --threads 8,16 --imgsz 640 --batch 16 --cache ram \
     --dir /tmp/libreyolo_bench_loader_512
+  # The GPU loader (loader=gpu: nvJPEG decode, samples drawn by a CUDA kernel).
+  run loader_gpu 300 "$BIN/bench_loader" --count 512 --threads 4,16 --imgsz 640 --batch 16 --gpu --stages \
+    --dir /tmp/libreyolo_bench_loader_512
 }
 want e2e && {
   run e2e 400 "$BIN/bench_train_e2e" --device cuda --workers 8,16
   run e2e_bf16 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16
+  run e2e_gpu_loader 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16 --epochs 3 \
+    --cuda-graph on --set loader=gpu
 }
 # End to end: eager vs graphed, profile off vs on (the profiler's cost once its window is over).
 want e2e_graph && run e2e_graph 500 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16 \

@@ -15,6 +15,7 @@ struct TrainConfig {
   std::string device = "auto";   // auto, cpu, cuda, cuda:N, N, "0,1"
   int workers = 8;               // loader threads (0 = load in the training thread)
   std::string cache = "false";   // false, ram (resized images in memory), disk (beside the images, reused by later runs)
+  std::string loader = "auto";  // auto (the CPU loader), cpu, gpu (nvJPEG decode + CUDA augmentation; YOLOv9 recipe, no mixup or cache)
   int seed = 0;
   std::string resume;            // "", true (the loaded checkpoint), or a checkpoint path
   bool pretrained = true;        // use the loaded weights (false: fresh init of the same shape)

@@ -17,6 +17,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
         .add("workers", &C::workers, "data loader threads")
         .add("cache", &C::cache, "cache decoded images: false or ram")
+        .add("loader", &C::loader, "where samples are decoded and augmented: auto (cpu), cpu, gpu (nvJPEG + CUDA kernels)")
         .add("seed", &C::seed, "random seed")
         .add("resume", &C::resume, "resume from a checkpoint path (or true: the loaded one)")
         .add("pretrained", &C::pretrained, "start from the loaded weights")
@@ -149,6 +150,7 @@ void validate(const TrainConfig& c) {
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
   check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos", "yoloxwarmcos"});
   check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});
+  check_one_of("loader", c.loader, {"auto", "cpu", "gpu"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");
   if (c.momentum < 0 || c.momentum >= 1) range_error("momentum", "must be within [0, 1)");
   if (c.weight_decay < 0) range_error("weight_decay", "must be >= 0");

@@ -680,35 +680,203 @@ TransformParams draw_transform(Rng& rng, const AugmentOptions& opt) {
   return p;
 }
 
-void apply_transform(const Sample& in, const TransformParams& p, int S, int max_labels,
-                     uint8_t* image_out, float* targets_out) {
-  StageScope timed(Stage::Transform);
-  const double ratio = letterbox_ratio(in.image, S);
-  if (in.boxes.empty()) {
-    letterbox_into(in.image, S, ratio, nullptr, image_out);
-    write_targets({}, ratio, S, max_labels, targets_out);
-    return;
-  }
-  const double w = static_cast<double>(in.image.size(1));
-  std::vector<Box> kept;
-  kept.reserve(in.boxes.size());
-  for (const Box& b0 : in.boxes) {
+namespace {
+
+// apply_transform's box path for an image of h x w: whether the image is augmented and the
+// boxes written (in the image's pixels; scaled by `ratio` when written).
+struct TransformOutcome {
+  bool augment = false;
+  double ratio = 1.0;
+  std::vector<Box> boxes;
+};
+
+TransformOutcome transform_boxes(const std::vector<Box>& boxes, int h, int w, const TransformParams& p, int S) {
+  TransformOutcome out;
+  out.ratio = std::min(static_cast<double>(S) / h, static_cast<double>(S) / w);
+  if (boxes.empty()) return out;
+  out.boxes.reserve(boxes.size());
+  for (const Box& b0 : boxes) {
     Box b = b0;
     if (p.flip) {
       b.x1 = w - b0.x2;
       b.x2 = w - b0.x1;
     }
     // The filter is measured after letterbox scaling and before clipping.
-    if ((b.x2 - b.x1) * ratio > 1.0 && (b.y2 - b.y1) * ratio > 1.0) kept.push_back(b);
+    if ((b.x2 - b.x1) * out.ratio > 1.0 && (b.y2 - b.y1) * out.ratio > 1.0) out.boxes.push_back(b);
   }
-  if (kept.empty()) {
+  if (out.boxes.empty()) {
     // Nothing survived: the reference falls back to the un-augmented image and all its boxes.
-    letterbox_into(in.image, S, ratio, nullptr, image_out);
-    write_targets(in.boxes, ratio, S, max_labels, targets_out);
-    return;
+    out.boxes = boxes;
+    return out;
   }
-  letterbox_into(in.image, S, ratio, &p, image_out);
-  write_targets(kept, ratio, S, max_labels, targets_out);
+  out.augment = true;
+  return out;
+}
+
+}  // namespace
+
+void apply_transform(const Sample& in, const TransformParams& p, int S, int max_labels,
+                     uint8_t* image_out, float* targets_out) {
+  StageScope timed(Stage::Transform);
+  check_image(in.image);
+  const TransformOutcome t =
+      transform_boxes(in.boxes, static_cast<int>(in.image.size(0)), static_cast<int>(in.image.size(1)), p, S);
+  letterbox_into(in.image, S, t.ratio, t.augment ? &p : nullptr, image_out);
+  write_targets(t.boxes, t.ratio, S, max_labels, targets_out);
+}
+
+// ---- plans ---------------------------------------------------------------------------------
+bool plannable(const AugmentOptions& opt, std::string* why) {
+  if (opt.style != AugmentStyle::Yolo9) {
+    if (why) *why = "the YOLOX recipe (random affine and its mixup)";
+    return false;
+  }
+  if (opt.mixup_prob > 0) {
+    if (why) *why = strfmt("mixup (mixup=%g)", opt.mixup_prob);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// A picture of h x w at imgsz scale letterboxed top-left: one tile covering nw x nh output
+// pixels (the picture itself when its longer side is S; otherwise resized once more, which the
+// CPU does in two steps: then the pixels agree within interpolation only).
+SampleDraw letterbox_plan(int64_t index, int h, int w, double ratio, int S) {
+  const int nw = std::clamp(static_cast<int>(w * ratio), 1, S);
+  const int nh = std::clamp(static_cast<int>(h * ratio), 1, S);
+  SampleDraw d;
+  d.factor = 1;
+  d.num_tiles = 1;
+  d.tiles[0] = {index, nw, nh, 0, 0, 0, 0, nw, nh};
+  d.content_w = nw;
+  d.content_h = nh;
+  return d;
+}
+
+}  // namespace
+
+SampleDraw plan_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
+                             Rng& rng, float* targets_out) {
+  std::string why;
+  if (!plannable(opt, &why)) throw UsageError("plan_train_sample: " + why + " has no plan");
+  const int S = opt.imgsz;
+  if (mosaic && rng.uniform() < opt.mosaic_prob) {
+    const MosaicParams mp = draw_mosaic(rng, S, ds.size());
+    const std::array<int64_t, 4> idx = {ds.readable_from(index), ds.readable_from(mp.others[0]),
+                                        ds.readable_from(mp.others[1]), ds.readable_from(mp.others[2])};
+    const std::array<Tile, 4> t = {ds.tile_geometry(idx[0]), ds.tile_geometry(idx[1]), ds.tile_geometry(idx[2]),
+                                   ds.tile_geometry(idx[3])};
+    std::vector<Box> placed, boxes;
+    const std::array<TilePlacement, 4> placement =
+        plan_tiles({&t[0], &t[1], &t[2], &t[3]}, S, mp.xc, mp.yc, &placed, false);
+    halve_mosaic_boxes(placed, 2 * S, &boxes);
+    SampleDraw d;
+    d.factor = 2;
+    for (size_t k = 0; k < 4; ++k) {
+      const TilePlacement& p = placement[k];
+      if (!p.copies) continue;
+      d.tiles[static_cast<size_t>(d.num_tiles++)] = {idx[k], p.w, p.h, p.x1a - p.x1b, p.y1a - p.y1b,
+                                                     p.x1a, p.y1a, p.x2a, p.y2a};
+    }
+    d.content_w = d.content_h = S;
+    const TransformParams tp = draw_transform(rng, opt);
+    const TransformOutcome out = transform_boxes(boxes, S, S, tp, S);
+    d.hsv = out.augment && tp.hsv;
+    d.flip = out.augment && tp.flip;
+    d.gains = tp.gains;
+    write_targets(out.boxes, out.ratio, S, opt.max_labels, targets_out);
+    return d;
+  }
+  const int64_t i = ds.readable_from(index);
+  const Tile t = ds.tile_geometry(i);
+  const TransformParams tp = draw_transform(rng, opt);
+  const TransformOutcome out = transform_boxes(t.boxes, t.height, t.width, tp, S);
+  SampleDraw d = letterbox_plan(i, t.height, t.width, out.ratio, S);
+  d.hsv = out.augment && tp.hsv;
+  d.flip = out.augment && tp.flip;
+  d.gains = tp.gains;
+  write_targets(out.boxes, out.ratio, S, opt.max_labels, targets_out);
+  return d;
+}
+
+SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out) {
+  const int S = ds.imgsz();
+  const int64_t i = ds.readable_from(index);
+  const Tile t = ds.tile_geometry(i);
+  const double ratio = std::min(static_cast<double>(S) / t.height, static_cast<double>(S) / t.width);
+  write_targets(t.boxes, ratio, S, max_labels, targets_out);
+  return letterbox_plan(i, t.height, t.width, ratio, S);
+}
+
+namespace {
+
+// One axis of resize_bilinear from `in` to `out` pixels at output position d (ops/image_ops.cpp's
+// taps: half-pixel centres, clamped, 11-bit weight).
+struct Tap {
+  int i0, i1, w1;
+};
+Tap axis_tap(int in, int out, int d) {
+  const double scale = static_cast<double>(in) / static_cast<double>(out);
+  const double f = (static_cast<double>(d) + 0.5) * scale - 0.5;
+  int64_t s = static_cast<int64_t>(std::floor(f));
+  double frac = f - static_cast<double>(s);
+  if (s < 0) s = 0, frac = 0.0;
+  if (s >= in - 1) s = in - 1, frac = 0.0;
+  return {static_cast<int>(s), static_cast<int>(std::min<int64_t>(s + 1, in - 1)),
+          static_cast<int>(std::lround(frac * 2048.0))};
+}
+
+}  // namespace
+
+void render_sample(const SampleDraw& d, const std::array<const torch::Tensor*, 4>& sources, int S, uint8_t* out) {
+  if (d.factor < 1 || d.num_tiles < 0 || d.num_tiles > 4) throw UsageError("render_sample: bad plan");
+  for (int k = 0; k < d.num_tiles; ++k) {
+    if (!sources[static_cast<size_t>(k)]) throw UsageError("render_sample: a tile has no source image");
+    check_image(*sources[static_cast<size_t>(k)]);
+  }
+  const int F = d.factor;
+  std::vector<uint8_t> row(static_cast<size_t>(S) * 3);
+  for (int Y = 0; Y < S; ++Y) {
+    for (int X = 0; X < S; ++X) {
+      uint8_t* o = row.data() + 3 * X;
+      if (X >= d.content_w || Y >= d.content_h) {
+        o[0] = o[1] = o[2] = kPad;
+        continue;
+      }
+      const int Xs = d.flip ? d.content_w - 1 - X : X;
+      int sum[3] = {0, 0, 0};
+      for (int dy = 0; dy < F; ++dy)
+        for (int dx = 0; dx < F; ++dx) {
+          const int cx = Xs * F + dx, cy = Y * F + dy;
+          int v[3] = {kPad, kPad, kPad};
+          for (int k = 0; k < d.num_tiles; ++k) {
+            const TileDraw& t = d.tiles[static_cast<size_t>(k)];
+            if (cx < t.x1 || cx >= t.x2 || cy < t.y1 || cy >= t.y2) continue;
+            const torch::Tensor& src = *sources[static_cast<size_t>(k)];
+            const int sh = static_cast<int>(src.size(0)), sw = static_cast<int>(src.size(1));
+            const Tap tx = axis_tap(sw, t.tile_w, cx - t.offset_x);
+            const Tap ty = axis_tap(sh, t.tile_h, cy - t.offset_y);
+            const uint8_t* p = src.data_ptr<uint8_t>();
+            const uint8_t* r0 = p + static_cast<int64_t>(ty.i0) * sw * 3;
+            const uint8_t* r1 = p + static_cast<int64_t>(ty.i1) * sw * 3;
+            for (int c = 0; c < 3; ++c) {
+              const int top = r0[3 * tx.i0 + c] * (2048 - tx.w1) + r0[3 * tx.i1 + c] * tx.w1;
+              const int bottom = r1[3 * tx.i0 + c] * (2048 - tx.w1) + r1[3 * tx.i1 + c] * tx.w1;
+              v[c] = (top * (2048 - ty.w1) + bottom * ty.w1 + (1 << 21)) >> 22;
+            }
+            break;
+          }
+          for (int c = 0; c < 3; ++c) sum[c] += v[c];
+        }
+      const int n = F * F;
+      for (int c = 0; c < 3; ++c) o[c] = static_cast<uint8_t>((sum[c] + n / 2) / n);
+    }
+    const int w = std::min(d.content_w, S);
+    if (d.hsv && Y < d.content_h && w > 0) shift_hsv(row.data(), row.data(), w, d.gains);
+    std::memcpy(out + static_cast<size_t>(Y) * S * 3, row.data(), row.size());
+  }
 }
 
 // ---- whole samples -----------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <string>
 
 #include "data/dataset.hpp"
 #include "data/rng.hpp"
@@ -96,6 +97,48 @@ TransformParams draw_transform(Rng& rng, const AugmentOptions& opt);
 // un-augmented image and all its boxes when none is left), normalise, clip, pad.
 void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int max_labels,
                      uint8_t* image_out, float* targets_out);
+
+// ---- Samples as drawing plans (the GPU loader's path, data/gpu_batch.hpp) -------------------
+// A sample described by where its pictures go instead of by its pixels, so that the pixels can
+// be made elsewhere (the GPU) from full-size decodes. The plan reproduces the exact (not the
+// reduced-decode) CPU pipeline: each tile's picture is the source image resized to tile_w x
+// tile_h (resize_bilinear's arithmetic), placed on a canvas at (offset_x, offset_y), cut to its
+// canvas rectangle; the canvas is `factor` times the output size and every output pixel is the
+// rounded mean of its factor x factor canvas pixels (2 for the mosaic, 1 for a letterbox); the
+// canvas is 114 outside the rectangles. Inside content_w x content_h output pixels the image is
+// mirrored (flip) and HSV-shifted (hsv); outside it stays 114.
+struct TileDraw {
+  int64_t index = -1;               // dataset index of the source image
+  int tile_w = 0, tile_h = 0;       // the picture's size at canvas scale
+  int offset_x = 0, offset_y = 0;   // canvas position of the picture's pixel (0, 0)
+  int x1 = 0, y1 = 0, x2 = 0, y2 = 0;  // canvas rectangle [x1, x2) x [y1, y2) it covers
+};
+struct SampleDraw {
+  int factor = 1;
+  int num_tiles = 0;
+  std::array<TileDraw, 4> tiles{};
+  int content_w = 0, content_h = 0;
+  bool hsv = false, flip = false;
+  HsvGains gains;
+};
+
+// make_train_sample's random draws, boxes and targets (written to targets_out) for the YOLOv9
+// recipe without mixup, with every tile's geometry taken from the image headers: what
+// make_train_sample produces with DatasetOptions::reduced_decode = false (or a cache), pixels
+// included once the plan is drawn by render_sample. Images already found corrupt are replaced
+// by their next readable neighbour as load_resized does. Throws UsageError for a recipe it
+// cannot plan (plannable() says which).
+SampleDraw plan_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
+                             Rng& rng, float* targets_out);
+// Whether plan_train_sample covers `opt` (no mixup, YOLOv9 style); else the reason.
+bool plannable(const AugmentOptions& opt, std::string* why = nullptr);
+// make_val_sample as a plan.
+SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out);
+// Draws a plan on the CPU into an S x S x 3 output from the tiles' source images (full-size
+// HWC uint8, sources[k] for tiles[k]): the arithmetic the GPU kernel (kernels/render.hpp) must
+// match bit for bit.
+void render_sample(const SampleDraw& plan, const std::array<const torch::Tensor*, 4>& sources, int S,
+                   uint8_t* out);
 
 // ---- Whole samples ---------------------------------------------------------------------------
 // One training sample: mosaic (when enabled, with probability mosaic_prob) then the transform;

@@ -485,14 +485,33 @@ auto YoloDataset::first_readable(int64_t i, Load&& load) const {
     try {
       return load(j);
     } catch (const DataError& e) {
-      if (!bad_[j].exchange(true)) {
-        ++unreadable_;
-        log_warn(strfmt("corrupt image skipped: %s (%s); using the next image instead",
-                        records_[static_cast<size_t>(j)].path.c_str(), e.what()));
-      }
+      mark_unreadable(j, e.what());
     }
   }
   throw DataError("none of the dataset's images can be decoded");
+}
+
+void YoloDataset::mark_unreadable(int64_t j, const std::string& why) const {
+  if (j < 0 || j >= size()) throw UsageError("mark_unreadable: index out of range");
+  if (!bad_[j].exchange(true)) {
+    ++unreadable_;
+    log_warn(strfmt("corrupt image skipped: %s (%s); using the next image instead",
+                    records_[static_cast<size_t>(j)].path.c_str(), why.c_str()));
+  }
+}
+
+int64_t YoloDataset::readable_from(int64_t i) const {
+  return first_readable(i, [](int64_t j) { return j; });
+}
+
+Tile YoloDataset::tile_geometry(int64_t i) const {
+  const Record& r = records_.at(static_cast<size_t>(i));
+  const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, options_.imgsz);
+  Tile t;
+  t.height = static_cast<int>(f.height);
+  t.width = static_cast<int>(f.width);
+  t.boxes = boxes_at_imgsz(r, f.ratio);
+  return t;
 }
 
 Sample YoloDataset::load_resized(int64_t i) const {

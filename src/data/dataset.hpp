@@ -97,6 +97,14 @@ class YoloDataset {
   static constexpr int kTileSlots = 4;
   Tile load_mosaic_tile(int64_t i, int slot) const;
 
+  // Pixel-free views for a loader that decodes elsewhere (the GPU loader): the first index from
+  // i on (cyclically) not yet found corrupt, and that image's tile geometry (height x width at
+  // imgsz scale, boxes in those pixels; no pixels). mark_unreadable records a corrupt image
+  // found by such a decoder as load_resized would (warned once, counted, skipped from then on).
+  int64_t readable_from(int64_t i) const;
+  Tile tile_geometry(int64_t i) const;
+  void mark_unreadable(int64_t i, const std::string& why) const;
+
   // Images skipped at construction plus images found undecodable later.
   int64_t num_corrupt() const { return skipped_ + unreadable_.load(); }
   int64_t num_unreadable() const { return unreadable_.load(); }

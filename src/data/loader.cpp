@@ -2,6 +2,9 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
+#ifdef LIBREYOLO_CUDA
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -26,6 +29,18 @@ int LoaderOptions::default_worker_nice() {
     log_warn(strfmt("LIBREYOLO_LOADER_NICE=%s ignored: expected 0..19", v));
   }
   return 5;
+}
+
+bool gpu_loader_supports(const YoloDataset& dataset, const LoaderOptions& options, std::string* why) {
+  if (dataset.cached() || dataset.disk_cached()) {
+    if (why) *why = "the dataset is cached (cache=ram/disk): its resized images are read on the CPU";
+    return false;
+  }
+  if (options.mode == LoaderMode::Train && !plannable(options.augment, why)) {
+    if (why) *why += " is drawn on the CPU only";
+    return false;
+  }
+  return gpu_loader_available(why);
 }
 
 namespace {
@@ -56,6 +71,11 @@ DataLoader::DataLoader(std::shared_ptr<const YoloDataset> dataset, LoaderOptions
   S_ = dataset_->imgsz();
   opt_.augment.imgsz = S_;
 
+  if (opt_.gpu >= 0) {
+    std::string why;
+    if (!gpu_loader_supports(*dataset_, opt_, &why)) throw UsageError("loader=gpu: " + why);
+    gpu_ = std::make_unique<GpuBatchMaker>(opt_.gpu, S_);
+  }
   if (opt_.pin_memory) {
     pin_ = torch::cuda::is_available();
     if (!pin_) log_debug("pin_memory ignored: no CUDA device");
@@ -169,6 +189,45 @@ void DataLoader::make_sample(int64_t position, int64_t index, int64_t epoch, boo
   make_train_sample(*dataset_, index, mosaic, opt_.augment, rng, image, targets);
 }
 
+void DataLoader::plan_sample(int64_t position, int64_t index, int64_t epoch, bool mosaic, float* targets,
+                             PlannedSample* out) const {
+  if (opt_.mode == LoaderMode::Val) {
+    out->plan = plan_val_sample(*dataset_, index, opt_.augment.max_labels, targets);
+  } else {
+    Rng rng = Rng::for_sample(opt_.seed, epoch, position * opt_.world + opt_.rank, 0);  // as make_sample
+    out->plan = plan_train_sample(*dataset_, index, mosaic, opt_.augment, rng, targets);
+  }
+  StageScope timed(Stage::Read);
+  for (int k = 0; k < out->plan.num_tiles; ++k) {
+    const std::string& path = dataset_->image_path(out->plan.tiles[static_cast<size_t>(k)].index);
+    out->names[static_cast<size_t>(k)] = path;
+    try {
+      out->files[static_cast<size_t>(k)] = read_file_bytes(path);
+    } catch (const DataError&) {
+      out->files[static_cast<size_t>(k)] = std::make_shared<const std::vector<uint8_t>>();  // the decoder reports it
+    }
+  }
+}
+
+torch::Tensor DataLoader::draw_batch(std::vector<PlannedSample>& planned, int64_t first_position, int64_t epoch,
+                                     bool mosaic, const std::vector<int64_t>& indices, float* targets) const {
+  const int64_t target_floats = static_cast<int64_t>(opt_.augment.max_labels) * 5;
+  std::vector<std::pair<int64_t, std::string>> bad;
+  for (;;) {
+    torch::Tensor images = gpu_->make(planned, &bad);
+    if (bad.empty()) return images;
+    for (const auto& [index, why] : bad) dataset_->mark_unreadable(index, why);
+    for (size_t j = 0; j < planned.size(); ++j) {
+      bool hit = false;
+      for (int k = 0; k < planned[j].plan.num_tiles; ++k)
+        for (const auto& b : bad) hit = hit || planned[j].plan.tiles[static_cast<size_t>(k)].index == b.first;
+      if (hit)
+        plan_sample(first_position + static_cast<int64_t>(j), indices[j], epoch, mosaic,
+                    targets + static_cast<int64_t>(j) * target_floats, &planned[j]);
+    }
+  }
+}
+
 void DataLoader::init_slot_locked(Slot& slot, int64_t b) {
   // Samples are written straight into these tensors: allocating them is the whole collate (and,
   // when they are page-locked, the whole pinning).
@@ -178,7 +237,10 @@ void DataLoader::init_slot_locked(Slot& slot, int64_t b) {
   slot = Slot{};
   slot.batch = b;
   slot.pending = count;
-  slot.data.images = torch::empty({count, S_, S_, 3}, opts.dtype(torch::kUInt8));
+  if (gpu_)
+    slot.planned.resize(static_cast<size_t>(count));
+  else
+    slot.data.images = torch::empty({count, S_, S_, 3}, opts.dtype(torch::kUInt8));
   slot.data.targets = torch::empty({count, opt_.augment.max_labels, 5}, opts.dtype(torch::kFloat32));
   slot.data.orig_hw.resize(static_cast<size_t>(count));
   slot.data.indices.resize(static_cast<size_t>(count));
@@ -202,10 +264,12 @@ void DataLoader::worker_loop() {
     const uint64_t gen = generation_;
     Slot& slot = slots_[static_cast<size_t>(b % window)];
     torch::Tensor images, targets;  // held here so an epoch switch cannot free them under us
+    PlannedSample* planned = nullptr;
     try {
       if (slot.batch != b) init_slot_locked(slot, b);
       images = slot.data.images;
       targets = slot.data.targets;
+      if (gpu_) planned = &slot.planned[static_cast<size_t>(j)];
     } catch (...) {
       fatal_ = std::current_exception();
       ready_cv_.notify_all();
@@ -220,19 +284,46 @@ void DataLoader::worker_loop() {
 
     std::exception_ptr error;
     try {
-      make_sample(pos, index, epoch, mosaic, images.data_ptr<uint8_t>() + j * image_bytes,
-                  targets.data_ptr<float>() + j * target_floats);
+      if (planned)  // the slot's plans only change under the lock or by their one owner
+        plan_sample(pos, index, epoch, mosaic, targets.data_ptr<float>() + j * target_floats, planned);
+      else
+        make_sample(pos, index, epoch, mosaic, images.data_ptr<uint8_t>() + j * image_bytes,
+                    targets.data_ptr<float>() + j * target_floats);
     } catch (...) {
       error = std::current_exception();
     }
     images = torch::Tensor();
-    targets = torch::Tensor();
 
     lock.lock();
-    if (gen != generation_) continue;  // the epoch was re-armed meanwhile: drop the sample
+    if (gen != generation_) {  // the epoch was re-armed meanwhile: drop the sample
+      targets = torch::Tensor();
+      continue;
+    }
     Slot& done = slots_[static_cast<size_t>(b % window)];
     if (error && !done.error) done.error = error;
-    if (--done.pending == 0) ready_cv_.notify_all();
+    if (--done.pending == 0) {
+      if (gpu_ && !done.error) {
+        // The batch's last sample: this worker draws the whole batch on the GPU.
+        std::vector<PlannedSample> plans = std::move(done.planned);
+        const std::vector<int64_t> indices = done.data.indices;
+        lock.unlock();
+        torch::Tensor pixels;
+        try {
+          pixels = draw_batch(plans, b * B, epoch, mosaic, indices, targets.data_ptr<float>());
+        } catch (...) {
+          error = std::current_exception();
+        }
+        lock.lock();
+        targets = torch::Tensor();
+        if (gen != generation_) continue;
+        Slot& drawn = slots_[static_cast<size_t>(b % window)];
+        drawn.data.images = std::move(pixels);
+        if (error) drawn.error = error;
+      }
+      done.drawn = true;
+      ready_cv_.notify_all();
+    }
+    targets = torch::Tensor();
   }
 }
 
@@ -249,7 +340,7 @@ std::optional<Batch> DataLoader::next_inline(bool* last) {
   const int64_t image_bytes = static_cast<int64_t>(S_) * S_ * 3;
   const int64_t target_floats = static_cast<int64_t>(opt_.augment.max_labels) * 5;
   lock.unlock();
-  uint8_t* images = slot.data.images.data_ptr<uint8_t>();
+  uint8_t* images = gpu_ ? nullptr : slot.data.images.data_ptr<uint8_t>();
   float* targets = slot.data.targets.data_ptr<float>();
   try {
     for (int64_t j = 0; j < slot.pending; ++j) {
@@ -257,8 +348,12 @@ std::optional<Batch> DataLoader::next_inline(bool* last) {
       const int64_t index = order_[static_cast<size_t>(pos)];
       slot.data.indices[static_cast<size_t>(j)] = index;
       slot.data.orig_hw[static_cast<size_t>(j)] = dataset_->original_hw(index);
-      make_sample(pos, index, epoch, mosaic, images + j * image_bytes, targets + j * target_floats);
+      if (gpu_)
+        plan_sample(pos, index, epoch, mosaic, targets + j * target_floats, &slot.planned[static_cast<size_t>(j)]);
+      else
+        make_sample(pos, index, epoch, mosaic, images + j * image_bytes, targets + j * target_floats);
     }
+    if (gpu_) slot.data.images = draw_batch(slot.planned, b * opt_.batch, epoch, mosaic, slot.data.indices, targets);
   } catch (...) {
     lock.lock();
     end_epoch_locked();
@@ -281,7 +376,7 @@ std::optional<Batch> DataLoader::next() {
     if (next_batch_ >= num_batches_) return std::nullopt;
     const int64_t b = next_batch_;
     Slot& slot = slots_[static_cast<size_t>(b % static_cast<int64_t>(slots_.size()))];
-    ready_cv_.wait(lock, [&] { return stop_ || fatal_ || (slot.batch == b && slot.pending == 0); });
+    ready_cv_.wait(lock, [&] { return stop_ || fatal_ || (slot.batch == b && slot.pending == 0 && slot.drawn); });
     std::exception_ptr error = fatal_ ? fatal_ : slot.error;
     if (stop_) error = std::make_exception_ptr(RuntimeError("data loader stopped"));
     if (error) {
@@ -294,6 +389,13 @@ std::optional<Batch> DataLoader::next() {
     lock.unlock();
     work_cv_.notify_all();
   }
+#ifdef LIBREYOLO_CUDA
+  if (out && out->images.is_cuda()) {
+    // Drawn on the GPU loader's stream (finished there); the step reads it on the caller's
+    // stream, so its memory is not reused before that stream is past it.
+    out->images.record_stream(c10::cuda::getCurrentCUDAStream(out->images.device().index()));
+  }
+#endif
   if (last) {
     const int64_t found = dataset_->num_unreadable() - unreadable_at_start_;
     if (found > 0)

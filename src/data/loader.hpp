@@ -12,12 +12,14 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "data/augment.hpp"
 #include "data/batch.hpp"
 #include "data/dataset.hpp"
+#include "data/gpu_batch.hpp"
 
 namespace libreyolo::data {
 
@@ -45,7 +47,16 @@ struct LoaderOptions {
   int worker_nice = default_worker_nice();
   static int default_worker_nice();
   AugmentOptions augment;  // augment.imgsz is taken from the dataset
+  // >= 0: the GPU loader on this CUDA device (data/gpu_batch.hpp): workers plan samples and read
+  // files; each batch is decoded (nvJPEG) and drawn there, and Batch::images is a CUDA tensor.
+  // Same samples and targets as the CPU loader with DatasetOptions::reduced_decode = false (pixels
+  // differ only by the JPEG decoder). The YOLOv9 recipe without mixup, no dataset cache
+  // (gpu_loader_supports says why not).
+  int gpu = -1;
 };
+
+// Whether the GPU loader covers this dataset and recipe; else the reason.
+bool gpu_loader_supports(const YoloDataset& dataset, const LoaderOptions& options, std::string* why);
 
 class DataLoader {
  public:
@@ -70,6 +81,8 @@ class DataLoader {
   int64_t samples_per_epoch() const { return total_samples_; }  // after drop_last
   bool drop_last() const { return drop_last_; }
   bool pinned() const { return pin_; }
+  // The GPU loader's JPEG decoder ("hardware" or "cuda"); empty for the CPU loader.
+  std::string gpu_decoder() const { return gpu_ ? gpu_->backend() : std::string(); }
   const YoloDataset& dataset() const { return *dataset_; }
   const LoaderOptions& options() const { return opt_; }
   // Dataset indices this rank visits in `epoch`, in order (before drop_last).
@@ -81,11 +94,21 @@ class DataLoader {
     Batch data;
     int64_t pending = 0;
     std::exception_ptr error;
+    // GPU loader: each sample's plan and files; the batch is ready once `drawn`.
+    std::vector<PlannedSample> planned;
+    bool drawn = false;
   };
   void arm_locked(int64_t epoch);
   void init_slot_locked(Slot& slot, int64_t b);
   void make_sample(int64_t position, int64_t index, int64_t epoch, bool mosaic, uint8_t* image,
                    float* targets) const;
+  // GPU loader: sample `position`'s plan, files and targets.
+  void plan_sample(int64_t position, int64_t index, int64_t epoch, bool mosaic, float* targets,
+                   PlannedSample* out) const;
+  // GPU loader: the batch's pixels from its plans; samples whose files turn out corrupt are
+  // re-planned (their neighbours replace them, as on the CPU) until every file decodes.
+  torch::Tensor draw_batch(std::vector<PlannedSample>& planned, int64_t first_position, int64_t epoch,
+                           bool mosaic, const std::vector<int64_t>& indices, float* targets) const;
   void worker_loop();
   std::optional<Batch> next_inline(bool* last);
   void end_epoch_locked();  // after an error: no more batches until set_epoch
@@ -114,6 +137,7 @@ class DataLoader {
   std::exception_ptr fatal_;
   int64_t unreadable_at_start_ = 0;
   std::vector<std::thread> threads_;
+  std::unique_ptr<GpuBatchMaker> gpu_;
 };
 
 }  // namespace libreyolo::data

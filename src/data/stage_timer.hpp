@@ -23,12 +23,16 @@ enum class Stage : int {
   Mixup,            // the mixup blend itself (its partner's load and transform count above)
   Collate,          // batch tensors allocated and filled in (per batch, not per sample)
   Pin,              // the same allocation when it is page-locked (CUDA available)
+  Read,             // GPU loader: a file's bytes read for the GPU decoder
+  GpuDecode,        // GPU loader: a batch's JPEGs decoded by nvJPEG (GPU time included)
+  GpuDraw,          // GPU loader: a batch drawn from its decoded images (GPU time included)
   kCount
 };
 
 inline const char* stage_name(Stage s) {
   static constexpr const char* kNames[] = {"decode",    "resize", "mosaic_place", "mosaic_downscale",
-                                           "transform", "mixup",  "collate",      "pin"};
+                                           "transform", "mixup",  "collate",      "pin",
+                                           "read",      "gpu_decode", "gpu_draw"};
   return kNames[static_cast<int>(s)];
 }
 
