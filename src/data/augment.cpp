@@ -810,26 +810,6 @@ SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels,
   return letterbox_plan(i, t.height, t.width, ratio, S);
 }
 
-namespace {
-
-// One axis of resize_bilinear from `in` to `out` pixels at output position d (ops/image_ops.cpp's
-// taps: half-pixel centres, clamped, 11-bit weight).
-struct Tap {
-  int i0, i1, w1;
-};
-Tap axis_tap(int in, int out, int d) {
-  const double scale = static_cast<double>(in) / static_cast<double>(out);
-  const double f = (static_cast<double>(d) + 0.5) * scale - 0.5;
-  int64_t s = static_cast<int64_t>(std::floor(f));
-  double frac = f - static_cast<double>(s);
-  if (s < 0) s = 0, frac = 0.0;
-  if (s >= in - 1) s = in - 1, frac = 0.0;
-  return {static_cast<int>(s), static_cast<int>(std::min<int64_t>(s + 1, in - 1)),
-          static_cast<int>(std::lround(frac * 2048.0))};
-}
-
-}  // namespace
-
 void render_sample(const SampleDraw& d, const std::array<const torch::Tensor*, 4>& sources, int S, uint8_t* out) {
   if (d.factor < 1 || d.num_tiles < 0 || d.num_tiles > 4) throw UsageError("render_sample: bad plan");
   for (int k = 0; k < d.num_tiles; ++k) {
@@ -856,8 +836,9 @@ void render_sample(const SampleDraw& d, const std::array<const torch::Tensor*, 4
             if (cx < t.x1 || cx >= t.x2 || cy < t.y1 || cy >= t.y2) continue;
             const torch::Tensor& src = *sources[static_cast<size_t>(k)];
             const int sh = static_cast<int>(src.size(0)), sw = static_cast<int>(src.size(1));
-            const Tap tx = axis_tap(sw, t.tile_w, cx - t.offset_x);
-            const Tap ty = axis_tap(sh, t.tile_h, cy - t.offset_y);
+            // resize_bilinear from the source to the tile's size, at this canvas pixel.
+            const ops::BilinearTap tx = ops::bilinear_tap(sw, static_cast<double>(sw) / t.tile_w, 0.0, cx - t.offset_x);
+            const ops::BilinearTap ty = ops::bilinear_tap(sh, static_cast<double>(sh) / t.tile_h, 0.0, cy - t.offset_y);
             const uint8_t* p = src.data_ptr<uint8_t>();
             const uint8_t* r0 = p + static_cast<int64_t>(ty.i0) * sw * 3;
             const uint8_t* r1 = p + static_cast<int64_t>(ty.i1) * sw * 3;

@@ -31,20 +31,10 @@ Taps make_taps(int64_t in, int64_t out, int64_t unit, double scale, double shift
   t.i1.resize(out);
   t.w1.resize(out);
   for (int64_t d = 0; d < out; ++d) {
-    const double f = (static_cast<double>(d) + 0.5) * scale - 0.5 + shift;
-    int64_t s = static_cast<int64_t>(std::floor(f));
-    double frac = f - static_cast<double>(s);
-    if (s < 0) {
-      s = 0;
-      frac = 0.0;
-    }
-    if (s >= in - 1) {
-      s = in - 1;
-      frac = 0.0;
-    }
-    t.i0[d] = static_cast<int32_t>(s * unit);
-    t.i1[d] = static_cast<int32_t>(std::min(s + 1, in - 1) * unit);
-    t.w1[d] = static_cast<int32_t>(std::lround(frac * kOne));
+    const BilinearTap b = bilinear_tap(in, scale, shift, d);
+    t.i0[d] = static_cast<int32_t>(b.i0 * unit);
+    t.i1[d] = static_cast<int32_t>(b.i1 * unit);
+    t.w1[d] = b.w1;
   }
   return t;
 }
@@ -207,6 +197,21 @@ void resize_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t 
 }
 
 }  // namespace
+
+BilinearTap bilinear_tap(int64_t in, double scale, double shift, int64_t d) {
+  const double f = (static_cast<double>(d) + 0.5) * scale - 0.5 + shift;
+  int64_t s = static_cast<int64_t>(std::floor(f));
+  double frac = f - static_cast<double>(s);
+  if (s < 0) {
+    s = 0;
+    frac = 0.0;
+  }
+  if (s >= in - 1) {
+    s = in - 1;
+    frac = 0.0;
+  }
+  return {s, std::min(s + 1, in - 1), static_cast<int32_t>(std::lround(frac * kOne))};
+}
 
 // LibreYOLO's sizes: r = min(S/h, S/w), new side = max(int(side * r), 1) (Python float
 // arithmetic, which is IEEE double here too).

@@ -18,6 +18,14 @@ torch::Tensor resize_bilinear(const torch::Tensor& hwc, int out_h, int out_w);
 void resample_bilinear_into(const torch::Tensor& src, uint8_t* dst, int64_t out_h, int64_t out_w,
                             int64_t dst_row_stride, double scale_y, double shift_y, double scale_x,
                             double shift_x);
+// One axis of those resamplings at output position d: source pixels i0 and i1 (clamped to
+// [0, in - 1]) and the 11-bit weight of i1 (of 2048). Every output value is then the exact
+// integer (wy0 (wx0 p00 + wx1 p01) + wy1 (wx0 p10 + wx1 p11) + 2^21) >> 22.
+struct BilinearTap {
+  int64_t i0 = 0, i1 = 0;
+  int32_t w1 = 0;
+};
+BilinearTap bilinear_tap(int64_t in, double scale, double shift, int64_t d);
 // LibreYOLO's resized size of an h x w image for a longest side `target`: ratio
 // min(target / h, target / w), sides int(side * ratio), at least 1.
 struct FittedSize {
