@@ -180,7 +180,7 @@ want dist && {
   E="--workers 16 --epochs ${LIBREYOLO_DIST_EPOCHS:-3} --amp-dtype bfloat16"
   run scale_1gpu 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E
   run scale_2gpu_spawn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E
-  # The whole step captured in CUDA graphs, the NCCL all-reduces inside on two GPUs.
+  # The whole step captured in CUDA graphs with its all-reduces, on two GPUs.
   run scale_1gpu_graph 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E --set cuda_graph=true
   run scale_2gpu_graph 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cuda_graph=true
   # The same with the decoded, resized images cached on disk (cache=disk, issue 12): what the

@@ -98,11 +98,14 @@ inline bool exited_ok(int status) { return status >= 0 && WIFEXITED(status) && W
 
 // Runs `world` ranks to completion; returns their exit statuses and stderr texts.
 inline std::vector<std::pair<int, std::string>> run_ranks(int world, const std::vector<std::string>& args,
-                                                   const std::string& dir, double seconds) {
+                                                   const std::string& dir, double seconds, const Env& extra = {}) {
   const int port = dist::free_port();
   std::vector<pid_t> pids;
-  for (int r = 0; r < world; ++r)
-    pids.push_back(launch(args, rank_env(r, world, port), dir + "/rank" + std::to_string(r) + ".txt"));
+  for (int r = 0; r < world; ++r) {
+    Env env = rank_env(r, world, port);
+    env.insert(env.end(), extra.begin(), extra.end());
+    pids.push_back(launch(args, env, dir + "/rank" + std::to_string(r) + ".txt"));
+  }
   std::vector<std::pair<int, std::string>> out;
   for (int r = 0; r < world; ++r) {
     EXPECT_GT(pids[static_cast<size_t>(r)], 0);

@@ -15,6 +15,7 @@
 #include "data/dataset_yaml.hpp"
 #include "core/config_schema.hpp"
 #include "dist/syncs.hpp"
+#include "dist/peer_sum.hpp"
 #include "engine/autobatch.hpp"
 #include "engine/validator.hpp"
 #include "loss/normalizer.hpp"
@@ -259,15 +260,16 @@ void Trainer::setup_distributed(const dist::RankEnv& env) {
 
 void Trainer::install_syncs() {
   step_->set_grad_sync(std::make_unique<dist::AllReduceGradSync>(group_));
-  const auto sum = std::make_shared<dist::GroupSum>(group_);
+  std::string how;
+  const auto sum = dist::make_cross_process_sum(group_, &how);
   set_count_sync(sum);
   bool has_bn = false;
   for (const auto& m : model_->modules(false)) has_bn = has_bn || models::is_batchnorm(*m);
   if (cfg_.sync_bn) models::set_bn_stats_sync(sum);
   const int per_rank = cfg_.batch / state_.world_size;
   log_info(strfmt("Multi-GPU: %d ranks x batch %d (global batch %d); gradients averaged; loss normalisers "
-                  "averaged over ranks; sync_bn %s",
-                  state_.world_size, per_rank, cfg_.batch, cfg_.sync_bn ? "on" : "off"));
+                  "averaged over ranks; sync_bn %s; small sums %s",
+                  state_.world_size, per_rank, cfg_.batch, cfg_.sync_bn ? "on" : "off", how.c_str()));
   if (has_bn && !cfg_.sync_bn && per_rank < 16)
     log_warn(strfmt("DDP per-rank batch is %d (global batch %d / world_size %d) and sync_bn is disabled; BatchNorm "
                     "running statistics are computed per rank on this small shard, which can reduce accuracy versus "
@@ -458,7 +460,7 @@ void Trainer::setup_optimization() {
       why = step_->enable_cuda_graphs();
     if (why.empty())
       log_info(std::string("CUDA graphs: the whole step (forward, loss, backward; then the update") +
-               (group_ ? ", with their NCCL all-reduces" : "") +
+               (group_ ? ", with their all-reduces" : "") +
                ") is captured per input shape on its 3rd occurrence and replayed; other shapes run eager");
     else
       log_info("CUDA graphs off (" + why + "): training eager");

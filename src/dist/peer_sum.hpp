@@ -1,0 +1,50 @@
+// The cross-process sum (core/cross_process.hpp) of ranks that share one host: small float32
+// tensors (SyncBN's statistics and gradient sums, the loss normalisers: hundreds per training
+// step, a few KB each) go through peer memory over NVLink (kernels/peer_sum.hpp: one kernel, no
+// library collective, capturable in CUDA graphs); anything else through the group's collective.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/cross_process.hpp"
+#include "dist/group.hpp"
+#include "dist/syncs.hpp"
+
+namespace libreyolo::dist {
+
+class PeerSum final : public CrossProcessSum {
+ public:
+  ~PeerSum() override;
+  PeerSum(const PeerSum&) = delete;
+  PeerSum& operator=(const PeerSum&) = delete;
+
+  // Collective: every rank of `group` calls it. nullptr (and `why` set) unless every rank is on
+  // this host, every peer's buffer could be mapped here and LIBREYOLO_PEER_SUM is not 0.
+  static std::shared_ptr<PeerSum> create(const std::shared_ptr<Group>& group, std::string* why);
+
+  int rank() const override { return fallback_.rank(); }
+  int world_size() const override { return fallback_.world_size(); }
+  void all_reduce_sum(torch::Tensor& t) override;
+  // Floats a tensor may have to take the peer path.
+  int64_t capacity() const { return capacity_; }
+  // Sums made through peer memory and through the group so far.
+  int64_t peer_sums() const { return peer_sums_; }
+  int64_t group_sums() const { return group_sums_; }
+
+ private:
+  explicit PeerSum(std::shared_ptr<Group> group) : fallback_(std::move(group)) {}
+  void release();
+  GroupSum fallback_;
+  int device_ = 0;
+  int64_t capacity_ = 0;
+  void* own_ = nullptr;
+  std::vector<void*> mapped_;  // per rank: the peer's buffer as mapped here (own_ at this rank)
+  int64_t peer_sums_ = 0, group_sums_ = 0;
+};
+
+// The cross-process sum a data-parallel run installs: PeerSum where it can be made, else the
+// group's collective (GroupSum). `how` says which, and why not the peer path.
+std::shared_ptr<CrossProcessSum> make_cross_process_sum(const std::shared_ptr<Group>& group, std::string* how);
+
+}  // namespace libreyolo::dist
