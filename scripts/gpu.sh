@@ -183,6 +183,9 @@ want dist && {
   # The whole step captured in CUDA graphs with its all-reduces, on two GPUs.
   run scale_1gpu_graph 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E --set cuda_graph=true
   run scale_2gpu_graph 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cuda_graph=true
+  # The same with the small sums (SyncBN, loss normalisers) through NCCL instead of peer memory.
+  run scale_2gpu_graph_nccl 400 env LIBREYOLO_PEER_SUM=0 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cuda_graph=true
+  run scale_2gpu_graph_nosyncbn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cuda_graph=true --set sync_bn=false
   # The same with the decoded, resized images cached on disk (cache=disk, issue 12): what the
   # GPUs do once JPEG decoding is out of the way.
   [ "${LIBREYOLO_DIST_CACHE:-1}" = 1 ] && run scale_1gpu_cache 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E --set cache=disk
