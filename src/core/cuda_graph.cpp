@@ -108,7 +108,16 @@ void CapturedGraph::replay() {
 
 CapturedGraph::~CapturedGraph() = default;
 
+void release_cached_blocks(const torch::Device& device) {
+  if (!device.is_cuda()) return;
+  c10::cuda::CUDAGuard guard(device);
+  c10::cuda::device_synchronize();
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
+
 #else  // no CUDA in this build
+
+void release_cached_blocks(const torch::Device&) {}
 
 struct CapturedGraph::Impl {};
 

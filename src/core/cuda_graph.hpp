@@ -26,6 +26,12 @@ class CaptureError : public std::runtime_error {
 // otherwise `why` says why not.
 bool cuda_graphs_supported(const torch::Device& device, std::string* why = nullptr);
 
+// Gives the device's unused cached blocks (outside the graphs' pools) back to the driver. Called
+// before the training step is captured: the blocks its eager steps cached are not needed by its
+// replays (they use the graph's own pool), and without this the capture reserves its pool on top
+// of them. Waits for the device. Nothing on a device without CUDA.
+void release_cached_blocks(const torch::Device& device);
+
 class CapturedGraph {
  public:
   // Records `region` (it must queue device work only: no host synchronisation, no host-to-device

@@ -196,6 +196,7 @@ LossOutput StepRunner::forward_backward_staged() {
   if (graphs_on_ && !s.graph && s.seen >= capture_at_) {
     try {
       LossOutput out;
+      release_cached_blocks(cfg_.device);
       s.graph = CapturedGraph::capture(cfg_.device, [&] { out = micro_step(s, /*capturing=*/true); },
                                        loss_->capture_keep_alive());
       s.out = out;
@@ -297,6 +298,7 @@ void StepRunner::run_update() {
   // optimizer, scaler and EMA state, the learning rate and EMA weight staged into 0-dim tensors).
   if (graphs_on_ && !update_graph_ && ++update_seen_ >= capture_at_) {
     try {
+      release_cached_blocks(cfg_.device);
       update_graph_ = CapturedGraph::capture(cfg_.device, [&] { apply_update(); });
       log_info("CUDA graphs: update captured (unscale and inf check, clipping, optimizer, scaler, EMA)");
     } catch (const CaptureError& e) {
