@@ -111,11 +111,9 @@ void PeerSum::all_reduce_sum(torch::Tensor& t) {
     a.timeout_ns = kWaitTimeoutNs;
     kernels::peer_sum_float(t.data_ptr<float>(), t.numel(), a,
                             c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
-    ++peer_sums_;
     return;
   }
 #endif
-  ++group_sums_;
   fallback_.all_reduce_sum(t);
 }
 

@@ -26,21 +26,15 @@ class PeerSum final : public CrossProcessSum {
   int rank() const override { return fallback_.rank(); }
   int world_size() const override { return fallback_.world_size(); }
   void all_reduce_sum(torch::Tensor& t) override;
-  // Floats a tensor may have to take the peer path.
-  int64_t capacity() const { return capacity_; }
-  // Sums made through peer memory and through the group so far.
-  int64_t peer_sums() const { return peer_sums_; }
-  int64_t group_sums() const { return group_sums_; }
 
  private:
   explicit PeerSum(std::shared_ptr<Group> group) : fallback_(std::move(group)) {}
   void release();
   GroupSum fallback_;
   int device_ = 0;
-  int64_t capacity_ = 0;
+  int64_t capacity_ = 0;  // floats a tensor may have to take the peer path
   void* own_ = nullptr;
   std::vector<void*> mapped_;  // per rank: the peer's buffer as mapped here (own_ at this rank)
-  int64_t peer_sums_ = 0, group_sums_ = 0;
 };
 
 // The cross-process sum a data-parallel run installs: PeerSum where it can be made, else the
