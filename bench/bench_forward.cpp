@@ -2,7 +2,7 @@
 //
 //   bench_forward [--family yolo9] [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--channels-last]
 //                 [--sizes t,s] [--batches 1,8,32] [--imgsz 640] [--iters 20] [--warmup 5]
-//                 [--cuda-graph off,on] [--fold on,off] [--kernels]
+//                 [--cuda-graph off,on] [--fold on,off] [--cudnn-benchmark off,on] [--kernels]
 //
 // --cuda-graph: each configuration through the model's inference path instead (uint8 NHWC images
 // on the device -> input conversion, forward, decode; models::ForwardGraphs), once per listed mode:
@@ -10,9 +10,11 @@
 //
 // --fold: each configuration once per listed setting of BatchNorm folding (models/common/fold.hpp;
 // default: the process's setting, LIBREYOLO_FOLD_BN), reported as "fold".
+// --cudnn-benchmark: each configuration once per listed setting of cuDNN autotuning
+// (core/device.hpp configure_cudnn; default: ATen's, off), reported as "cudnn_benchmark".
 // --kernels (CUDA): instead of timing, count the GPU kernels of one forward (eager: one
 // predict_tensor or ForwardGraphs call after the warm-up; graph on: one replay) with the Kineto
-// profiler, and their summed busy time. A run of its own: the profiler slows later launches.
+// profiler, their summed busy time and the kernels that took most of it. A run of its own: the profiler slows later launches.
 //
 // Each configuration runs the eval-mode forward plus decode (Detector::predict_tensor) under
 // inference mode; bf16/fp16 run under autocast, as validation does. Each timed iteration is
@@ -26,6 +28,7 @@
 #include <cstdio>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -58,6 +61,7 @@ struct Options {
   int warmup = 5;
   std::vector<std::string> graph_modes;  // empty: the plain predict_tensor loop
   std::vector<std::string> folds;        // empty: the process's setting
+  std::vector<std::string> autotune;     // empty: ATen's default (no cuDNN autotuning)
   bool kernels = false;
 };
 
@@ -102,6 +106,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = static_cast<int>(to_int(a, value(), 0));
     else if (a == "--cuda-graph") o.graph_modes = split(value());
     else if (a == "--fold") o.folds = split(value());
+    else if (a == "--cudnn-benchmark") o.autotune = split(value());
     else if (a == "--kernels") o.kernels = true;
     else throw UsageError("unknown flag " + a);
   }
@@ -115,6 +120,8 @@ Options parse(int argc, char** argv) {
   if (o.sizes.empty() || o.batches.empty()) throw UsageError("--sizes and --batches need values");
   for (const auto& f : o.folds)
     if (f != "on" && f != "off") throw UsageError("--fold takes on and/or off, got " + f);
+  for (const auto& f : o.autotune)
+    if (f != "on" && f != "off") throw UsageError("--cudnn-benchmark takes on and/or off, got " + f);
   if (o.kernels && o.device == "cpu") throw UsageError("--kernels needs --device cuda");
   return o;
 }
@@ -164,13 +171,22 @@ nlohmann::json count_kernels(const std::function<void()>& fn) {
   auto result = torch::autograd::profiler::disableProfiler();
   int64_t kernels = 0;
   double us = 0;
+  std::map<std::string, std::pair<int64_t, double>> by_name;  // count, us
   for (const auto& e : result->events()) {
     if (e.deviceType() == c10::DeviceType::CUDA && e.activityType() == 5) {  // a kernel
       ++kernels;
       us += e.durationNs() / 1000.0;
+      auto& slot = by_name[e.name().substr(0, 90)];
+      ++slot.first;
+      slot.second += e.durationNs() / 1000.0;
     }
   }
-  return {{"kernels_per_forward", kernels}, {"kernel_busy_ms", us / 1000.0}};
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> top(by_name.begin(), by_name.end());
+  std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  nlohmann::json heaviest = nlohmann::json::array();
+  for (size_t i = 0; i < top.size() && i < 12; ++i)
+    heaviest.push_back({{"kernel", top[i].first}, {"count", top[i].second.first}, {"ms", top[i].second.second / 1000.0}});
+  return {{"kernels_per_forward", kernels}, {"kernel_busy_ms", us / 1000.0}, {"heaviest", heaviest}};
 #else
   (void)fn;
   throw UsageError("--kernels: this build has no CUDA");
@@ -193,13 +209,19 @@ nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std
   spec.channels_last = o.channels_last;
   const m::GraphMode gm = mode == "on" ? m::GraphMode::On : m::GraphMode::Off;
   auto images = torch::randint(0, 256, {batch, o.imgsz, o.imgsz, 3}, torch::TensorOptions().dtype(torch::kUInt8)).to(device);
-  for (int i = 0; i < o.warmup + 1; ++i) graphs.forward(*model, family, images, spec, gm);
+  // The first call of a shape: cuDNN's choice of algorithms (autotuned when graphed) and the capture.
+  const auto first0 = std::chrono::steady_clock::now();
+  graphs.forward(*model, family, images, spec, gm);
+  libreyolo::synchronize(device);
+  const double first_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - first0).count();
+  for (int i = 0; i < o.warmup; ++i) graphs.forward(*model, family, images, spec, gm);
   libreyolo::synchronize(device);
   const std::string fold = m::common::fold_bn() ? "on" : "off";
+  const bool tuned = at::globalContext().benchmarkCuDNN();
   if (o.kernels) {
     nlohmann::json r = count_kernels([&] { graphs.forward(*model, family, images, spec, gm); });
     r.update({{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"dtype", o.dtype},
-              {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold}});
+              {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold}, {"cudnn_benchmark", tuned}});
     return r;
   }
   std::vector<double> ms;
@@ -212,7 +234,8 @@ nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std
   std::sort(ms.begin(), ms.end());
   const auto info = graphs.info();
   return {{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"device", device.str()},
-          {"dtype", o.dtype}, {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold}, {"iters", o.iters},
+          {"dtype", o.dtype}, {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold},
+          {"cudnn_benchmark", tuned}, {"first_call_ms", first_ms}, {"iters", o.iters},
           {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
           {"img_per_s", 1000.0 * static_cast<double>(batch) / ms[ms.size() / 2]},
           {"graph_replays", info.replays}, {"graphs", info.captured}};
@@ -236,10 +259,11 @@ nlohmann::json run_one(const libreyolo::models::Family& family, const std::strin
   for (int i = 0; i < o.warmup; ++i) model->predict_tensor(x);
   libreyolo::synchronize(device);
   const std::string fold = libreyolo::models::common::fold_bn() ? "on" : "off";
+  const bool tuned = at::globalContext().benchmarkCuDNN();
   if (o.kernels) {
     nlohmann::json r = count_kernels([&] { model->predict_tensor(x); });
     r.update({{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"dtype", o.dtype},
-              {"channels_last", o.channels_last}, {"fold", fold}});
+              {"channels_last", o.channels_last}, {"fold", fold}, {"cudnn_benchmark", tuned}});
     return r;
   }
   std::vector<double> ms;
@@ -258,7 +282,8 @@ nlohmann::json run_one(const libreyolo::models::Family& family, const std::strin
   for (double v : ms) mean += v / static_cast<double>(n);
   return {{"family", family.name}, {"size", size},          {"batch", batch},
           {"imgsz", o.imgsz},      {"device", device.str()}, {"dtype", o.dtype},
-          {"channels_last", o.channels_last},                {"fold", fold}, {"iters", o.iters},
+          {"channels_last", o.channels_last},                {"fold", fold}, {"cudnn_benchmark", tuned},
+          {"iters", o.iters},
           {"warmup", o.warmup},    {"min_ms", sorted.front()}, {"median_ms", median},
           {"mean_ms", mean},       {"img_per_s", 1000.0 * static_cast<double>(batch) / median}};
 }
@@ -282,10 +307,14 @@ int main(int argc, char** argv) {
     nlohmann::json results = nlohmann::json::array();
     std::vector<std::string> folds = o.folds;
     if (folds.empty()) folds.push_back(libreyolo::models::common::fold_bn() ? "on" : "off");
+    std::vector<std::string> tunes = o.autotune;
+    if (tunes.empty()) tunes.push_back("default");
     for (const auto& s : o.sizes) {
       for (int64_t b : o.batches) {
-        for (const auto& f : folds) {
+        for (const auto& f : folds) for (const auto& t : tunes) {
           libreyolo::models::common::set_fold_bn(f == "on");
+          if (t != "default")
+            for (const std::string& line : libreyolo::configure_cudnn(t == "on")) std::fprintf(stderr, "%s\n", line.c_str());
           if (o.graph_modes.empty()) {
             results.push_back(run_one(*family, s, b, o, device));
           } else {

@@ -328,7 +328,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
         r["gpu_busy_ms_per_step"] = prof["kernel_busy_ms_per_step"];
         json top = json::array();
         for (const auto& k : prof["kernels_top"]) {
-          if (top.size() >= 8) break;
+          if (top.size() >= 15) break;
           top.push_back(k);
         }
         r["kernels_top"] = top;

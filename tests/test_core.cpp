@@ -97,6 +97,50 @@ TEST(Device, ConfiguresCudnnForTrainingFromTheEnvironment) {
   ctx.setBenchmarkLimitCuDNN(limit);
 }
 
+// The autotuning scope around an inference shape's first run: on with its candidates, the
+// environment's overrides honoured, the previous setting back afterwards (also after a throw).
+TEST(Device, AutotuneScopeSetsAndRestoresCudnnBenchmark) {
+  auto& ctx = at::globalContext();
+  const bool bench = ctx.benchmarkCuDNN();
+  const int limit = ctx.benchmarkLimitCuDNN();
+  ctx.setBenchmarkCuDNN(false);
+  ctx.setBenchmarkLimitCuDNN(3);
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", ""), d("LIBREYOLO_DETERMINISTIC", "");
+    {
+      libreyolo::CudnnAutotuneScope s(libreyolo::kInferenceAutotuneCandidates);
+      EXPECT_TRUE(ctx.benchmarkCuDNN());
+      EXPECT_EQ(ctx.benchmarkLimitCuDNN(), libreyolo::kInferenceAutotuneCandidates);
+    }
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+    EXPECT_EQ(ctx.benchmarkLimitCuDNN(), 3);
+  }
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "0");
+    libreyolo::CudnnAutotuneScope s(10);
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+  }
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "7");
+    libreyolo::CudnnAutotuneScope s(10);
+    EXPECT_TRUE(ctx.benchmarkCuDNN());
+    EXPECT_EQ(ctx.benchmarkLimitCuDNN(), 7);
+  }
+  {
+    libreyolo::test::ScopedEnv d("LIBREYOLO_DETERMINISTIC", "1");
+    libreyolo::CudnnAutotuneScope s(10);
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+  }
+  {
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "x");
+    EXPECT_THROW(libreyolo::CudnnAutotuneScope s(10), libreyolo::UsageError);
+    EXPECT_FALSE(ctx.benchmarkCuDNN());  // a scope that threw changed nothing
+    EXPECT_EQ(ctx.benchmarkLimitCuDNN(), 3);
+  }
+  ctx.setBenchmarkCuDNN(bench);
+  ctx.setBenchmarkLimitCuDNN(limit);
+}
+
 TEST(Options, AppliesKeyValuesWithTypes) {
   libreyolo::TrainConfig c;
   libreyolo::train_schema().apply(c, {{"epochs", "7"}, {"lr0", "0.02"}, {"amp", "False"}, {"mosaic", "0.5"},

@@ -81,28 +81,65 @@ void synchronize(const torch::Device& device) {
 #endif
 }
 
-std::vector<std::string> configure_cudnn(bool autotune) {
-  auto& ctx = at::globalContext();
-  std::vector<std::string> said;
-  const auto env = [](const char* name) -> std::string {
-    const char* v = std::getenv(name);
-    return v ? trim(v) : "";
-  };
-  ctx.setBenchmarkCuDNN(autotune);
-  ctx.setBenchmarkLimitCuDNN(kAutotuneCandidates);
-  if (const std::string b = env("LIBREYOLO_CUDNN_BENCHMARK"); !b.empty()) {
+namespace {
+
+std::string env_setting(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? trim(v) : "";
+}
+
+// cuDNN autotuning as the environment overrides it: {on, candidates} and the line saying so ("" when
+// LIBREYOLO_CUDNN_BENCHMARK is unset).
+struct AutotuneSetting {
+  bool on;
+  int candidates;
+  std::string said;
+};
+
+AutotuneSetting autotune_setting(bool on, int candidates) {
+  AutotuneSetting a{on, candidates, ""};
+  if (const std::string b = env_setting("LIBREYOLO_CUDNN_BENCHMARK"); !b.empty()) {
     if (!all_digits(b))
       throw UsageError("LIBREYOLO_CUDNN_BENCHMARK=" + b + " is not a number",
                        "Use 0 (no autotuning), 1 (autotune) or N > 1 (autotune, N candidates per convolution).",
                        "config_invalid");
     const int n = std::stoi(b);
-    ctx.setBenchmarkCuDNN(n > 0);
-    ctx.setBenchmarkLimitCuDNN(n > 1 ? n : 10);
-    said.push_back(n == 0   ? "LIBREYOLO_CUDNN_BENCHMARK=0: cuDNN algorithms by heuristics, no autotuning"
-                   : n == 1 ? "LIBREYOLO_CUDNN_BENCHMARK=1: cuDNN autotuning over ATen's default 10 candidates"
-                            : "LIBREYOLO_CUDNN_BENCHMARK=" + b + ": cuDNN autotuning over at most " + b +
-                                  " candidates per convolution");
+    a.on = n > 0;
+    a.candidates = n > 1 ? n : 10;
+    a.said = n == 0   ? "LIBREYOLO_CUDNN_BENCHMARK=0: cuDNN algorithms by heuristics, no autotuning"
+             : n == 1 ? "LIBREYOLO_CUDNN_BENCHMARK=1: cuDNN autotuning over ATen's default 10 candidates"
+                      : "LIBREYOLO_CUDNN_BENCHMARK=" + b + ": cuDNN autotuning over at most " + b +
+                            " candidates per convolution";
   }
+  if (env_setting("LIBREYOLO_DETERMINISTIC") == "1") a.on = false;
+  return a;
+}
+
+}  // namespace
+
+CudnnAutotuneScope::CudnnAutotuneScope(int candidates) {
+  auto& ctx = at::globalContext();
+  was_on_ = ctx.benchmarkCuDNN();
+  was_limit_ = ctx.benchmarkLimitCuDNN();
+  const AutotuneSetting a = autotune_setting(true, candidates);
+  ctx.setBenchmarkCuDNN(a.on);
+  ctx.setBenchmarkLimitCuDNN(a.candidates);
+}
+
+CudnnAutotuneScope::~CudnnAutotuneScope() {
+  auto& ctx = at::globalContext();
+  ctx.setBenchmarkCuDNN(was_on_);
+  ctx.setBenchmarkLimitCuDNN(was_limit_);
+}
+
+std::vector<std::string> configure_cudnn(bool autotune) {
+  auto& ctx = at::globalContext();
+  std::vector<std::string> said;
+  const auto env = env_setting;
+  const AutotuneSetting a = autotune_setting(autotune, kAutotuneCandidates);
+  ctx.setBenchmarkCuDNN(a.on);
+  ctx.setBenchmarkLimitCuDNN(a.candidates);
+  if (!a.said.empty()) said.push_back(a.said);
   if (env("LIBREYOLO_TF32") == "0") {
     ctx.setAllowTF32CuDNN(false);
     ctx.setAllowTF32CuBLAS(false);

@@ -32,4 +32,27 @@ std::vector<std::string> configure_cudnn(bool autotune);
 // within 1%), without autotuning the batch-8 step is 43% slower.
 constexpr int kAutotuneCandidates = 4;
 
+// Candidates per convolution when the first run of an inference shape about to be captured in a
+// CUDA graph is autotuned (ATen's default). H200, v9-t graphed, channels_last, a fresh process per
+// setting: batch 32 bf16 9.11 ms without autotuning, 7.61 with 4 candidates, 7.44 with 10; fp32
+// 10.28 / 10.54 / 9.43 ms (4 candidates lost there); batch 1 about the same either way.
+constexpr int kInferenceAutotuneCandidates = 10;
+
+// cuDNN autotuning on for one scope, the previous setting back on exit. ATen keeps one algorithm
+// per convolution shape and data type, chosen by that shape's first run (autotuned or not, later
+// settings do not revisit it), so the scope must cover a shape's first run. `candidates` per
+// convolution unless LIBREYOLO_CUDNN_BENCHMARK says otherwise (0: no autotuning, 1: ATen's 10,
+// N > 1: N); LIBREYOLO_DETERMINISTIC=1: none. A malformed variable throws UsageError.
+class CudnnAutotuneScope {
+ public:
+  explicit CudnnAutotuneScope(int candidates);
+  ~CudnnAutotuneScope();
+  CudnnAutotuneScope(const CudnnAutotuneScope&) = delete;
+  CudnnAutotuneScope& operator=(const CudnnAutotuneScope&) = delete;
+
+ private:
+  bool was_on_;
+  int was_limit_;
+};
+
 }  // namespace libreyolo
