@@ -132,6 +132,15 @@ TEST(Device, AutotuneScopeSetsAndRestoresCudnnBenchmark) {
     EXPECT_FALSE(ctx.benchmarkCuDNN());
   }
   {
+    const bool det = ctx.deterministicCuDNN();
+    ctx.setDeterministicCuDNN(true);
+    {
+      libreyolo::CudnnAutotuneScope s(10);
+      EXPECT_FALSE(ctx.benchmarkCuDNN());
+    }
+    ctx.setDeterministicCuDNN(det);
+  }
+  {
     libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", "x");
     EXPECT_THROW(libreyolo::CudnnAutotuneScope s(10), libreyolo::UsageError);
     EXPECT_FALSE(ctx.benchmarkCuDNN());  // a scope that threw changed nothing

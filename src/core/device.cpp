@@ -122,7 +122,9 @@ CudnnAutotuneScope::CudnnAutotuneScope(int candidates) {
   was_on_ = ctx.benchmarkCuDNN();
   was_limit_ = ctx.benchmarkLimitCuDNN();
   const AutotuneSetting a = autotune_setting(true, candidates);
-  ctx.setBenchmarkCuDNN(a.on);
+  // Deterministic cuDNN (the context's flag, however set) promises the same bits run to run; an
+  // algorithm chosen by a race would not keep it.
+  ctx.setBenchmarkCuDNN(a.on && !ctx.deterministicCuDNN());
   ctx.setBenchmarkLimitCuDNN(a.candidates);
 }
 

@@ -42,7 +42,8 @@ constexpr int kInferenceAutotuneCandidates = 10;
 // per convolution shape and data type, chosen by that shape's first run (autotuned or not, later
 // settings do not revisit it), so the scope must cover a shape's first run. `candidates` per
 // convolution unless LIBREYOLO_CUDNN_BENCHMARK says otherwise (0: no autotuning, 1: ATen's 10,
-// N > 1: N); LIBREYOLO_DETERMINISTIC=1: none. A malformed variable throws UsageError.
+// N > 1: N); LIBREYOLO_DETERMINISTIC=1 or deterministic cuDNN in the context: none. A malformed
+// variable throws UsageError.
 class CudnnAutotuneScope {
  public:
   explicit CudnnAutotuneScope(int candidates);
