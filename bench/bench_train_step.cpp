@@ -76,11 +76,48 @@ json profile_steps(const std::function<void()>& step, int n) {
   for (int i = 0; i < n; ++i) step();
   torch::cuda::synchronize();
   auto result = disableProfiler();
-  std::map<std::string, std::pair<int64_t, double>> cpu, gpu;
+  std::map<std::string, std::pair<int64_t, double>> cpu, gpu, by_caller;
   double kernel_us = 0;
   int64_t kernels = 0;
   uint64_t t_min = UINT64_MAX, t_max = 0;
-  for (const auto& e : result->events()) {
+  // Each kernel's launching op and that op's two enclosing ops (eager steps: a replayed graph's
+  // kernels have no launching op), so that a kernel name shared by many callers (ATen's elementwise
+  // copies) is split by where it comes from. Enclosure: same thread, time range inside.
+  const auto& events = result->events();
+  std::vector<size_t> ops;
+  for (size_t i = 0; i < events.size(); ++i)
+    if (events[i].deviceType() == c10::DeviceType::CPU && events[i].activityType() == 0) ops.push_back(i);
+  std::sort(ops.begin(), ops.end(), [&](size_t a, size_t b) {
+    const auto &x = events[a], &y = events[b];
+    if (x.startThreadId() != y.startThreadId()) return x.startThreadId() < y.startThreadId();
+    if (x.startNs() != y.startNs()) return x.startNs() < y.startNs();
+    return x.endNs() > y.endNs();
+  });
+  std::map<size_t, size_t> parent;  // event index -> enclosing op's event index
+  std::map<uint64_t, size_t> op_of_correlation;
+  std::vector<size_t> open;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const auto& e = events[ops[k]];
+    if (k > 0 && events[ops[k - 1]].startThreadId() != e.startThreadId()) open.clear();
+    while (!open.empty() && events[open.back()].endNs() < e.endNs()) open.pop_back();
+    if (!open.empty()) parent[ops[k]] = open.back();
+    open.push_back(ops[k]);
+    op_of_correlation[e.correlationId()] = ops[k];
+  }
+  auto chain = [&](uint64_t correlation) {
+    auto it = op_of_correlation.find(correlation);
+    if (it == op_of_correlation.end()) return std::string("?");
+    std::string c = events[it->second].name();
+    size_t at = it->second;
+    for (int up = 0; up < 2; ++up) {
+      auto p = parent.find(at);
+      if (p == parent.end()) break;
+      at = p->second;
+      c += " < " + events[at].name();
+    }
+    return c;
+  };
+  for (const auto& e : events) {
     const double us = e.durationNs() / 1000.0;
     if (e.deviceType() == c10::DeviceType::CUDA && e.activityType() == 5) {
       kernel_us += us;
@@ -88,6 +125,9 @@ json profile_steps(const std::function<void()>& step, int n) {
       auto& g = gpu[e.name().substr(0, 90)];
       g.first++;
       g.second += us;
+      auto& bc = by_caller[e.name().substr(0, 60) + " | " + chain(e.linkedCorrelationId())];
+      bc.first++;
+      bc.second += us;
       t_min = std::min(t_min, e.startNs());
       t_max = std::max(t_max, e.endNs());
     } else if (e.deviceType() == c10::DeviceType::CPU && e.activityType() == 0) {
@@ -106,7 +146,7 @@ json profile_steps(const std::function<void()>& step, int n) {
   };
   return {{"steps", n}, {"kernels_per_step", kernels / n}, {"kernel_busy_ms_per_step", kernel_us / n / 1000.0},
           {"gpu_span_ms_per_step", (t_max - t_min) / 1e6 / n}, {"cpu_ops_top", top(cpu, 40)},
-          {"kernels_top", top(gpu, 15)}};
+          {"kernels_top", top(gpu, 15)}, {"kernels_by_caller_top", top(by_caller, 30)}};
 }
 
 int64_t count_kernels(const std::function<void()>& step) {
