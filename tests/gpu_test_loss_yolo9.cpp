@@ -172,3 +172,34 @@ TEST(Yolo9LossGpu, ForwardAndBackwardCaptureInACudaGraph) {
     EXPECT_LT(libreyolo::test::rel_err(raw[l].grad(), eager_in[l].grad()), 1e-5) << "level " << l;
 }
 #endif
+
+// The assigner's metrics from one kernel (kernels/assign.hpp) agree with the composed ops to float32
+// rounding: CIoU clamped to [0, 1] and sigmoid(logit)^0.5 * iou^6, with padding rows (zero boxes)
+// and class logits read through a view into a wider tensor, as decode() hands them over.
+TEST(Yolo9LossGpu, PairMetricsKernelMatchesTheComposedOps) {
+  LY_REQUIRE_CUDA();
+  const int64_t B = 3, T = 17, A = 1000, nc = 80;
+  torch::manual_seed(11);
+  const auto dev = torch::Device(torch::kCUDA, 0);
+  auto xy = torch::rand({B, T, 2}) * 500, wh = torch::rand({B, T, 2}) * 150 + 2;
+  auto gt = torch::cat({xy, xy + wh}, 2);
+  gt.narrow(1, 12, 5).zero_();  // padding rows
+  // Predictions near the ground truths and far from them.
+  auto pxy = torch::rand({B, 2, A}) * 600, pwh = torch::rand({B, 2, A}) * 120 + 1;
+  const auto pred = torch::cat({pxy, pxy + pwh}, 1).to(dev);
+  const auto decoded = torch::randn({B, 64 + nc, A}).mul_(3).to(dev);
+  const auto cls_logits = decoded.narrow(1, 64, nc);
+  const auto gt_cls = torch::randint(nc, {B, T}, torch::kLong).to(dev);
+  const auto gt_dev = gt.to(dev);
+  ll::Yolo9Loss loss(static_cast<int>(nc));
+  const auto [iou, align] = loss.pair_metrics(gt_dev, pred, cls_logits, gt_cls);
+  const auto want_iou = ll::pairwise_ciou(gt_dev, pred).clamp_(0, 1);
+  const auto want_align = cls_logits.sigmoid().pow_(0.5).gather(1, gt_cls.unsqueeze(2).expand({B, T, A})) *
+                          want_iou.pow(6.0);
+  ASSERT_EQ(iou.sizes(), want_iou.sizes());
+  ASSERT_EQ(align.sizes(), want_align.sizes());
+  EXPECT_GT(want_iou.gt(0.3).sum().item<int64_t>(), 0);  // some real overlaps among the pairs
+  EXPECT_LT((iou - want_iou).abs().max().item<double>(), 2e-6);
+  EXPECT_LT((align - want_align).abs().max().item<double>(), 2e-6);
+  EXPECT_EQ(iou.narrow(1, 12, 5).abs().max().item<double>(), 0.0);  // padding never matches
+}

@@ -11,6 +11,16 @@
 #include "core/log.hpp"
 #include "ops/dfl.hpp"
 
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "kernels/assign.hpp"
+#endif
+
 namespace libreyolo::loss {
 namespace {
 
@@ -215,6 +225,59 @@ Decoded Yolo9Loss::decode(const std::vector<torch::Tensor>& raw, const AnchorGri
   return d;
 }
 
+namespace {
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// On unless LIBREYOLO_ASSIGN_KERNEL says 0 or false (then the composed ops, for comparisons).
+bool assign_kernel_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("LIBREYOLO_ASSIGN_KERNEL");
+    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
+  }();
+  return on;
+}
+
+// [B, 4, A] or [B, C, A] with anchors adjacent and rows A apart (any batch stride).
+bool rows_of_anchors(const torch::Tensor& t) {
+  return t.dim() == 3 && t.stride(2) == 1 && t.stride(1) == t.size(2);
+}
+#endif
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> Yolo9Loss::pair_metrics(const torch::Tensor& gt_box, const torch::Tensor& boxes,
+                                                                const torch::Tensor& cls_logits,
+                                                                const torch::Tensor& gt_cls) const {
+  const int64_t B = boxes.size(0), A = boxes.size(2), T = gt_box.size(1);
+#ifdef LIBREYOLO_CUDA_KERNELS
+  static_assert(kClsFactor == 0.5 && kIouFactor == 6.0, "kernels/assign.cu computes score^0.5 * iou^6");
+  if (assign_kernel_enabled() && boxes.is_cuda() && boxes.scalar_type() == torch::kFloat &&
+      cls_logits.scalar_type() == torch::kFloat && rows_of_anchors(boxes) && rows_of_anchors(cls_logits)) {
+    const auto gt = gt_box.contiguous();
+    const auto cls = gt_cls.contiguous();
+    auto iou = torch::empty({B, T, A}, boxes.options());
+    auto align = torch::empty({B, T, A}, boxes.options());
+    c10::cuda::CUDAGuard guard(boxes.device());
+    kernels::AssignMetricsLaunch l;
+    l.batch = B;
+    l.boxes = T;
+    l.anchors = A;
+    l.pred_batch_stride = boxes.stride(0);
+    l.cls_batch_stride = cls_logits.stride(0);
+    l.eps = static_cast<float>(kEps);
+    l.atan_scale = static_cast<float>(kAtanScale);
+    l.stream = c10::cuda::getCurrentCUDAStream(boxes.device().index()).stream();
+    kernels::assign_metrics(l, gt.data_ptr<float>(), boxes.data_ptr<float>(), cls_logits.data_ptr<float>(),
+                            cls.data_ptr<int64_t>(), iou.data_ptr<float>(), align.data_ptr<float>());
+    return {iou, align};
+  }
+#endif
+  const auto iou = pairwise_ciou(gt_box, boxes).clamp_(0, 1);
+  auto align = cls_logits.sigmoid().pow_(kClsFactor).gather(1, gt_cls.unsqueeze(2).expand({B, T, A}));
+  align.mul_(iou.pow(kIouFactor));
+  return {iou, align};
+}
+
 Assignment Yolo9Loss::assign(const torch::Tensor& cls_logits_in, const torch::Tensor& boxes_in,
                              const torch::Tensor& targets, const AnchorGrid& grid) const {
   torch::NoGradGuard no_grad;
@@ -232,10 +295,7 @@ Assignment Yolo9Loss::assign(const torch::Tensor& cls_logits_in, const torch::Te
   // A zero box never matches: no anchor lies inside it and its CIoU clamps to 0.
   const auto gt_box = tg.narrow(2, 1, 4).masked_fill(padding.unsqueeze(2), 0);  // [B, T, 4]
 
-  const auto iou = pairwise_ciou(gt_box, boxes).clamp_(0, 1);  // [B, T, A]
-  auto align =
-      cls_logits.sigmoid().pow_(kClsFactor).gather(1, gt_cls.unsqueeze(2).expand({B, T, A}));
-  align.mul_(iou.pow(kIouFactor));
+  auto [iou, align] = pair_metrics(gt_box, boxes, cls_logits, gt_cls);  // [B, T, A] each
 
   // Fallback for a ground truth left without candidates: its best anchor anywhere.
   const auto best = align.max(2);

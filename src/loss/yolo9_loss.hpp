@@ -78,6 +78,12 @@ class Yolo9Loss : public DetectionLoss {
 
   // The pieces of compute(), public for tests and benchmarks.
   Decoded decode(const std::vector<torch::Tensor>& raw, const AnchorGrid& grid) const;
+  // The assigner's [B, T, A] metrics: CIoU clamped to [0, 1] and the alignment
+  // sigmoid(logit of the ground truth's class)^kClsFactor * iou^kIouFactor. On a CUDA device in
+  // float32 one kernel (kernels/assign.hpp; LIBREYOLO_ASSIGN_KERNEL=0: the composed ops).
+  std::pair<torch::Tensor, torch::Tensor> pair_metrics(const torch::Tensor& gt_box, const torch::Tensor& boxes,
+                                                       const torch::Tensor& cls_logits,
+                                                       const torch::Tensor& gt_cls) const;
   // The assigner alone (BoxMatcher): cls_logits [B, nc, A], boxes [B, 4, A] decoded xyxy
   // pixels (both treated as constants), targets [B, T, 5] (class, x1, y1, x2, y2) in pixels,
   // rows with class < 0 are padding.
