@@ -15,9 +15,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
-#include <cstdlib>
-#include <cstring>
-
+#include "core/env.hpp"
 #include "kernels/assign.hpp"
 #endif
 
@@ -228,12 +226,9 @@ Decoded Yolo9Loss::decode(const std::vector<torch::Tensor>& raw, const AnchorGri
 namespace {
 
 #ifdef LIBREYOLO_CUDA_KERNELS
-// On unless LIBREYOLO_ASSIGN_KERNEL says 0 or false (then the composed ops, for comparisons).
+// On unless LIBREYOLO_ASSIGN_KERNEL turns it off (then the composed ops, for comparisons).
 bool assign_kernel_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LIBREYOLO_ASSIGN_KERNEL");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
-  }();
+  static const bool on = env_switch_on("LIBREYOLO_ASSIGN_KERNEL");
   return on;
 }
 

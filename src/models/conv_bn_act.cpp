@@ -1,13 +1,13 @@
 #include "models/conv_bn_act.hpp"
 
+#include "core/env.hpp"
+
 #include <ATen/autocast_mode.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <mutex>
 
 #ifdef LIBREYOLO_CUDA_KERNELS
@@ -22,19 +22,14 @@
 namespace libreyolo::models {
 namespace {
 
-// On unless the environment variable says 0 or false.
-bool env_default_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
-}
 
 std::atomic<bool>& fused_flag() {
-  static std::atomic<bool> on{env_default_on("LIBREYOLO_FUSED_CONV")};
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_CONV")};
   return on;
 }
 
 std::atomic<bool>& kernels_flag() {
-  static std::atomic<bool> on{env_default_on("LIBREYOLO_FUSED_CONV_KERNELS")};
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_CONV_KERNELS")};
   return on;
 }
 

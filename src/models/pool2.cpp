@@ -1,8 +1,8 @@
 #include "models/pool2.hpp"
 
+#include "core/env.hpp"
+
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #ifdef LIBREYOLO_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -16,10 +16,7 @@ namespace libreyolo::models {
 namespace {
 
 std::atomic<bool>& fused_pool_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("LIBREYOLO_FUSED_POOL");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0));
-  }()};
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_POOL")};
   return on;
 }
 

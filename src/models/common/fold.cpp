@@ -1,22 +1,19 @@
 #include "models/common/fold.hpp"
 
+#include "core/env.hpp"
+
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 namespace libreyolo::models::common {
 namespace {
 
 std::atomic<bool>& fold_flag() {
-  static std::atomic<bool> on{[] {
-    const char* v = std::getenv("LIBREYOLO_FOLD_BN");
-    return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "off") == 0));
-  }()};
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FOLD_BN")};
   return on;
 }
 
