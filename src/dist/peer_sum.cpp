@@ -32,6 +32,14 @@ std::string host_name() {
 
 }  // namespace
 
+struct PeerSum::Mapping {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  kernels::PeerSumArgs args;
+#endif
+};
+
+PeerSum::PeerSum(std::shared_ptr<Group> group) : fallback_(std::move(group)) {}
+
 std::shared_ptr<PeerSum> PeerSum::create(const std::shared_ptr<Group>& group, std::string* why) {
   const auto fail = [&](const std::string& reason) -> std::shared_ptr<PeerSum> {
     if (why) *why = reason;
@@ -55,14 +63,17 @@ std::shared_ptr<PeerSum> PeerSum::create(const std::shared_ptr<Group>& group, st
     if (group->broadcast_string(host, r) != host && reason.empty()) reason = "the ranks are on more than one host";
   std::shared_ptr<PeerSum> ps(new PeerSum(group));
   ps->device_ = group->device().index();
-  ps->capacity_ = kCapacity;
-  ps->mapped_.assign(static_cast<size_t>(world), nullptr);
+  ps->mapping_ = std::make_unique<Mapping>();
+  kernels::PeerSumArgs& a = ps->mapping_->args;
+  a.rank = me;
+  a.world = world;
+  a.capacity = kCapacity;
+  a.timeout_ns = kWaitTimeoutNs;
   std::string handle;
   if (reason.empty()) {
-    ps->own_ = kernels::peer_sum_alloc(ps->device_, kernels::peer_sum_buffer_bytes(world, kCapacity), &reason);
-    if (ps->own_ && !kernels::peer_sum_handle(ps->own_, &handle, &reason)) handle.clear();
+    a.base[me] = kernels::peer_sum_alloc(ps->device_, kernels::peer_sum_buffer_bytes(world, kCapacity), &reason);
+    if (a.base[me] && !kernels::peer_sum_handle(a.base[me], &handle, &reason)) handle.clear();
   }
-  ps->mapped_[static_cast<size_t>(me)] = ps->own_;
   for (int r = 0; r < world; ++r) {
     const std::string h = group->broadcast_string(reason.empty() ? handle : std::string(), r);
     if (r == me || !reason.empty()) continue;
@@ -70,7 +81,7 @@ std::shared_ptr<PeerSum> PeerSum::create(const std::shared_ptr<Group>& group, st
       reason = "rank " + std::to_string(r) + " has no peer buffer";
       continue;
     }
-    ps->mapped_[static_cast<size_t>(r)] = kernels::peer_sum_open(ps->device_, h, &reason);
+    a.base[r] = kernels::peer_sum_open(ps->device_, h, &reason);
   }
   bool all_ok = true;
   for (int r = 0; r < world; ++r) all_ok = group->broadcast_flag(reason.empty(), r) && all_ok;
@@ -84,13 +95,13 @@ std::shared_ptr<PeerSum> PeerSum::create(const std::shared_ptr<Group>& group, st
 
 void PeerSum::release() {
 #ifdef LIBREYOLO_CUDA_KERNELS
-  const int me = rank();
-  for (size_t r = 0; r < mapped_.size(); ++r)
-    if (static_cast<int>(r) != me && mapped_[r]) kernels::peer_sum_close(mapped_[r]);
-  mapped_.clear();
-  kernels::peer_sum_free(own_);
-  own_ = nullptr;
+  if (!mapping_) return;
+  const kernels::PeerSumArgs& a = mapping_->args;
+  for (int r = 0; r < a.world; ++r)
+    if (r != a.rank && a.base[r]) kernels::peer_sum_close(a.base[r]);
+  kernels::peer_sum_free(a.base[a.rank]);
 #endif
+  mapping_.reset();
 }
 
 PeerSum::~PeerSum() {
@@ -101,15 +112,9 @@ PeerSum::~PeerSum() {
 
 void PeerSum::all_reduce_sum(torch::Tensor& t) {
 #ifdef LIBREYOLO_CUDA_KERNELS
-  if (own_ && t.is_cuda() && t.scalar_type() == torch::kFloat && t.is_contiguous() && t.numel() <= capacity_ &&
-      t.device().index() == device_) {
-    kernels::PeerSumArgs a;
-    for (size_t r = 0; r < mapped_.size(); ++r) a.base[r] = mapped_[r];
-    a.rank = rank();
-    a.world = world_size();
-    a.capacity = capacity_;
-    a.timeout_ns = kWaitTimeoutNs;
-    kernels::peer_sum_float(t.data_ptr<float>(), t.numel(), a,
+  if (mapping_ && t.is_cuda() && t.scalar_type() == torch::kFloat && t.is_contiguous() &&
+      t.numel() <= mapping_->args.capacity && t.device().index() == device_) {
+    kernels::peer_sum_float(t.data_ptr<float>(), t.numel(), mapping_->args,
                             c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream());
     return;
   }

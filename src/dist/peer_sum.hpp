@@ -5,7 +5,6 @@
 #pragma once
 #include <memory>
 #include <string>
-#include <vector>
 
 #include "core/cross_process.hpp"
 #include "dist/group.hpp"
@@ -28,13 +27,14 @@ class PeerSum final : public CrossProcessSum {
   void all_reduce_sum(torch::Tensor& t) override;
 
  private:
-  explicit PeerSum(std::shared_ptr<Group> group) : fallback_(std::move(group)) {}
+  // The sum kernel's arguments, built once: every rank's buffer as mapped here (this rank's own
+  // at its index), the row capacity, the wait timeout (dist/peer_sum.cpp).
+  struct Mapping;
+  explicit PeerSum(std::shared_ptr<Group> group);
   void release();
   GroupSum fallback_;
   int device_ = 0;
-  int64_t capacity_ = 0;  // floats a tensor may have to take the peer path
-  void* own_ = nullptr;
-  std::vector<void*> mapped_;  // per rank: the peer's buffer as mapped here (own_ at this rank)
+  std::unique_ptr<Mapping> mapping_;  // null once released
 };
 
 // The cross-process sum a data-parallel run installs: PeerSum where it can be made, else the
