@@ -42,6 +42,7 @@
 #include "libreyolo/errors.hpp"
 #include "core/device.hpp"
 #include "models/common/fold.hpp"
+#include "models/cudnn_fusion.hpp"
 #include "models/detector.hpp"
 #include "models/forward_graphs.hpp"
 
@@ -233,12 +234,15 @@ nlohmann::json run_graph_mode(const libreyolo::models::Family& family, const std
   }
   std::sort(ms.begin(), ms.end());
   const auto info = graphs.info();
+  const auto fusion = libreyolo::models::cudnn_fusion_stats();
   return {{"family", family.name}, {"size", size}, {"batch", batch}, {"imgsz", o.imgsz}, {"device", device.str()},
           {"dtype", o.dtype}, {"channels_last", o.channels_last}, {"cuda_graph", mode}, {"fold", fold},
           {"cudnn_benchmark", tuned}, {"first_call_ms", first_ms}, {"iters", o.iters},
           {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
           {"img_per_s", 1000.0 * static_cast<double>(batch) / ms[ms.size() / 2]},
-          {"graph_replays", info.replays}, {"graphs", info.captured}};
+          {"graph_replays", info.replays}, {"graphs", info.captured},
+          {"cudnn_fusion", {{"enabled", libreyolo::models::cudnn_fusion_enabled()}, {"fused_plans", fusion.fused},
+                            {"declined", fusion.declined}, {"loaded", fusion.loaded}, {"build_ms", fusion.build_ms}}}};
 }
 
 nlohmann::json run_one(const libreyolo::models::Family& family, const std::string& size,

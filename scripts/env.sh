@@ -3,6 +3,7 @@
 #   LIBREYOLO_PY        python with torch==2.11.0 (its libtorch is what we link against)
 #   LIBREYOLO_TORCH_CMAKE  torch.utils.cmake_prefix_path of that python
 #   LIBREYOLO_NV_ROOT   site-packages/nvidia of that python (nccl.h lives there)
+#   LIBREYOLO_CUDNN_FRONTEND_INCLUDE  cudnn_frontend's headers (fused inference convolutions), or empty
 #   LIBREYOLO_GLOO_INCLUDE  gloo's headers (the wheel has Gloo compiled in but ships no gloo
 #                       headers; Debian's libgloo-dev has them: extracted into the cache, not
 #                       installed). Empty when unavailable: CPU multi-process training is then off.
@@ -59,6 +60,32 @@ _ly_gloo_headers() {
   rm -rf "$tmp"
 }
 
+# cudnn_frontend's headers (header-only; the cuDNN library is torch's) for the fused inference
+# convolutions: extracted from the pinned PyPI wheel into the cache. Without them that fusion is off.
+LIBREYOLO_CUDNN_FRONTEND_VERSION=1.32.0
+_ly_cudnn_frontend() {
+  local dir="$LIBREYOLO_CACHE/cudnn-frontend-$LIBREYOLO_CUDNN_FRONTEND_VERSION"
+  if ! [ -f "$dir/include/cudnn_frontend.h" ]; then
+    local tmp
+    tmp=$(mktemp -d)
+    if "$LIBREYOLO_PY" -m pip download -q --progress-bar off --no-deps --only-binary=:all: -d "$tmp" \
+         "nvidia-cudnn-frontend==$LIBREYOLO_CUDNN_FRONTEND_VERSION" >&2 &&
+       "$LIBREYOLO_PY" - "$tmp" "$dir" <<'PY'
+import glob, sys, zipfile
+whl = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+    then
+      _ly_log "cudnn_frontend $LIBREYOLO_CUDNN_FRONTEND_VERSION headers in $dir/include"
+    else
+      _ly_log "could not fetch nvidia-cudnn-frontend: fused inference convolutions will be off in this build"
+    fi
+    rm -rf "$tmp"
+  fi
+  [ -f "$dir/include/cudnn_frontend.h" ] && LIBREYOLO_CUDNN_FRONTEND_INCLUDE="$dir/include" || LIBREYOLO_CUDNN_FRONTEND_INCLUDE=""
+}
+
 _ly_torch_ok() {  # $1 = python
   "$1" -c "import torch,sys; sys.exit(0 if torch.__version__.split('+')[0]=='$LIBREYOLO_TORCH_VERSION' else 1)" 2>/dev/null
 }
@@ -93,7 +120,8 @@ _ly_setup() {
   LIBREYOLO_TORCH_CMAKE=$("$LIBREYOLO_PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')
   LIBREYOLO_NV_ROOT=$("$LIBREYOLO_PY" -c 'import nvidia;print(list(nvidia.__path__)[0])' 2>/dev/null || true)
   [ "${LIBREYOLO_SYSTEM_TORCH:-0}" = 1 ] || _ly_gloo_headers
-  export LIBREYOLO_PY LIBREYOLO_TORCH_CMAKE LIBREYOLO_NV_ROOT LIBREYOLO_GLOO_INCLUDE
+  [ "${LIBREYOLO_SYSTEM_TORCH:-0}" = 1 ] || _ly_cudnn_frontend
+  export LIBREYOLO_PY LIBREYOLO_TORCH_CMAKE LIBREYOLO_NV_ROOT LIBREYOLO_GLOO_INCLUDE LIBREYOLO_CUDNN_FRONTEND_INCLUDE
 }
 
 _ly_setup || { _ly_log "environment setup failed"; return 1 2>/dev/null || exit 1; }

@@ -15,6 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/bias_act.hpp"
+#include "models/cudnn_fusion.hpp"
 #include "kernels/bn_act.hpp"
 #include "models/kernel_dtype.hpp"
 #endif
@@ -465,6 +466,8 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
 #ifdef LIBREYOLO_CUDA_KERNELS
   kernels::DType dt = kernels::DType::Float32;
   if (xc.is_cuda() && kernels_flag().load() && kernel_dtype(xc.scalar_type(), &dt)) {
+    // cuDNN's runtime fusion: the epilogue inside the convolution (fp16/bf16, NHWC, groups 1).
+    if (at::Tensor y = cudnn_conv_bias_act(xc, w, *p.bias32, p.stride, p.padding, p.act); y.defined()) return y;
     at::Tensor z;
     if (gemm) {
       z = conv1x1_gemm(xc, w);

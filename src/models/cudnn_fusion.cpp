@@ -1,0 +1,388 @@
+// See cudnn_fusion.hpp. One cudnn_frontend graph per configuration (shapes, dtype, stride,
+// padding, activation, device): conv_fprop -> add bias -> SWISH_FWD (beta 1: x * sigmoid(x)),
+// float32 accumulation and epilogue, one rounding to the output dtype.
+#include "models/cudnn_fusion.hpp"
+
+#include "core/env.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#ifdef LIBREYOLO_CUDNN_FUSION
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <dlfcn.h>
+#include <unistd.h>
+// The frontend reaches cuDNN through dlsym on this handle (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING,
+// set by CMake): torch's own libcudnn.so.9, already loaded by libtorch_cuda; nothing else is opened.
+#include <cudnn_frontend.h>
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+#endif
+
+namespace libreyolo::models {
+
+bool cudnn_fusion_enabled() {
+#ifdef LIBREYOLO_CUDNN_FUSION
+  static const bool on = [] {
+    if (!env_switch_on("LIBREYOLO_CUDNN_FUSION")) return false;
+    cudnn_frontend::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
+    return cudnn_frontend::cudnn_dlhandle != nullptr;
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+#ifndef LIBREYOLO_CUDNN_FUSION
+
+torch::Tensor cudnn_conv_bias_act(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t, int64_t,
+                                  bool) {
+  return {};
+}
+CudnnFusionStats cudnn_fusion_stats() { return {}; }
+void cudnn_fusion_forget_plans() {}
+
+#else
+
+namespace {
+
+namespace fe = cudnn_frontend;
+
+enum Uid : int64_t { kX = 1, kW = 2, kB = 3, kY = 4 };
+
+// Everything a plan depends on; pointers are bound at execution.
+using Key = std::tuple<int, int, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t,
+                       bool>;  // device, dtype, x sizes, w sizes, w strides, stride, padding, act
+
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: declined; its candidate plan is the one executed
+  int64_t workspace = 0;
+  bool from_disk = false;
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<Key, std::shared_ptr<Plan>> plans;
+  CudnnFusionStats stats;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d) {  // d = [N, C, H, W]
+  return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
+}
+
+struct Shapes {
+  fe::DataType_t io;
+  std::vector<int64_t> x, w, w_strides, y;
+  int64_t stride, padding;
+  bool act;
+};
+
+// The operation graph with its heuristics' candidate list (mode A), or null when cuDNN has none.
+std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Shapes& s) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+  auto X = g->tensor(fe::graph::Tensor_attributes().set_name("x").set_uid(kX).set_dim(s.x).set_stride(
+      nhwc_strides(s.x)));
+  auto W = g->tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim(s.w).set_stride(s.w_strides));
+  auto B = g->tensor(fe::graph::Tensor_attributes()
+                         .set_name("bias")
+                         .set_uid(kB)
+                         .set_dim({1, s.y[1], 1, 1})
+                         .set_stride({s.y[1], 1, s.y[1], s.y[1]})
+                         .set_data_type(fe::DataType_t::FLOAT));
+  auto conv = g->conv_fprop(X, W,
+                            fe::graph::Conv_fprop_attributes()
+                                .set_padding({s.padding, s.padding})
+                                .set_stride({s.stride, s.stride})
+                                .set_dilation({1, 1}));
+  auto Y = g->pointwise(conv, B, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD));
+  if (s.act)
+    Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.f));
+  Y->set_output(true).set_uid(kY).set_dim(s.y).set_stride(nhwc_strides(s.y)).set_data_type(s.io);
+  if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
+      !g->create_execution_plans({fe::HeurMode_t::A}).is_good() || !g->check_support(handle).is_good())
+    return nullptr;
+  return g;
+}
+
+// Candidates to build and time per configuration: 1 (the heuristics' first plan that builds)
+// unless LIBREYOLO_CUDNN_FUSION_CANDIDATES says more. H200, v9-t graphed bf16, one process each:
+// timing 10 candidates cost 23 s of compilation at the first call (1 candidate: 4 s) and gave no
+// steady gain that held across processes (batch 32: 6.46-6.87 ms with 10, 6.56 with 1).
+int64_t candidates() {
+  int64_t n = 1;
+  if (const char* v = std::getenv("LIBREYOLO_CUDNN_FUSION_CANDIDATES")) n = std::max(1, std::atoi(v));
+  return n;
+}
+
+// Milliseconds of the best of three runs of plan `index` (after one warm-up), or -1 on failure.
+float time_plan(cudnnHandle_t handle, fe::graph::Graph& g, int64_t index, std::unordered_map<int64_t, void*>& ptrs,
+                const at::Tensor& like) {
+  int64_t wsz = 0;
+  if (!g.get_workspace_size_plan_at_index(index, wsz).is_good()) return -1;
+  at::Tensor space = at::empty({std::max<int64_t>(wsz, 1)}, like.options().dtype(at::kByte));
+  if (!g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good()) return -1;
+  const auto stream = at::cuda::getCurrentCUDAStream(like.device().index());
+  float best = -1;
+  for (int r = 0; r < 3; ++r) {
+    at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
+    a.record(stream);
+    const bool ok = g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good();
+    b.record(stream);
+    b.synchronize();
+    if (!ok) return -1;
+    const float t = a.elapsed_time(b);
+    if (best < 0 || t < best) best = t;
+  }
+  return best;
+}
+
+// ---- plans kept on disk: a runtime-compiled plan's serialized form carries its compiled kernel,
+// so a later process loads it instead of compiling again (~0.1 s per convolution). One file per
+// configuration under $LIBREYOLO_CUDNN_PLAN_CACHE (off: none), else $XDG_CACHE_HOME/libreyolo-cpp/
+// cudnn-plans, else ~/.cache/libreyolo-cpp/cudnn-plans. A file is used only when its magic, its key
+// (cuDNN and frontend versions, GPU, configuration) and its payload checksum match; anything else
+// (a torn write, another version, a corrupt byte) is ignored and the plan built and written again.
+
+constexpr char kMagic[8] = {'L', 'Y', 'C', 'P', 'L', 'A', 'N', '1'};
+
+std::string plan_dir() {
+  if (const char* v = std::getenv("LIBREYOLO_CUDNN_PLAN_CACHE"); v && *v) {
+    const std::string d = v;
+    return d == "off" || d == "0" ? "" : d;
+  }
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/libreyolo-cpp/cudnn-plans";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/libreyolo-cpp/cudnn-plans";
+  return "";
+}
+
+uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ULL) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+std::string plan_key(const Shapes& s, int device) {
+  const auto* prop = at::cuda::getDeviceProperties(device);
+  std::ostringstream k;
+  k << "cudnn " << fe::detail::get_backend_version() << " fe " << CUDNN_FRONTEND_VERSION << " gpu " << prop->name
+    << " sm " << prop->major << prop->minor << " io " << static_cast<int>(s.io) << " x";
+  for (auto v : s.x) k << ' ' << v;
+  k << " w";
+  for (auto v : s.w) k << ' ' << v;
+  k << " ws";
+  for (auto v : s.w_strides) k << ' ' << v;
+  k << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " candidates " << candidates();
+  return k.str();
+}
+
+std::string plan_path(const std::string& dir, const std::string& key) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.plan",
+                static_cast<unsigned long long>(fnv1a(reinterpret_cast<const uint8_t*>(key.data()), key.size())));
+  return dir + "/" + name;
+}
+
+// The payload stored for `key`, or empty.
+std::vector<uint8_t> read_plan(const std::string& path, const std::string& key) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  char magic[8];
+  uint64_t key_len = 0, len = 0, sum = 0;
+  if (!f.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return {};
+  if (!f.read(reinterpret_cast<char*>(&key_len), 8) || key_len != key.size()) return {};
+  std::string stored(key_len, '\0');
+  if (!f.read(stored.data(), static_cast<std::streamsize>(key_len)) || stored != key) return {};
+  if (!f.read(reinterpret_cast<char*>(&len), 8) || !f.read(reinterpret_cast<char*>(&sum), 8)) return {};
+  if (len == 0 || len > (64u << 20)) return {};
+  std::vector<uint8_t> data(len);
+  if (!f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(len))) return {};
+  if (fnv1a(data.data(), data.size()) != sum) return {};
+  return data;
+}
+
+void write_plan(const std::string& dir, const std::string& path, const std::string& key,
+                const std::vector<uint8_t>& data) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return;
+    const uint64_t key_len = key.size(), len = data.size(), sum = fnv1a(data.data(), data.size());
+    f.write(kMagic, 8);
+    f.write(reinterpret_cast<const char*>(&key_len), 8);
+    f.write(key.data(), static_cast<std::streamsize>(key.size()));
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f.write(reinterpret_cast<const char*>(&sum), 8);
+    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+    if (!f) {
+      f.close();
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);  // atomic: readers see the old file or the whole new one
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+// The plan stored on disk for these shapes, or null.
+std::shared_ptr<fe::graph::Graph> load_plan(cudnnHandle_t handle, const std::string& path, const std::string& key) {
+  const std::vector<uint8_t> data = read_plan(path, key);
+  if (data.empty()) return nullptr;
+  try {
+    auto g = std::make_shared<fe::graph::Graph>();
+    if (!g->deserialize(handle, data).is_good()) return nullptr;
+    return g;
+  } catch (const std::exception&) {  // a payload the JSON reader rejects
+    return nullptr;
+  }
+}
+
+// Builds the graph and picks a plan; a Plan with no graph when cuDNN declines. Runtime-compiled
+// engines compile while they build (~0.1 s each): with several candidates each is built on its own
+// thread, in its own copy of the graph with its own cuDNN handle, then timed here one by one.
+std::shared_ptr<Plan> build(cudnnHandle_t handle, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
+                            const at::Tensor& y, int64_t stride, int64_t padding, bool act) {
+  auto plan = std::make_shared<Plan>();
+  const Shapes s{x.scalar_type() == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
+                 x.sizes().vec(), w.sizes().vec(), w.strides().vec(), y.sizes().vec(), stride, padding, act};
+  const std::string dir = plan_dir();
+  const std::string key = dir.empty() ? "" : plan_key(s, x.device().index());
+  const std::string path = dir.empty() ? "" : plan_path(dir, key);
+  if (!dir.empty()) {
+    if (auto stored = load_plan(handle, path, key); stored && stored->get_workspace_size(plan->workspace).is_good()) {
+      plan->graph = std::move(stored);
+      plan->from_disk = true;
+      return plan;
+    }
+  }
+  auto g = operation_graph(handle, s);
+  if (!g) return plan;
+  const int64_t count = std::min(g->get_execution_plan_count(), candidates());
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kX, x.data_ptr()}, {kW, w.data_ptr()}, {kB, bias.data_ptr()}, {kY, y.data_ptr()}};
+  std::shared_ptr<fe::graph::Graph> best_graph;
+  int64_t best = -1;
+  if (count <= 1) {  // the heuristics' first plan that builds
+    for (int64_t i = 0; i < g->get_execution_plan_count() && best < 0; ++i)
+      if (g->build_plan_at_index(i).is_good()) best = i;
+    best_graph = g;
+  } else {
+    std::vector<std::shared_ptr<fe::graph::Graph>> graphs(count);
+    std::vector<std::thread> threads;
+    const int device = x.device().index();
+    for (int64_t i = 0; i < count; ++i)
+      threads.emplace_back([&, i] {
+        c10::cuda::set_device(device);
+        cudnnHandle_t h = nullptr;
+        if (fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) return;
+        auto gi = i == 0 ? g : operation_graph(h, s);
+        if (gi && gi->build_plan_at_index(i).is_good()) graphs[i] = std::move(gi);
+        fe::detail::destroy_handle(h);
+      });
+    for (auto& t : threads) t.join();
+    float best_ms = -1;
+    for (int64_t i = 0; i < count; ++i) {
+      if (!graphs[i]) continue;
+      const float ms = time_plan(handle, *graphs[i], i, ptrs, x);
+      if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_graph = graphs[i];
+    }
+  }
+  if (best < 0 || !best_graph->get_workspace_size(plan->workspace).is_good()) return plan;
+  if (!dir.empty()) {
+    std::vector<uint8_t> data;
+    if (best_graph->serialize(data, /*serialize_structure=*/false).is_good()) write_plan(dir, path, key, data);
+  }
+  plan->graph = std::move(best_graph);
+  return plan;
+}
+
+}  // namespace
+
+CudnnFusionStats cudnn_fusion_stats() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().stats;
+}
+
+void cudnn_fusion_forget_plans() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  cache().plans.clear();
+}
+
+torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
+                                  int64_t stride, int64_t padding, bool act) {
+  if (!cudnn_fusion_enabled() || !x.is_cuda() || x.dim() != 4 || w.dim() != 4) return {};
+  if ((x.scalar_type() != at::kHalf && x.scalar_type() != at::kBFloat16) || w.scalar_type() != x.scalar_type() ||
+      bias32.scalar_type() != at::kFloat || !bias32.is_contiguous() || bias32.numel() != w.size(0))
+    return {};
+  if (!x.is_contiguous(at::MemoryFormat::ChannelsLast) || w.size(1) != x.size(1)) return {};  // groups 1 only
+  const int64_t oh = (x.size(2) + 2 * padding - w.size(2)) / stride + 1;
+  const int64_t ow = (x.size(3) + 2 * padding - w.size(3)) / stride + 1;
+  if (oh <= 0 || ow <= 0 || x.size(0) == 0) return {};
+  const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (!aligned(x) || !aligned(w) || !aligned(bias32)) return {};  // plans assume 16-byte aligned operands
+  const at::Tensor wc = w.is_contiguous(at::MemoryFormat::ChannelsLast) ? w : w.contiguous(at::MemoryFormat::ChannelsLast);
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = at::empty({x.size(0), w.size(0), oh, ow}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  Key key{x.device().index(), static_cast<int>(x.scalar_type()), x.sizes().vec(), wc.sizes().vec(),
+          wc.strides().vec(), stride, padding, act};
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  if (fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(x.device().index()).stream()) !=
+      CUDNN_STATUS_SUCCESS)
+    return {};
+  std::shared_ptr<Plan> plan;
+  {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.plans.find(key);
+    if (it == c.plans.end()) {
+      // Building times candidates (synchronising) and may compile kernels: never inside a capture.
+      // Captures run each shape eagerly first (ForwardGraphs), so this only declines strays.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(x.device().index()).stream(), &capturing) !=
+              cudaSuccess ||
+          capturing != cudaStreamCaptureStatusNone)
+        return {};
+      const auto t0 = std::chrono::steady_clock::now();
+      auto built = build(handle, x, wc, bias32, y, stride, padding, act);
+      c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++(built->graph ? c.stats.fused : c.stats.declined);
+      if (built->from_disk) ++c.stats.loaded;
+      it = c.plans.emplace(key, std::move(built)).first;
+    }
+    plan = it->second;
+  }
+  if (!plan->graph) return {};
+  at::Tensor space = at::empty({std::max<int64_t>(plan->workspace, 1)}, x.options().dtype(at::kByte));
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kX, x.data_ptr()}, {kW, wc.data_ptr()}, {kB, bias32.data_ptr()}, {kY, y.data_ptr()}};
+  // A failed launch leaves y unwritten: decline, the caller computes it its own way.
+  return plan->graph->execute(handle, ptrs, space.data_ptr()).is_good() ? y : at::Tensor();
+}
+
+#endif
+
+}  // namespace libreyolo::models

@@ -1,0 +1,39 @@
+// Inference convolution + bias (+ SiLU) as one cuDNN operation graph (cuDNN's runtime fusion
+// engines: the epilogue runs inside the convolution kernel instead of as a second pass over its
+// output). Built with the cudnn_frontend headers (scripts/env.sh fetches them into its cache);
+// without them, or on the CPU, cudnn_conv_bias_act() declines and callers keep their own path.
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace libreyolo::models {
+
+// False in builds without cudnn_frontend, and when LIBREYOLO_CUDNN_FUSION is 0, false or off.
+bool cudnn_fusion_enabled();
+
+// y = act(conv2d(x, w) + bias) (act = SiLU) in one cuDNN graph: x [N, C, H, W] channels_last
+// float16/bfloat16 on CUDA, w [K, C, R, S] (groups 1) in x's dtype, bias float32 [K]; y is
+// channels_last. Returns an undefined tensor when the fusion is off or cuDNN has no engine for
+// this configuration (remembered per configuration: asked once). Plans are cached per shape: the
+// heuristics' first plan that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: the fastest of the first
+// N, timed), compiled by cuDNN at its first use (~0.1 s per configuration) and kept on disk
+// (LIBREYOLO_CUDNN_PLAN_CACHE, default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later
+// process loads it instead. Never builds inside a CUDA graph capture (declines instead).
+torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
+                                  int64_t stride, int64_t padding, bool act);
+
+// Configurations planned so far (fused and declined), for tests and benchmarks.
+struct CudnnFusionStats {
+  int64_t fused = 0, declined = 0;
+  int64_t loaded = 0;   // of the fused: plans read from the on-disk plan cache instead of built
+  double build_ms = 0;  // total time spent building (and timing) plans
+};
+CudnnFusionStats cudnn_fusion_stats();
+
+// Forgets the plans held in memory (the next use of a configuration reads the disk cache or builds
+// again), as a new process would; for tests.
+void cudnn_fusion_forget_plans();
+
+}  // namespace libreyolo::models

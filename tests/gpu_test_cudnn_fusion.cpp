@@ -1,0 +1,181 @@
+// cuDNN runtime fusion of inference convolution + bias + SiLU (models/cudnn_fusion.hpp): taken for
+// the convolutions YOLO networks use (3x3 stride 1 and 2, 1x1, with and without SiLU, float16 and
+// bfloat16 NHWC), each against a float64 CPU reference; declined where it does not apply
+// (float32, NCHW input, grouped); several timed candidates give the same answer; conv_bias_act()
+// (the folded inference block) takes it; plans come back from the disk cache bit for bit, and a
+// corrupted cache file is ignored. Each test keeps its plan cache in a fresh directory. Errors are
+// printed so they are on record.
+#include <ATen/Context.h>
+
+#include "models/conv_bn_act.hpp"
+#include "models/cudnn_fusion.hpp"
+#include "support.hpp"
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+
+using namespace libreyolo;
+using test::rel_err;
+
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t cin, cout, k, stride;
+  bool act;
+};
+
+torch::Tensor reference(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b, const Case& c) {
+  auto y = torch::conv2d(x.to(torch::kCPU, torch::kDouble), w.to(torch::kCPU, torch::kDouble),
+                         b.to(torch::kCPU, torch::kDouble), c.stride, (c.k - 1) / 2);
+  return c.act ? torch::silu(y) : y;
+}
+
+#define LY_REQUIRE_FUSION()                                                                              \
+  LY_REQUIRE_CUDA();                                                                                     \
+  if (!models::cudnn_fusion_enabled())                                                                   \
+    GTEST_SKIP() << "cuDNN fusion not in this build (no cudnn_frontend headers) or LIBREYOLO_CUDNN_FUSION=0"; \
+  const std::string plan_dir_ = test::temp_dir("cudnn_plans");                                           \
+  const test::ScopedEnv plan_env_("LIBREYOLO_CUDNN_PLAN_CACHE", plan_dir_);                              \
+  models::cudnn_fusion_forget_plans()
+
+}  // namespace
+
+TEST(GpuCudnnFusion, FusedConvolutionsMatchFloat64Reference) {
+  LY_REQUIRE_FUSION();
+  const std::vector<Case> cases = {
+      {"3x3 16->32", 16, 32, 3, 1, true},   {"3x3 s2 32->64", 32, 64, 3, 2, true},
+      {"1x1 64->32", 64, 32, 1, 1, true},   {"1x1 32->80 no act", 32, 80, 1, 1, false},
+      {"3x3 3->16 s2 (stem)", 3, 16, 3, 2, true}, {"3x3 24->40", 24, 40, 3, 1, true},
+  };
+  const std::vector<std::pair<torch::ScalarType, double>> dtypes = {{torch::kHalf, 3e-3}, {torch::kBFloat16, 2e-2}};
+  torch::manual_seed(0);
+  int fused = 0;
+  for (const auto& c : cases) {
+    for (const auto& [dt, tol] : dtypes) {
+      const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+      auto x = torch::randn({2, c.cin, 17, 19}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+      auto w = (torch::randn({c.cout, c.cin, c.k, c.k}, opts) * 0.2).contiguous(at::MemoryFormat::ChannelsLast);
+      auto b32 = torch::randn({c.cout}, torch::TensorOptions().device(torch::kCUDA));
+      torch::InferenceMode im;
+      auto y = models::cudnn_conv_bias_act(x, w, b32, c.stride, (c.k - 1) / 2, c.act);
+      if (!y.defined()) {
+        std::cout << "[ REPORT   ] fusion " << c.name << " " << c10::toString(dt) << ": declined by cuDNN\n";
+        continue;
+      }
+      ++fused;
+      EXPECT_EQ(y.scalar_type(), dt);
+      EXPECT_TRUE(y.is_contiguous(at::MemoryFormat::ChannelsLast));
+      const double e = rel_err(y, reference(x, w, b32, c));
+      std::cout << "[ REPORT   ] fusion " << c.name << " " << c10::toString(dt) << ": rel err " << e << "\n";
+      EXPECT_LE(e, tol) << c.name << " " << c10::toString(dt);
+    }
+  }
+  // The YOLO shapes (8-multiple channels) must fuse; only the odd ones may be declined.
+  EXPECT_GE(fused, 8);
+  const auto s = models::cudnn_fusion_stats();
+  std::cout << "[ REPORT   ] fusion plans: " << s.fused << " fused, " << s.declined << " declined, " << s.build_ms
+            << " ms building\n";
+}
+
+TEST(GpuCudnnFusion, DeclinesWhatItDoesNotCover) {
+  LY_REQUIRE_FUSION();
+  torch::InferenceMode im;
+  const auto h = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf);
+  auto b32 = torch::zeros({16}, torch::TensorOptions().device(torch::kCUDA));
+  auto x = torch::randn({1, 16, 8, 8}, h).contiguous(at::MemoryFormat::ChannelsLast);
+  auto w = torch::randn({16, 16, 3, 3}, h).contiguous(at::MemoryFormat::ChannelsLast);
+  EXPECT_FALSE(models::cudnn_conv_bias_act(x.to(torch::kFloat), w.to(torch::kFloat), b32, 1, 1, true).defined());
+  EXPECT_FALSE(models::cudnn_conv_bias_act(x.contiguous(), w, b32, 1, 1, true).defined());  // NCHW input
+  auto wg = torch::randn({16, 1, 3, 3}, h).contiguous(at::MemoryFormat::ChannelsLast);     // depthwise
+  EXPECT_FALSE(models::cudnn_conv_bias_act(x, wg, b32, 1, 1, true).defined());
+  EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32.to(torch::kHalf), 1, 1, true).defined());
+  EXPECT_FALSE(models::cudnn_conv_bias_act(x.cpu(), w.cpu(), b32.cpu(), 1, 1, true).defined());
+}
+
+TEST(GpuCudnnFusion, TimedCandidatesAgreeAndConvBiasActTakesTheFusion) {
+  LY_REQUIRE_FUSION();
+  torch::manual_seed(1);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kBFloat16);
+  auto x = torch::randn({4, 48, 40, 40}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+  auto w = (torch::randn({64, 48, 3, 3}, opts) * 0.1).contiguous(at::MemoryFormat::ChannelsLast);
+  auto b32 = torch::randn({64}, torch::TensorOptions().device(torch::kCUDA));
+  auto b = b32.to(torch::kBFloat16);
+  const Case c{"3x3 48->64", 48, 64, 3, 1, true};
+  torch::Tensor tuned;
+  {
+    const test::ScopedEnv n("LIBREYOLO_CUDNN_FUSION_CANDIDATES", "4");
+    torch::InferenceMode im;
+    tuned = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+  }
+  ASSERT_TRUE(tuned.defined());
+  const double e = rel_err(tuned, reference(x, w, b32, c));
+  std::cout << "[ REPORT   ] fastest of 4 timed fused plans: rel err " << e << "\n";
+  EXPECT_LE(e, 2e-2);
+  // The folded block's entry point, with the default (one candidate): same answer within rounding,
+  // and then the cached plan: no new build, the same bits as a direct call.
+  models::ConvBiasActParams p;
+  p.weight = &w;
+  p.bias = &b;
+  p.bias32 = &b32;
+  p.stride = 1;
+  p.padding = 1;
+  torch::Tensor y, again;
+  {
+    torch::InferenceMode im;
+    y = models::conv_bias_act(x, p);
+    const auto before = models::cudnn_fusion_stats();
+    again = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+    EXPECT_EQ(models::cudnn_fusion_stats().fused, before.fused);
+  }
+  EXPECT_LE(rel_err(y, tuned), 1e-2);
+  EXPECT_TRUE(torch::equal(y, again));
+}
+
+TEST(GpuCudnnFusion, PlansComeBackFromDiskAndCorruptFilesAreIgnored) {
+  LY_REQUIRE_FUSION();
+  torch::manual_seed(2);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf);
+  auto x = torch::randn({2, 32, 24, 24}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+  auto w = (torch::randn({32, 32, 3, 3}, opts) * 0.1).contiguous(at::MemoryFormat::ChannelsLast);
+  auto b32 = torch::randn({32}, torch::TensorOptions().device(torch::kCUDA));
+  torch::InferenceMode im;
+  const auto built = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+  ASSERT_TRUE(built.defined());
+  std::vector<std::filesystem::path> files;
+  for (const auto& f : std::filesystem::directory_iterator(plan_dir_)) files.push_back(f.path());
+  ASSERT_EQ(files.size(), 1u) << "one plan file per configuration in " << plan_dir_;
+
+  models::cudnn_fusion_forget_plans();  // as a new process: the plan comes from disk
+  auto s0 = models::cudnn_fusion_stats();
+  const auto loaded = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+  auto s1 = models::cudnn_fusion_stats();
+  ASSERT_TRUE(loaded.defined());
+  EXPECT_EQ(s1.loaded, s0.loaded + 1);
+  EXPECT_TRUE(torch::equal(loaded, built)) << "the stored plan is the plan that was built";
+
+  // One flipped byte in the payload: the checksum rejects the file, the plan is built again (and
+  // the file rewritten), the answer is the same.
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char ch = 0;
+    f.read(&ch, 1);
+    ch = static_cast<char>(ch ^ 0x5a);
+    f.seekp(-5, std::ios::end);
+    f.write(&ch, 1);
+  }
+  models::cudnn_fusion_forget_plans();
+  const auto rebuilt = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+  auto s2 = models::cudnn_fusion_stats();
+  ASSERT_TRUE(rebuilt.defined());
+  EXPECT_EQ(s2.loaded, s1.loaded) << "a corrupt file must not be loaded";
+  EXPECT_EQ(s2.fused, s1.fused + 1);
+  EXPECT_TRUE(torch::equal(rebuilt, built));
+  // Garbage in place of the file: same.
+  { std::ofstream(files[0], std::ios::binary | std::ios::trunc) << "not a plan"; }
+  models::cudnn_fusion_forget_plans();
+  EXPECT_TRUE(torch::equal(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true), built));
+  EXPECT_EQ(models::cudnn_fusion_stats().loaded, s1.loaded);
+}
