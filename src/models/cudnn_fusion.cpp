@@ -128,36 +128,58 @@ std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Sh
   return g;
 }
 
-// Candidates to build and time per configuration: 1 (the heuristics' first plan that builds)
-// unless LIBREYOLO_CUDNN_FUSION_CANDIDATES says more. H200, v9-t graphed bf16, one process each:
-// timing 10 candidates cost 23 s of compilation at the first call (1 candidate: 4 s) and gave no
-// steady gain that held across processes (batch 32: 6.46-6.87 ms with 10, 6.56 with 1).
+// Candidates to build and time per configuration: 4 while cuDNN autotuning is on (ForwardGraphs'
+// first run of a shape to be captured, training and its validation), else 1 (the heuristics'
+// first plan that builds); LIBREYOLO_CUDNN_FUSION_CANDIDATES=N overrides. H200, v9-t graphed bf16
+// (one call, timing each candidate in a CUDA graph): batch 1 2.09-2.11 ms with 1 candidate,
+// 1.53-1.54 with 4, 1.44-1.64 with 10; batch 32 6.49-6.54 / 6.21-6.24 / 6.48-6.58; compilation at
+// the first call of a shape 3-6 s / 11-15 s / 20-21 s (then read from disk: under 1 s).
+constexpr int64_t kAutotuneCandidates = 4;
+
 int64_t candidates() {
-  int64_t n = 1;
+  int64_t n = at::globalContext().benchmarkCuDNN() ? kAutotuneCandidates : 1;
   if (const char* v = std::getenv("LIBREYOLO_CUDNN_FUSION_CANDIDATES")) n = std::max(1, std::atoi(v));
   return n;
 }
 
-// Milliseconds of the best of three runs of plan `index` (after one warm-up), or -1 on failure.
+// GPU milliseconds per run of plan `index`, or -1 on failure. kRuns runs are captured in one CUDA
+// graph and the best of three replays is taken: a small convolution's kernel is shorter than the
+// host's launch, so timing runs launched one by one measures the host, not the plan.
 float time_plan(cudnnHandle_t handle, fe::graph::Graph& g, int64_t index, std::unordered_map<int64_t, void*>& ptrs,
                 const at::Tensor& like) {
+  constexpr int kRuns = 10;
   int64_t wsz = 0;
   if (!g.get_workspace_size_plan_at_index(index, wsz).is_good()) return -1;
   at::Tensor space = at::empty({std::max<int64_t>(wsz, 1)}, like.options().dtype(at::kByte));
+  const auto current = at::cuda::getCurrentCUDAStream(like.device().index());
   if (!g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good()) return -1;
-  const auto stream = at::cuda::getCurrentCUDAStream(like.device().index());
-  float best = -1;
-  for (int r = 0; r < 3; ++r) {
-    at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
-    a.record(stream);
-    const bool ok = g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good();
-    b.record(stream);
-    b.synchronize();
-    if (!ok) return -1;
-    const float t = a.elapsed_time(b);
-    if (best < 0 || t < best) best = t;
+  current.synchronize();
+  const auto side = at::cuda::getStreamFromPool(false, like.device().index());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = fe::detail::set_stream(handle, side.stream()) == CUDNN_STATUS_SUCCESS &&
+            cudaStreamBeginCapture(side.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    for (int r = 0; r < kRuns && ok; ++r) ok = g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good();
+    ok = cudaStreamEndCapture(side.stream(), &graph) == cudaSuccess && ok;
   }
-  return best;
+  fe::detail::set_stream(handle, current.stream());
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, side.stream()) == cudaSuccess;
+  float best = -1;
+  for (int r = 0; r < 3 && ok; ++r) {
+    at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
+    a.record(side);
+    ok = cudaGraphLaunch(exec, side.stream()) == cudaSuccess;
+    b.record(side);
+    b.synchronize();
+    const float t = a.elapsed_time(b) / kRuns;
+    if (ok && (best < 0 || t < best)) best = t;
+  }
+  side.synchronize();
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture or launch above is reported by the -1, not left pending
+  return ok ? best : -1;
 }
 
 // ---- plans kept on disk: a runtime-compiled plan's serialized form carries its compiled kernel,
