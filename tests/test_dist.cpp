@@ -294,6 +294,39 @@ TEST(DistCpu, TwoRanksTakeTheStepOfOneProcessWithTheGlobalBatch) {
   EXPECT_GT(a.root->get("ema_updates")->as_int("ema_updates"), 0);
 }
 
+// SPEC M7: torchrun across nodes gives every rank LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 (two nodes of
+// one process each, as `torchrun --nnodes 2 --nproc_per_node 1` launches them). Such ranks take
+// the same step as two ranks of one node: nothing in the engine may key rank 0's duties, seeds or
+// shards on the local rank. Rank 1 stays silent and makes no run directory of its own.
+TEST(DistCpu, TwoNodesOfOneRankEachTakeTheStepOfOneNodeOfTwo) {
+  const std::string dir = test::temp_dir("dist_nodes");
+  auto args = [&](const std::string& name) {
+    auto a = train_args(dir, name, 1, 16);
+    a.push_back("lr0=0.002");
+    return a;
+  };
+  auto one_node = run_ranks(2, args("node"), dir, 600);
+  auto two_nodes = run_ranks(2, args("nodes"), dir, 600, {{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(exited_ok(one_node[static_cast<size_t>(r)].first)) << "one node, rank " << r << ":\n"
+                                                                   << one_node[static_cast<size_t>(r)].second;
+    ASSERT_TRUE(exited_ok(two_nodes[static_cast<size_t>(r)].first)) << "two nodes, rank " << r << ":\n"
+                                                                    << two_nodes[static_cast<size_t>(r)].second;
+  }
+  EXPECT_NE(two_nodes[0].second.find("DDP active: rank=0/2 device=cpu backend=gloo"), std::string::npos)
+      << two_nodes[0].second;
+  EXPECT_EQ(two_nodes[1].second.find("| INFO"), std::string::npos) << two_nodes[1].second;
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "nodes2"));
+  const auto last = [&](const std::string& name) { return (fs::path(dir) / name / "weights" / "last.pt").string(); };
+  for (const char* key : {"train_model", "model"}) {
+    const WeightDiff d = weight_diff(last("node"), last("nodes"), key);
+    std::printf("[ dist ] %s, %d tensors: two nodes vs one node: worst tensor %.2g (%s), model %.2g\n", key,
+                d.tensors, d.worst, d.worst_name.c_str(), d.global);
+    EXPECT_GT(d.tensors, 1000);
+    EXPECT_LE(d.worst, 1e-6) << key << " " << d.worst_name;
+  }
+}
+
 TEST(DistCpu, IndivisibleGlobalBatchNamesTheNearestValidValues) {
   const std::string dir = test::temp_dir("dist_indivisible");
   auto ranks = run_ranks(2, train_args(dir, "run", 1, 5), dir, 300);

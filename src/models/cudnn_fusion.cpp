@@ -4,6 +4,7 @@
 #include "models/cudnn_fusion.hpp"
 
 #include "core/env.hpp"
+#include "core/log.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -303,6 +304,11 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const at::Tensor& x, const at:
   }
   auto g = operation_graph(handle, s);
   if (!g) return plan;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    log_info("cuDNN fusion: compiling fused convolution kernels for new shapes (up to ~0.5 s each, once per "
+             "machine: " + (dir.empty() ? std::string("the disk cache is off") : "kept in " + dir) + ")");
+  });
   const int64_t count = std::min(g->get_execution_plan_count(), candidates());
   std::unordered_map<int64_t, void*> ptrs = {
       {kX, x.data_ptr()}, {kW, w.data_ptr()}, {kB, bias.data_ptr()}, {kY, y.data_ptr()}};

@@ -10,6 +10,7 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/strings.hpp"
+#include "models/cudnn_fusion.hpp"
 #include "models/input.hpp"
 
 namespace libreyolo::models {
@@ -92,6 +93,31 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
   return *entries_.back();
 }
 
+namespace {
+
+// Says what the first run of a shape cost in cuDNN fused-convolution plans (models/cudnn_fusion.hpp),
+// when it built any: the first process on a machine compiles them (seconds), later ones read them.
+class FusionReport {
+ public:
+  explicit FusionReport(std::string name) : name_(std::move(name)), before_(cudnn_fusion_stats()) {}
+  ~FusionReport() {
+    const CudnnFusionStats now = cudnn_fusion_stats();
+    const int64_t loaded = now.loaded - before_.loaded, built = now.fused - before_.fused - loaded;
+    if (built > 0)
+      log_info(strfmt("cuDNN fusion for %s: %lld convolution plans compiled in %.1f s, %lld read from disk",
+                      name_.c_str(), static_cast<long long>(built), (now.build_ms - before_.build_ms) / 1000.0,
+                      static_cast<long long>(loaded)));
+  }
+  FusionReport(const FusionReport&) = delete;
+  FusionReport& operator=(const FusionReport&) = delete;
+
+ private:
+  std::string name_;
+  CudnnFusionStats before_;
+};
+
+}  // namespace
+
 torch::Tensor eager_forward(Detector& model, const Family& family, const torch::Tensor& images, const ForwardSpec& spec,
                             torch::Tensor* input, bool autocast_cache) {
   torch::InferenceMode guard;
@@ -166,7 +192,10 @@ torch::Tensor ForwardGraphs::forward(Detector& model, const Family& family, cons
     const int at = mode == GraphMode::On ? 1 : 3;
     if (e.seen >= at) {
       // One eager run first on a shape never run (cuDNN picks its algorithms outside the capture).
-      if (e.seen == 1) (void)eager(model, family, e, spec, false);
+      if (e.seen == 1) {
+        const FusionReport report(e.name);
+        (void)eager(model, family, e, spec, false);
+      }
       try_capture(model, family, e, spec);
     }
   }
@@ -210,7 +239,8 @@ void ForwardGraphs::capture(Detector& model, const Family& family, int64_t batch
   }
   {
     CudnnAutotuneScope autotune(kInferenceAutotuneCandidates);  // as forward() on a new shape
-    (void)eager(model, family, e, spec, false);                 // warm-up
+    const FusionReport report(e.name);
+    (void)eager(model, family, e, spec, false);  // warm-up
   }
   if (!try_capture(model, family, e, spec))
     throw RuntimeError("capture_graph: the capture failed for " + e.name + " (see the warning above)");
