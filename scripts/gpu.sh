@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph fold yolox dist bn pool folder; "bench" = all
+#   loader e2e loss image graph verdicts e2e_graph infer_graph fold fusion yolox dist bn pool folder; "bench" = all
 #   benchmarks.
 #   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
 #   and torchrun) and two torchrun "nodes" of one GPU each.
@@ -121,6 +121,24 @@ want fold && {
     --cuda-graph off,on --fold off,on --iters 100 --warmup 10
   run fold_kernels 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1 \
     --cuda-graph off --fold off,on --kernels --warmup 3
+}
+# cuDNN fused convolution + bias + SiLU for inference (issue 10): off, then on with a fresh plan
+# cache (plans compiled: first call cost), then on again (plans read from disk), twice; one process
+# each, graphed v9-t bf16 at batch 1 and 32; single-image predict off/on.
+want fusion && {
+  PLANS=$(mktemp -d /tmp/libreyolo-plans.XXXXXX)
+  for r in 1 2; do
+    for v in off built disk; do
+      f=1; [ $v = off ] && f=0
+      [ $v = built ] && rm -rf "$PLANS" && mkdir -p "$PLANS"
+      LIBREYOLO_CUDNN_FUSION=$f LIBREYOLO_CUDNN_PLAN_CACHE=$PLANS run fusion_${v}_$r 200 "$BIN/bench_forward" \
+        --device cuda --dtype bf16 --channels-last --sizes t --batches 1,32 --cuda-graph on --iters 200 --warmup 10
+    done
+  done
+  for v in 0 1; do
+    LIBREYOLO_CUDNN_FUSION=$v LIBREYOLO_CUDNN_PLAN_CACHE=$PLANS run fusion_predict_$v 200 "$BIN/bench_predict" \
+      --device cuda --iters 200 --warmup 20 --cuda-graph on --half
+  done
 }
 # YOLOX beside YOLOv9 (issue 14): step times eager and graphed.
 want yolox && for fam in yolox yolo9; do
