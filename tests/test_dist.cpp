@@ -61,6 +61,13 @@ std::vector<std::string> train_args(const std::string& project, const std::strin
           "project=" + project,         "name=" + name,           "warmup_epochs=0"};
 }
 
+// One epoch of one step at global batch 16 (the equivalence tests' run).
+std::vector<std::string> one_step_args(const std::string& project, const std::string& name) {
+  auto a = train_args(project, name, 1, 16);
+  a.push_back("lr0=0.002");
+  return a;
+}
+
 // Two ranks of a long run (500 epochs), started and past their first epoch (last.pt written);
 // "" when so, else what went wrong.
 std::string start_two_ranks_past_one_epoch(const std::string& dir, pid_t& p0, pid_t& p1) {
@@ -253,11 +260,7 @@ TEST(Dist, ShardedLoadersTogetherMakeTheGlobalBatch) {
 // of their size within 4 steps; a multi-step comparison would test that chaos, not the engine.
 TEST(DistCpu, TwoRanksTakeTheStepOfOneProcessWithTheGlobalBatch) {
   const std::string dir = test::temp_dir("dist_equal");
-  auto args = [&](const std::string& name) {
-    auto a = train_args(dir, name, 1, 16);
-    a.push_back("lr0=0.002");
-    return a;
-  };
+  const auto args = [&](const std::string& name) { return one_step_args(dir, name); };
   {
     const std::string err = dir + "/single.txt";
     const pid_t pid = launch(args("single"), {{"OMP_NUM_THREADS", "1"}}, err);
@@ -300,11 +303,7 @@ TEST(DistCpu, TwoRanksTakeTheStepOfOneProcessWithTheGlobalBatch) {
 // shards on the local rank. Rank 1 stays silent and makes no run directory of its own.
 TEST(DistCpu, TwoNodesOfOneRankEachTakeTheStepOfOneNodeOfTwo) {
   const std::string dir = test::temp_dir("dist_nodes");
-  auto args = [&](const std::string& name) {
-    auto a = train_args(dir, name, 1, 16);
-    a.push_back("lr0=0.002");
-    return a;
-  };
+  const auto args = [&](const std::string& name) { return one_step_args(dir, name); };
   auto one_node = run_ranks(2, args("node"), dir, 600);
   auto two_nodes = run_ranks(2, args("nodes"), dir, 600, {{"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "1"}});
   for (int r = 0; r < 2; ++r) {

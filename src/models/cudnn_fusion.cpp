@@ -69,8 +69,8 @@ namespace fe = cudnn_frontend;
 enum Uid : int64_t { kX = 1, kW = 2, kB = 3, kY = 4 };
 
 // Everything a plan depends on; pointers are bound at execution.
-using Key = std::tuple<int, int, std::vector<int64_t>, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t,
-                       bool>;  // device, dtype, x sizes, w sizes, w strides, stride, padding, act
+using Key = std::tuple<int, int, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t,
+                       bool>;  // device, dtype, x sizes, w sizes (both channels_last), stride, padding, act
 
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: declined; its candidate plan is the one executed
@@ -95,7 +95,7 @@ std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d) {  // d = [N, C
 
 struct Shapes {
   fe::DataType_t io;
-  std::vector<int64_t> x, w, w_strides, y;
+  std::vector<int64_t> x, w, y;  // all channels_last (w: [K, C, R, S] stored K, R, S, C)
   int64_t stride, padding;
   bool act;
 };
@@ -107,7 +107,7 @@ std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Sh
       fe::DataType_t::FLOAT);
   auto X = g->tensor(fe::graph::Tensor_attributes().set_name("x").set_uid(kX).set_dim(s.x).set_stride(
       nhwc_strides(s.x)));
-  auto W = g->tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim(s.w).set_stride(s.w_strides));
+  auto W = g->tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim(s.w).set_stride(nhwc_strides(s.w)));
   auto B = g->tensor(fe::graph::Tensor_attributes()
                          .set_name("bias")
                          .set_uid(kB)
@@ -215,8 +215,6 @@ std::string plan_key(const Shapes& s, int device) {
   for (auto v : s.x) k << ' ' << v;
   k << " w";
   for (auto v : s.w) k << ' ' << v;
-  k << " ws";
-  for (auto v : s.w_strides) k << ' ' << v;
   k << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " candidates " << candidates();
   return k.str();
 }
@@ -291,7 +289,7 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const at::Tensor& x, const at:
                             const at::Tensor& y, int64_t stride, int64_t padding, bool act) {
   auto plan = std::make_shared<Plan>();
   const Shapes s{x.scalar_type() == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
-                 x.sizes().vec(), w.sizes().vec(), w.strides().vec(), y.sizes().vec(), stride, padding, act};
+                 x.sizes().vec(), w.sizes().vec(), y.sizes().vec(), stride, padding, act};
   const std::string dir = plan_dir();
   const std::string key = dir.empty() ? "" : plan_key(s, x.device().index());
   const std::string path = dir.empty() ? "" : plan_path(dir, key);
@@ -376,7 +374,7 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = at::empty({x.size(0), w.size(0), oh, ow}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   Key key{x.device().index(), static_cast<int>(x.scalar_type()), x.sizes().vec(), wc.sizes().vec(),
-          wc.strides().vec(), stride, padding, act};
+          stride, padding, act};
   cudnnHandle_t handle = at::native::getCudnnHandle();
   if (fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(x.device().index()).stream()) !=
       CUDNN_STATUS_SUCCESS)
