@@ -185,7 +185,7 @@ nlohmann::json count_kernels(const std::function<void()>& fn) {
   std::vector<std::pair<std::string, std::pair<int64_t, double>>> top(by_name.begin(), by_name.end());
   std::sort(top.begin(), top.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
   nlohmann::json heaviest = nlohmann::json::array();
-  for (size_t i = 0; i < top.size() && i < 12; ++i)
+  for (size_t i = 0; i < top.size() && i < 25; ++i)
     heaviest.push_back({{"kernel", top[i].first}, {"count", top[i].second.first}, {"ms", top[i].second.second / 1000.0}});
   return {{"kernels_per_forward", kernels}, {"kernel_busy_ms", us / 1000.0}, {"heaviest", heaviest}};
 #else

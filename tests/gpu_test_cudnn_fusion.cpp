@@ -179,3 +179,49 @@ TEST(GpuCudnnFusion, PlansComeBackFromDiskAndCorruptFilesAreIgnored) {
   EXPECT_TRUE(torch::equal(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true), built));
   EXPECT_EQ(models::cudnn_fusion_stats().loaded, s1.loaded);
 }
+
+// Concatenations assembled in place (models/common/concat.hpp) rest on three things the fused
+// operation must do: read its input from a channel slice of a wider channels_last tensor, write
+// its result into one, and add a residual after the activation (each against float64, fp16 and
+// bf16); and it must write nothing outside its slice.
+TEST(GpuCudnnFusion, ChannelSlicesInAndOutAndResidual) {
+  LY_REQUIRE_FUSION();
+  torch::manual_seed(3);
+  const std::vector<std::pair<torch::ScalarType, double>> dtypes = {{torch::kHalf, 3e-3}, {torch::kBFloat16, 2e-2}};
+  for (const auto& [dt, tol] : dtypes) {
+    const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
+    const auto cl = at::MemoryFormat::ChannelsLast;
+    // The input: channels 32..63 of a 96-channel tensor; the output: channels 16..47 of 64.
+    auto wide_in = torch::randn({2, 96, 20, 24}, opts).contiguous(cl);
+    const auto x = wide_in.narrow(1, 32, 32);
+    auto w = (torch::randn({32, 32, 3, 3}, opts) * 0.1).contiguous(cl);
+    auto b32 = torch::randn({32}, torch::TensorOptions().device(torch::kCUDA));
+    auto wide_out = torch::full({2, 64, 20, 24}, 7.0, opts).contiguous(cl);
+    const auto out = wide_out.narrow(1, 16, 32);
+    const auto residual = torch::randn({2, 32, 20, 24}, opts).contiguous(cl);
+    const Case c{"3x3 32->32", 32, 32, 3, 1, true};
+    const auto ref = reference(x, w, b32, c) + residual.to(torch::kCPU, torch::kDouble);
+    torch::InferenceMode im;
+    const auto before = models::cudnn_fusion_stats();
+    const auto y = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual, out);
+    ASSERT_TRUE(y.defined()) << "a channel-slice input, a slice output and a residual must fuse ("
+                             << c10::toString(dt) << ")";
+    EXPECT_EQ(models::cudnn_fusion_stats().fused, before.fused + 1);
+    EXPECT_EQ(y.data_ptr(), out.data_ptr());
+    const double e = rel_err(y, ref);
+    std::cout << "[ REPORT   ] fusion slice in/out + residual " << c10::toString(dt) << ": rel err " << e << "\n";
+    EXPECT_LE(e, tol);
+    EXPECT_TRUE((wide_out.narrow(1, 0, 16) == 7.0).all().item<bool>()) << "written outside its slice";
+    EXPECT_TRUE((wide_out.narrow(1, 48, 16) == 7.0).all().item<bool>()) << "written outside its slice";
+    // The residual from a slice too, and a packed output: same values within rounding.
+    auto wide_r = torch::zeros({2, 64, 20, 24}, opts).contiguous(cl);
+    wide_r.narrow(1, 32, 32).copy_(residual);
+    const auto y2 = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, wide_r.narrow(1, 32, 32));
+    ASSERT_TRUE(y2.defined());
+    EXPECT_TRUE(y2.is_contiguous(cl));
+    EXPECT_LE(rel_err(y2, ref), tol);
+    // A residual of the wrong shape or dtype is declined, nothing written.
+    EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual.narrow(1, 0, 16)).defined());
+    EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual.to(torch::kFloat)).defined());
+  }
+}

@@ -10,6 +10,7 @@
 
 #include "fold_check.hpp"
 #include "io/pickle.hpp"
+#include "models/common/concat.hpp"
 #include "models/common/conv.hpp"
 #include "models/detector.hpp"
 #include "models/yolo9/blocks.hpp"
@@ -140,6 +141,78 @@ TEST(FoldBn, Yolo9tBf16AutocastNoWorseThanUnfolded) {
   EXPECT_GT(eu.first, 0.0);  // it really ran in bfloat16
   EXPECT_LE(ef.first, 2.0 * eu.first);
   EXPECT_LE(ef.second, 2.0 * eu.second + 1e-3);
+}
+
+// Concatenations assembled in place (models/common/concat.hpp) against torch::cat: the same
+// bits for YOLOv9-t, folded and unfolded, NCHW and channels_last, float32 and bfloat16 autocast
+// (on the CPU each part is copied into its slice, exactly what torch::cat does). Also: with
+// autograd recording the blocks keep torch::cat (no slice of a shared tensor in the graph).
+TEST(ConcatInPlace, Yolo9tEqualsTorchCatBitForBit) {
+  auto m = build("yolo9", "t", 21);
+  torch::manual_seed(6);
+  for (bool channels_last : {false, true})
+    for (bool bf16 : {false, true})
+      for (bool fold : {true, false}) {
+        auto x = torch::rand({2, 3, 96, 64});
+        if (channels_last) {
+          to_channels_last(*m);
+          x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+        }
+        auto once = [&](bool in_place) {
+          const bool was = common::concat_in_place();
+          common::set_concat_in_place(in_place);
+          if (bf16) {
+            at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+            at::autocast::set_autocast_enabled(at::kCPU, true);
+          }
+          Outputs o = run(*m, x, fold);
+          at::autocast::set_autocast_enabled(at::kCPU, false);
+          at::autocast::clear_cache();
+          common::set_concat_in_place(was);
+          return o;
+        };
+        const Outputs cat = once(false), in_place = once(true);
+        SCOPED_TRACE((channels_last ? "channels_last" : "NCHW") + std::string(bf16 ? " bf16" : " fp32") +
+                     (fold ? " folded" : " unfolded"));
+        for (size_t i = 0; i < cat.raw.size(); ++i) EXPECT_TRUE(torch::equal(in_place.raw[i], cat.raw[i])) << i;
+        EXPECT_TRUE(torch::equal(in_place.pred, cat.pred));
+        EXPECT_GT(in_place.pred.abs().sum().item<double>(), 0.0);
+      }
+  auto x = torch::rand({1, 3, 64, 64});
+  EXPECT_FALSE(common::ChannelConcat::applies(x));  // autograd records here
+  {
+    torch::NoGradGuard ng;
+    EXPECT_EQ(common::ChannelConcat::applies(x), common::concat_in_place());
+  }
+  // The switch: off means torch::cat even without autograd.
+  const bool was = common::concat_in_place();
+  common::set_concat_in_place(false);
+  {
+    torch::NoGradGuard ng;
+    EXPECT_FALSE(common::ChannelConcat::applies(x));
+  }
+  common::set_concat_in_place(was);
+}
+
+// The pieces: a ConvBnAct writing into a channel slice and adding a residual equals the block's
+// plain result plus the residual, copied there, and the slice is what it returns.
+TEST(ConcatInPlace, ConvOutputWritesSliceAndAddsResidual) {
+  torch::manual_seed(8);
+  common::ConvBnAct conv(8, 8, 3);
+  randomize_batch_norms(*conv, 3);
+  conv->eval();
+  torch::NoGradGuard ng;
+  const auto x = torch::rand({2, 8, 10, 12});
+  const auto r = torch::rand({2, 8, 10, 12});
+  auto whole = torch::zeros({2, 24, 10, 12});
+  const auto slice = whole.narrow(1, 8, 8);
+  const auto expect = conv->forward(x) + r;
+  const auto got = conv->forward(x, {&slice, &r});
+  EXPECT_TRUE(torch::equal(got, expect));
+  EXPECT_EQ(got.data_ptr(), slice.data_ptr());
+  EXPECT_TRUE(torch::equal(whole.narrow(1, 8, 8), expect));
+  EXPECT_EQ(whole.narrow(1, 0, 8).abs().sum().item<double>(), 0.0);  // nothing else written
+  EXPECT_EQ(whole.narrow(1, 16, 8).abs().sum().item<double>(), 0.0);
 }
 
 TEST(FoldBn, RepConvNIsOneConvolution) {

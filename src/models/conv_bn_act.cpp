@@ -458,6 +458,13 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
 
 }  // namespace
 
+torch::Tensor finish_output(torch::Tensor z, const ConvOutput& o) {
+  if (o.residual) z.add_(*o.residual);
+  if (!o.into) return z;
+  o.into->copy_(z);
+  return *o.into;
+}
+
 torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) {
   c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
   const at::Tensor& w = *p.weight;
@@ -467,7 +474,12 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
   kernels::DType dt = kernels::DType::Float32;
   if (xc.is_cuda() && kernels_flag().load() && kernel_dtype(xc.scalar_type(), &dt)) {
     // cuDNN's runtime fusion: the epilogue inside the convolution (fp16/bf16, NHWC, groups 1).
-    if (at::Tensor y = cudnn_conv_bias_act(xc, w, *p.bias32, p.stride, p.padding, p.act); y.defined()) return y;
+    static const at::Tensor none;
+    if (at::Tensor y = cudnn_conv_bias_act(xc, w, *p.bias32, p.stride, p.padding, p.act,
+                                           p.output.residual ? *p.output.residual : none,
+                                           p.output.into ? *p.output.into : none);
+        y.defined())
+      return y;
     at::Tensor z;
     if (gemm) {
       z = conv1x1_gemm(xc, w);
@@ -497,10 +509,10 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
       l.act = p.act;
       l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
       kernels::bias_act_inplace(l, z.data_ptr(), p.bias32->data_ptr<float>());
-      return z;
+      return finish_output(z, p.output);
     }
     z.add_(p.bias->view({1, -1, 1, 1}));
-    return p.act ? at::silu_(z) : z;
+    return finish_output(p.act ? at::silu_(z) : z, p.output);
   }
 #endif
   at::Tensor z;
@@ -512,7 +524,7 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
     z = at::convolution(xc, w, *p.bias, {p.stride, p.stride}, {p.padding, p.padding}, {1, 1}, false, {0, 0},
                         p.groups);
   }
-  return p.act ? at::silu_(z) : z;
+  return finish_output(p.act ? at::silu_(z) : z, p.output);
 }
 
 bool conv1x1_gemm_applies(const torch::Tensor& x) {

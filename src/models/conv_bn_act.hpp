@@ -38,6 +38,18 @@ struct ConvBnActParams {
   bool act = true;
 };
 
+// Where a block's result goes: `residual`, when set, is added to it after the activation;
+// `into`, when set, receives it (a view of the result's shape, typically a channel slice of a
+// concatenation assembled in place, models/common/concat.hpp) and is returned. Neither may overlap
+// the block's input. Inference only: with autograd recording use the returned tensor as usual.
+struct ConvOutput {
+  const torch::Tensor* into = nullptr;
+  const torch::Tensor* residual = nullptr;
+};
+// The composed form of a ConvOutput for a block's result z: the residual added to z in place,
+// then z copied into `into` (returned) when set.
+torch::Tensor finish_output(torch::Tensor z, const ConvOutput& o);
+
 // A 1x1, stride-1, single-group convolution over NHWC (channels_last) CUDA memory is one GEMM
 // [N*H*W, Cin] x [Cin, Cout] on views: same result, but cuBLAS costs the host a fraction of
 // cuDNN's per-call overhead, forward and backward. conv1x1_gemm_applies() says whether x allows it.
@@ -45,10 +57,12 @@ bool conv1x1_gemm_applies(const torch::Tensor& x);
 torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight);
 
 // The inference forward of a BatchNorm-folded block (models/common/fold.hpp): act(conv(x, weight)
-// + bias), nothing recorded for autograd, below autocast (x is cast to weight's dtype once).
-// On CUDA with this build's kernels: the convolution (one GEMM for a 1x1/stride-1 one over NHWC
-// memory, else cuDNN) then one bias+SiLU kernel in place; elsewhere ATen's convolution with its
-// bias (a 1x1 one over NHWC CUDA memory as addmm), then SiLU in place.
+// + bias) [+ residual], nothing recorded for autograd, below autocast (x is cast to weight's dtype
+// once). On CUDA with this build's kernels: for float16/bfloat16 channels-last groups-1 blocks one
+// cuDNN fused operation (models/cudnn_fusion.hpp), otherwise the convolution (one GEMM for a
+// 1x1/stride-1 one over NHWC memory, else cuDNN) then one bias+SiLU kernel in place; elsewhere
+// ATen's convolution with its bias (a 1x1 one over NHWC CUDA memory as addmm), then SiLU in place.
+// The residual is added after the activation (inside the fused operation, else in place).
 struct ConvBiasActParams {
   const torch::Tensor* weight = nullptr;  // folded, in the compute dtype
   const torch::Tensor* bias = nullptr;    // [Cout], the compute dtype
@@ -58,6 +72,7 @@ struct ConvBiasActParams {
   int64_t groups = 1;
   bool pointwise = false;  // 1x1, stride 1, groups 1
   bool act = true;
+  ConvOutput output;       // where the result goes, what is added to it
 };
 torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p);
 

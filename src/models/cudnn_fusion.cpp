@@ -1,6 +1,7 @@
-// See cudnn_fusion.hpp. One cudnn_frontend graph per configuration (shapes, dtype, stride,
-// padding, activation, device): conv_fprop -> add bias -> SWISH_FWD (beta 1: x * sigmoid(x)),
-// float32 accumulation and epilogue, one rounding to the output dtype.
+// See cudnn_fusion.hpp. One cudnn_frontend graph per configuration (shapes, pixel strides, dtype,
+// stride, padding, activation, residual, device): conv_fprop -> add bias -> SWISH_FWD (beta 1:
+// x * sigmoid(x)) -> add residual, float32 accumulation and epilogue, one rounding to the output
+// dtype.
 #include "models/cudnn_fusion.hpp"
 
 #include "core/env.hpp"
@@ -17,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <array>
 #include <tuple>
 #include <vector>
 
@@ -54,7 +56,7 @@ bool cudnn_fusion_enabled() {
 #ifndef LIBREYOLO_CUDNN_FUSION
 
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t, int64_t,
-                                  bool) {
+                                  bool, const torch::Tensor&, const torch::Tensor&) {
   return {};
 }
 CudnnFusionStats cudnn_fusion_stats() { return {}; }
@@ -66,11 +68,12 @@ namespace {
 
 namespace fe = cudnn_frontend;
 
-enum Uid : int64_t { kX = 1, kW = 2, kB = 3, kY = 4 };
+enum Uid : int64_t { kX = 1, kW = 2, kB = 3, kY = 4, kR = 5 };
 
-// Everything a plan depends on; pointers are bound at execution.
-using Key = std::tuple<int, int, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t,
-                       bool>;  // device, dtype, x sizes, w sizes (both channels_last), stride, padding, act
+// Everything a plan depends on; pointers are bound at execution. Pixel strides: the elements
+// between one pixel's channels and the next pixel's in x, y and the residual (0: none).
+using Key = std::tuple<int, int, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, bool,
+                       std::array<int64_t, 3>>;  // device, dtype, x sizes, w sizes, stride, padding, act, pixel strides
 
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: declined; its candidate plan is the one executed
@@ -89,15 +92,31 @@ Cache& cache() {
   return c;
 }
 
-std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d) {  // d = [N, C, H, W]
-  return {d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]};
+// Strides of [N, C, H, W] stored channels-last with `pixel` elements from one pixel to the next
+// (C for a packed tensor, more for a channel slice of a wider one).
+std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d, int64_t pixel = 0) {
+  if (pixel == 0) pixel = d[1];
+  return {pixel * d[2] * d[3], 1, d[3] * pixel, pixel};
+}
+
+// t's pixel stride when t is channels-last with packed pixels (a channels_last tensor, or a slice
+// of its channels), else 0.
+int64_t pixel_stride(const at::Tensor& t) {
+  if (t.dim() != 4) return 0;
+  if (t.is_contiguous(at::MemoryFormat::ChannelsLast)) return t.size(1);
+  const auto d = t.sizes();
+  const auto s = t.strides();
+  const int64_t pixel = s[3];
+  if (s[1] != 1 || pixel < d[1] || s[2] != d[3] * pixel || (d[0] > 1 && s[0] != d[2] * s[2])) return 0;
+  return pixel;
 }
 
 struct Shapes {
   fe::DataType_t io;
-  std::vector<int64_t> x, w, y;  // all channels_last (w: [K, C, R, S] stored K, R, S, C)
+  std::vector<int64_t> x, w, y;  // all channels-last (w: [K, C, R, S] stored K, R, S, C)
   int64_t stride, padding;
   bool act;
+  std::array<int64_t, 3> pixel;  // x, y, residual (0: none)
 };
 
 // The operation graph with its heuristics' candidate list (mode A), or null when cuDNN has none.
@@ -106,7 +125,7 @@ std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Sh
   g->set_io_data_type(s.io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
       fe::DataType_t::FLOAT);
   auto X = g->tensor(fe::graph::Tensor_attributes().set_name("x").set_uid(kX).set_dim(s.x).set_stride(
-      nhwc_strides(s.x)));
+      nhwc_strides(s.x, s.pixel[0])));
   auto W = g->tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim(s.w).set_stride(nhwc_strides(s.w)));
   auto B = g->tensor(fe::graph::Tensor_attributes()
                          .set_name("bias")
@@ -122,7 +141,12 @@ std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Sh
   auto Y = g->pointwise(conv, B, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD));
   if (s.act)
     Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.f));
-  Y->set_output(true).set_uid(kY).set_dim(s.y).set_stride(nhwc_strides(s.y)).set_data_type(s.io);
+  if (s.pixel[2] > 0) {
+    auto R = g->tensor(fe::graph::Tensor_attributes().set_name("residual").set_uid(kR).set_dim(s.y).set_stride(
+        nhwc_strides(s.y, s.pixel[2])));
+    Y = g->pointwise(Y, R, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD));
+  }
+  Y->set_output(true).set_uid(kY).set_dim(s.y).set_stride(nhwc_strides(s.y, s.pixel[1])).set_data_type(s.io);
   if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
       !g->create_execution_plans({fe::HeurMode_t::A}).is_good() || !g->check_support(handle).is_good())
     return nullptr;
@@ -215,7 +239,8 @@ std::string plan_key(const Shapes& s, int device) {
   for (auto v : s.x) k << ' ' << v;
   k << " w";
   for (auto v : s.w) k << ' ' << v;
-  k << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " candidates " << candidates();
+  k << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " pixel " << s.pixel[0] << ' '
+    << s.pixel[1] << ' ' << s.pixel[2] << " candidates " << candidates();
   return k.str();
 }
 
@@ -285,11 +310,9 @@ std::shared_ptr<fe::graph::Graph> load_plan(cudnnHandle_t handle, const std::str
 // Builds the graph and picks a plan; a Plan with no graph when cuDNN declines. Runtime-compiled
 // engines compile while they build (~0.1 s each): with several candidates each is built on its own
 // thread, in its own copy of the graph with its own cuDNN handle, then timed here one by one.
-std::shared_ptr<Plan> build(cudnnHandle_t handle, const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias,
-                            const at::Tensor& y, int64_t stride, int64_t padding, bool act) {
+std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordered_map<int64_t, void*>& ptrs,
+                            const at::Tensor& x) {
   auto plan = std::make_shared<Plan>();
-  const Shapes s{x.scalar_type() == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
-                 x.sizes().vec(), w.sizes().vec(), y.sizes().vec(), stride, padding, act};
   const std::string dir = plan_dir();
   const std::string key = dir.empty() ? "" : plan_key(s, x.device().index());
   const std::string path = dir.empty() ? "" : plan_path(dir, key);
@@ -308,8 +331,6 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const at::Tensor& x, const at:
              "machine: " + (dir.empty() ? std::string("the disk cache is off") : "kept in " + dir) + ")");
   });
   const int64_t count = std::min(g->get_execution_plan_count(), candidates());
-  std::unordered_map<int64_t, void*> ptrs = {
-      {kX, x.data_ptr()}, {kW, w.data_ptr()}, {kB, bias.data_ptr()}, {kY, y.data_ptr()}};
   std::shared_ptr<fe::graph::Graph> best_graph;
   int64_t best = -1;
   if (count <= 1) {  // the heuristics' first plan that builds
@@ -359,26 +380,46 @@ void cudnn_fusion_forget_plans() {
 }
 
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
-                                  int64_t stride, int64_t padding, bool act) {
+                                  int64_t stride, int64_t padding, bool act, const torch::Tensor& residual,
+                                  const torch::Tensor& out) {
   if (!cudnn_fusion_enabled() || !x.is_cuda() || x.dim() != 4 || w.dim() != 4) return {};
-  if ((x.scalar_type() != at::kHalf && x.scalar_type() != at::kBFloat16) || w.scalar_type() != x.scalar_type() ||
-      bias32.scalar_type() != at::kFloat || !bias32.is_contiguous() || bias32.numel() != w.size(0))
+  const auto io = x.scalar_type();
+  if ((io != at::kHalf && io != at::kBFloat16) || w.scalar_type() != io || bias32.scalar_type() != at::kFloat ||
+      !bias32.is_contiguous() || bias32.numel() != w.size(0) || w.size(1) != x.size(1))  // groups 1 only
     return {};
-  if (!x.is_contiguous(at::MemoryFormat::ChannelsLast) || w.size(1) != x.size(1)) return {};  // groups 1 only
   const int64_t oh = (x.size(2) + 2 * padding - w.size(2)) / stride + 1;
   const int64_t ow = (x.size(3) + 2 * padding - w.size(3)) / stride + 1;
   if (oh <= 0 || ow <= 0 || x.size(0) == 0) return {};
-  const auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
-  if (!aligned(x) || !aligned(w) || !aligned(bias32)) return {};  // plans assume 16-byte aligned operands
+  const std::vector<int64_t> ysize = {x.size(0), w.size(0), oh, ow};
+  for (const at::Tensor* t : {&residual, &out})
+    if (t->defined() && (t->sizes() != at::IntArrayRef(ysize) || t->scalar_type() != io || t->device() != x.device()))
+      return {};
+  // Every operand 16-byte aligned, and in a channel slice each pixel's channels too (plans are
+  // built for aligned vector loads and stores).
+  const auto aligned = [&](const at::Tensor& t, int64_t pixel) {  // pixel 0: a plain vector
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+           (pixel == 0 || pixel == t.size(1) || (pixel * t.element_size()) % 16 == 0);
+  };
+  const int64_t xp = pixel_stride(x);
+  const int64_t rp = residual.defined() ? pixel_stride(residual) : 0;
+  if (xp == 0 || !aligned(x, xp) || !aligned(bias32, 0) || (residual.defined() && (rp == 0 || !aligned(residual, rp))))
+    return {};
   const at::Tensor wc = w.is_contiguous(at::MemoryFormat::ChannelsLast) ? w : w.contiguous(at::MemoryFormat::ChannelsLast);
+  if (!aligned(wc, wc.size(1))) return {};
   c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor y = at::empty({x.size(0), w.size(0), oh, ow}, x.options().memory_format(at::MemoryFormat::ChannelsLast));
-  Key key{x.device().index(), static_cast<int>(x.scalar_type()), x.sizes().vec(), wc.sizes().vec(),
-          stride, padding, act};
+  at::Tensor y = out.defined() ? out : at::empty(ysize, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const int64_t yp = pixel_stride(y);
+  if (yp == 0 || !aligned(y, yp)) return {};
+  const Shapes shapes{io == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
+                      x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
+  Key key{x.device().index(), static_cast<int>(io), shapes.x, shapes.w, stride, padding, act, shapes.pixel};
   cudnnHandle_t handle = at::native::getCudnnHandle();
   if (fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(x.device().index()).stream()) !=
       CUDNN_STATUS_SUCCESS)
     return {};
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kX, x.data_ptr()}, {kW, wc.data_ptr()}, {kB, bias32.data_ptr()}, {kY, y.data_ptr()}};
+  if (residual.defined()) ptrs[kR] = residual.data_ptr();
   std::shared_ptr<Plan> plan;
   {
     Cache& c = cache();
@@ -393,7 +434,7 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
           capturing != cudaStreamCaptureStatusNone)
         return {};
       const auto t0 = std::chrono::steady_clock::now();
-      auto built = build(handle, x, wc, bias32, y, stride, padding, act);
+      auto built = build(handle, shapes, ptrs, x);
       c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       ++(built->graph ? c.stats.fused : c.stats.declined);
       if (built->from_disk) ++c.stats.loaded;
@@ -403,8 +444,6 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
   }
   if (!plan->graph) return {};
   at::Tensor space = at::empty({std::max<int64_t>(plan->workspace, 1)}, x.options().dtype(at::kByte));
-  std::unordered_map<int64_t, void*> ptrs = {
-      {kX, x.data_ptr()}, {kW, wc.data_ptr()}, {kB, bias32.data_ptr()}, {kY, y.data_ptr()}};
   // A failed launch leaves y unwritten: decline, the caller computes it its own way.
   return plan->graph->execute(handle, ptrs, space.data_ptr()).is_good() ? y : at::Tensor();
 }

@@ -26,7 +26,7 @@ void ConvBnActImpl::train(bool on) {
   torch::nn::Module::train(on);
 }
 
-torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x) {
+torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
   if (!bn->is_training() && takes_fold(x)) {
     const auto& f = fold_.get({fold_source()}, fold_compute_dtype(x), fold_memory_format(x, conv->weight));
     ConvBiasActParams p;
@@ -38,9 +38,10 @@ torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x) {
     p.groups = groups_;
     p.pointwise = pointwise_;
     p.act = act_;
+    p.output = o;
     return conv_bias_act(x, p);
   }
-  return forward_unfolded(x);
+  return finish_output(forward_unfolded(x), o);
 }
 
 torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/common/fold.hpp"
+#include "models/conv_bn_act.hpp"
 
 namespace libreyolo::models::common {
 
@@ -20,7 +21,11 @@ class ConvBnActImpl : public torch::nn::Module, public Foldable {
  public:
   ConvBnActImpl(int64_t c1, int64_t c2, int64_t k = 1, int64_t s = 1, int64_t groups = 1, bool act = true,
                 double eps = 1e-3, double momentum = 0.03);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x) { return forward(x, {}); }
+  // With the result written into o.into and/or o.residual added after the activation
+  // (models/conv_bn_act.hpp ConvOutput): inside the folded block's fused operation where it can,
+  // else as an in-place add and a copy.
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o);
   // The unfolded forward (convolution, BatchNorm, SiLU), whatever the fold switch says.
   torch::Tensor forward_unfolded(const torch::Tensor& x);
   void train(bool on = true) override;  // marks the folds stale

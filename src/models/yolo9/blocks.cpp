@@ -1,5 +1,6 @@
 #include "models/yolo9/blocks.hpp"
 
+#include "models/common/concat.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/pool2.hpp"
 
@@ -31,8 +32,8 @@ RepNBottleneckImpl::RepNBottleneckImpl(int64_t c) {
   cv2 = register_module("cv2", Conv(c, c, 3));
 }
 
-torch::Tensor RepNBottleneckImpl::forward(const torch::Tensor& x) {
-  return cv2->forward(cv1->forward(x)).add_(x);
+torch::Tensor RepNBottleneckImpl::forward(const torch::Tensor& x, const torch::Tensor* into) {
+  return cv2->forward(cv1->forward(x), {into, &x});
 }
 
 RepNCSPImpl::RepNCSPImpl(int64_t c1, int64_t c2, int64_t n) {
@@ -48,10 +49,24 @@ RepNCSPImpl::RepNCSPImpl(int64_t c1, int64_t c2, int64_t n) {
   register_module("m", list);
 }
 
-torch::Tensor RepNCSPImpl::forward(const torch::Tensor& x) {
-  auto a = cv1->forward(x);
-  for (auto& b : m) a = b->forward(a);
-  return cv3->forward(torch::cat({a, cv2->forward(x)}, 1));
+torch::Tensor RepNCSPImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
+  if (!common::ChannelConcat::applies(x)) {
+    auto a = cv1->forward(x);
+    for (auto& b : m) a = b->forward(a);
+    return cv3->forward(torch::cat({a, cv2->forward(x)}, 1), o);
+  }
+  // The last producer of each half writes it into the concatenation.
+  const int64_t c_ = cv1->conv->weight.size(0);
+  const common::ChannelConcat cat(x, *cv1, {c_, c_});
+  if (m.empty()) {
+    cv1->forward(x, {cat.part(0)});
+  } else {
+    auto a = cv1->forward(x);
+    for (size_t i = 0; i + 1 < m.size(); ++i) a = m[i]->forward(a);
+    m.back()->forward(a, cat.part(0));
+  }
+  cv2->forward(x, {cat.part(1)});
+  return cv3->forward(cat.whole(), o);
 }
 
 CSPStageImpl::CSPStageImpl(int64_t c1, int64_t c2, int64_t n) {
@@ -59,9 +74,32 @@ CSPStageImpl::CSPStageImpl(int64_t c1, int64_t c2, int64_t n) {
   conv = register_module("1", Conv(c2, c2, 3));
 }
 
-torch::Tensor CSPStageImpl::forward(const torch::Tensor& x) {
-  return conv->forward(csp->forward(x));
+torch::Tensor CSPStageImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
+  return conv->forward(csp->forward(x), o);
 }
+
+namespace {
+
+// cv4(cat[y, p, q]) with y = cv1(x), p = cv2(second half of y's channels), q = cv3(p): ELAN and
+// RepNCSPELAN. cat[a, b, p, q] with [a, b] = chunk(y) is cat[y, p, q]: y is reused, not split and
+// re-concatenated. Assembled in place (common/concat.hpp) when no autograd graph is recorded.
+template <class Mid>
+torch::Tensor elan_forward(const torch::Tensor& x, Conv& cv1, Mid& cv2, Mid& cv3, Conv& cv4, int64_t c3) {
+  const int64_t c2 = cv1->conv->weight.size(0), half = (c2 + 1) / 2;
+  if (!common::ChannelConcat::applies(x)) {
+    auto y = cv1->forward(x);
+    auto p = cv2->forward(y.narrow(1, half, c2 - half));
+    auto q = cv3->forward(p);
+    return cv4->forward(torch::cat({y, p, q}, 1));
+  }
+  const common::ChannelConcat cat(x, *cv1, {c2, c3, c3});
+  const auto y = cv1->forward(x, {cat.part(0)});
+  const auto p = cv2->forward(y.narrow(1, half, c2 - half), {cat.part(1)});
+  cv3->forward(p, {cat.part(2)});
+  return cv4->forward(cat.whole());
+}
+
+}  // namespace
 
 ELANImpl::ELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4) {
   cv1 = register_module("cv1", Conv(c1, c2, 1));
@@ -70,13 +108,8 @@ ELANImpl::ELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4) {
   cv4 = register_module("cv4", Conv(c2 + 2 * c3, c4, 1));
 }
 
-// cat[a, b, p, q] with [a, b] = chunk(y) is cat[y, p, q]: y is reused, not re-concatenated.
 torch::Tensor ELANImpl::forward(const torch::Tensor& x) {
-  auto y = cv1->forward(x);
-  const int64_t half = (y.size(1) + 1) / 2;
-  auto p = cv2->forward(y.narrow(1, half, y.size(1) - half));
-  auto q = cv3->forward(p);
-  return cv4->forward(torch::cat({y, p, q}, 1));
+  return elan_forward(x, cv1, cv2, cv3, cv4, cv2->conv->weight.size(0));
 }
 
 RepNCSPELANImpl::RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4, int64_t n) {
@@ -87,11 +120,7 @@ RepNCSPELANImpl::RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4,
 }
 
 torch::Tensor RepNCSPELANImpl::forward(const torch::Tensor& x) {
-  auto y = cv1->forward(x);
-  const int64_t half = (y.size(1) + 1) / 2;
-  auto p = cv2->forward(y.narrow(1, half, y.size(1) - half));
-  auto q = cv3->forward(p);
-  return cv4->forward(torch::cat({y, p, q}, 1));
+  return elan_forward(x, cv1, cv2, cv3, cv4, cv2->conv->conv->weight.size(0));
 }
 
 AConvImpl::AConvImpl(int64_t c1, int64_t c2) {

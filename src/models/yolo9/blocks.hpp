@@ -34,22 +34,23 @@ class RepConvNImpl : public torch::nn::Module, public common::Foldable {
 };
 TORCH_MODULE(RepConvN);
 
-// x + cv2(cv1(x)), always residual (used with equal in/out widths only).
+// x + cv2(cv1(x)), always residual (used with equal in/out widths only); the residual is
+// cv2's epilogue, the result written into `into` when given (common/concat.hpp).
 class RepNBottleneckImpl : public torch::nn::Module {
  public:
   explicit RepNBottleneckImpl(int64_t c);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor* into = nullptr);
 
   RepConvN cv1{nullptr};
   Conv cv2{nullptr};
 };
 TORCH_MODULE(RepNBottleneck);
 
-// cv3(cat[m(cv1(x)), cv2(x)]) with n bottlenecks of width c2/2.
+// cv3(cat[m(cv1(x)), cv2(x)]) with n bottlenecks of width c2/2; o: cv3's ConvOutput.
 class RepNCSPImpl : public torch::nn::Module {
  public:
   RepNCSPImpl(int64_t c1, int64_t c2, int64_t n);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});
 
   Conv cv1{nullptr}, cv2{nullptr}, cv3{nullptr};
   std::vector<RepNBottleneck> m;  // registered as the ModuleList "m"
@@ -60,7 +61,7 @@ TORCH_MODULE(RepNCSP);
 class CSPStageImpl : public torch::nn::Module {
  public:
   CSPStageImpl(int64_t c1, int64_t c2, int64_t n);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});  // o: conv's
 
   RepNCSP csp{nullptr};
   Conv conv{nullptr};
