@@ -34,4 +34,12 @@ AnchorPoints make_anchor_points(const std::vector<std::array<int64_t, 2>>& level
 // float64); differentiable in the logits.
 torch::Tensor dfl_boxes(const torch::Tensor& box_logits, const AnchorPoints& anchors);
 
+// The whole inference decode of DFL level maps raw[l] [B, 4R + nc, H_l, W_l] (stride strides[l])
+// into predictions [B, 4 + nc, A] float32: xyxy from dfl_boxes, then the class sigmoids. One CUDA
+// kernel (kernels/dfl_decode.hpp) when the maps are channels_last float32/float16/bfloat16 CUDA
+// tensors, R is 16, nothing records autograd and LIBREYOLO_DECODE_KERNEL is not 0; otherwise an
+// undefined tensor (the caller decodes with ATen ops).
+torch::Tensor dfl_decode_kernel(const std::vector<torch::Tensor>& raw, const std::vector<int64_t>& strides,
+                                int64_t reg_max, int64_t classes);
+
 }  // namespace libreyolo::ops

@@ -23,13 +23,16 @@ bool ChannelConcat::applies(const torch::Tensor& x) {
 }
 
 ChannelConcat::ChannelConcat(const torch::Tensor& x, const ConvBnActImpl& producer,
+                             const std::vector<int64_t>& channels)
+    : ChannelConcat(x.size(0), x.size(2), x.size(3),
+                    x.options().dtype(fold_compute_dtype(x)).memory_format(fold_memory_format(x, producer.conv->weight)),
+                    channels) {}
+
+ChannelConcat::ChannelConcat(int64_t n, int64_t h, int64_t w, const torch::TensorOptions& options,
                              const std::vector<int64_t>& channels) {
   int64_t total = 0;
   for (int64_t c : channels) total += c;
-  whole_ = torch::empty({x.size(0), total, x.size(2), x.size(3)},
-                        x.options()
-                            .dtype(fold_compute_dtype(x))
-                            .memory_format(fold_memory_format(x, producer.conv->weight)));
+  whole_ = torch::empty({n, total, h, w}, options);
   int64_t offset = 0;
   for (int64_t c : channels) {
     parts_.push_back(whole_.narrow(1, offset, c));

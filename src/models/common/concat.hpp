@@ -27,6 +27,9 @@ class ChannelConcat {
   // [N, sum(channels), H, W] with x's batch and spatial size (the blocks' concatenations keep it),
   // in the dtype and memory format `producer` gives its result for input x.
   ChannelConcat(const torch::Tensor& x, const ConvBnActImpl& producer, const std::vector<int64_t>& channels);
+  // [n, sum(channels), h, w] with `options` (dtype, device, memory format).
+  ChannelConcat(int64_t n, int64_t h, int64_t w, const torch::TensorOptions& options,
+                const std::vector<int64_t>& channels);
   // Part i's slice, to pass as ConvOutput::into; whole(): the concatenation.
   const torch::Tensor* part(size_t i) const { return &parts_.at(i); }
   const torch::Tensor& whole() const { return whole_; }

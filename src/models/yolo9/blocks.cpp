@@ -1,6 +1,7 @@
 #include "models/yolo9/blocks.hpp"
 
 #include "models/common/concat.hpp"
+#include "models/common/slice_ops.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/pool2.hpp"
 
@@ -150,6 +151,13 @@ SPPELANImpl::SPPELANImpl(int64_t c1, int64_t c2, int64_t c3) {
 }
 
 torch::Tensor SPPELANImpl::forward(const torch::Tensor& x) {
+  if (common::ChannelConcat::applies(x)) {  // cv1 and the three pools write their slices
+    const int64_t c = cv1->conv->weight.size(0);
+    const common::ChannelConcat cat(x, *cv1, {c, c, c, c});
+    const auto y0 = cv1->forward(x, {cat.part(0)});
+    common::spp_max_pools_into(y0, *cat.part(1), *cat.part(2), *cat.part(3));
+    return cv5->forward(cat.whole());
+  }
   auto y0 = cv1->forward(x);
   auto y1 = torch::max_pool2d(y0, {5, 5}, {1, 1}, {2, 2});
   auto y2 = torch::max_pool2d(y1, {5, 5}, {1, 1}, {2, 2});

@@ -2,6 +2,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include "models/common/concat.hpp"
+#include "models/common/slice_ops.hpp"
 #include "models/conv_bn_act.hpp"
 
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -42,6 +44,20 @@ RepNCSPELAN make_elan(int64_t c_in, int64_t out, int64_t part, int64_t n) {
 
 torch::Tensor upsample2x(const torch::Tensor& x) {
   return torch::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2}, 2.0, 2.0);
+}
+
+// cat[upsample2x(a), b]: the top-down path's concatenations. Without autograd assembled in place
+// (common/concat.hpp): a upsampled by one strided copy into the first slice in its own dtype
+// (autocast would upsample in float32 and the concatenation would follow), b copied after it.
+torch::Tensor upsample_cat(const torch::Tensor& a, const torch::Tensor& b) {
+  if (!common::ChannelConcat::applies(b) || a.dim() != 4 || b.size(2) != 2 * a.size(2) || b.size(3) != 2 * a.size(3))
+    return torch::cat({upsample2x(a), b}, 1);
+  const common::ChannelConcat cat(b.size(0), b.size(2), b.size(3),
+                                  b.options().dtype(at::result_type(a, b)).memory_format(b.suggest_memory_format()),
+                                  {a.size(1), b.size(1)});
+  common::upsample2x_into(a, *cat.part(0));
+  cat.part(1)->copy_(b);
+  return cat.whole();
 }
 
 }  // namespace
@@ -110,8 +126,8 @@ NeckImpl::NeckImpl(const SizeConfig& cfg) {
 }
 
 std::array<torch::Tensor, 3> NeckImpl::forward(const std::array<torch::Tensor, 3>& p) {
-  auto n4 = elan_up1_->forward(torch::cat({upsample2x(p[2]), p[1]}, 1));
-  auto o3 = elan_up2_->forward(torch::cat({upsample2x(n4), p[0]}, 1));
+  auto n4 = elan_up1_->forward(upsample_cat(p[2], p[1]));
+  auto o3 = elan_up2_->forward(upsample_cat(n4, p[0]));
   auto o4 = elan_down1_->forward(torch::cat({down1_(o3), n4}, 1));
   auto o5 = elan_down2_->forward(torch::cat({down2_(o4), p[2]}, 1));
   return {o3, o4, o5};
@@ -253,6 +269,9 @@ torch::Tensor Yolo9Model::decode(const std::vector<torch::Tensor>& raw) {
   }
   // Boxes are computed in float32 even under autocast: bf16 cannot resolve pixel coordinates.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  if (auto y = ops::dfl_decode_kernel(raw, {HeadImpl::kStrides.begin(), HeadImpl::kStrides.end()}, kRegMax, nc);
+      y.defined())
+    return y;
   const auto dtype = raw[0].scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
   const int64_t batch = raw[0].size(0);
   std::vector<torch::Tensor> flat;
