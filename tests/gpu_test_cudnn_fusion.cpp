@@ -6,7 +6,9 @@
 // corrupted cache file is ignored. Each test keeps its plan cache in a fresh directory. Errors are
 // printed so they are on record.
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 
+#include "models/common/conv.hpp"
 #include "models/conv_bn_act.hpp"
 #include "models/cudnn_fusion.hpp"
 #include "support.hpp"
@@ -223,5 +225,52 @@ TEST(GpuCudnnFusion, ChannelSlicesInAndOutAndResidual) {
     // A residual of the wrong shape or dtype is declined, nothing written.
     EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual.narrow(1, 0, 16)).defined());
     EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual.to(torch::kFloat)).defined());
+  }
+}
+
+// A grouped folded block (YOLOv9's box tower: 4 groups) takes the fused operation through its
+// dense block-diagonal weight: against the float64 reference of the grouped Conv + BN + SiLU.
+TEST(GpuCudnnFusion, GroupedBlockFusesThroughItsDenseWeight) {
+  LY_REQUIRE_FUSION();
+  torch::manual_seed(4);
+  models::common::ConvBnAct block(64, 64, 3, 1, 4);
+  {
+    torch::NoGradGuard ng;
+    auto& bn = *block->bn;
+    bn.running_mean.normal_(0, 0.5);
+    bn.running_var.uniform_(0.5, 2.0);
+    bn.weight.uniform_(0.5, 1.5);
+    bn.bias.normal_(0, 0.3);
+  }
+  block->eval();
+  auto ref_x = torch::randn({2, 64, 20, 24}, torch::kDouble);
+  torch::Tensor ref;
+  {
+    torch::NoGradGuard ng;
+    auto cpu = block->forward_unfolded(ref_x.to(torch::kFloat)).to(torch::kDouble);  // grouped, float32
+    ref = cpu;
+  }
+  block->to(torch::kCUDA);
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : block->parameters())
+      if (p.dim() == 4) p.set_data(p.contiguous(at::MemoryFormat::ChannelsLast));
+  }
+  const auto x = ref_x.to(torch::kCUDA, torch::kFloat).contiguous(at::MemoryFormat::ChannelsLast);
+  for (const auto& [dt, tol] : std::vector<std::pair<torch::ScalarType, double>>{{torch::kHalf, 3e-3}, {torch::kBFloat16, 2e-2}}) {
+    torch::InferenceMode im;
+    at::autocast::set_autocast_dtype(at::kCUDA, dt);
+    at::autocast::set_autocast_enabled(at::kCUDA, true);
+    const auto before = models::cudnn_fusion_stats();
+    const auto y = block->forward(x);
+    const auto after = models::cudnn_fusion_stats();
+    at::autocast::set_autocast_enabled(at::kCUDA, false);
+    at::autocast::clear_cache();
+    EXPECT_EQ(y.scalar_type(), dt);
+    EXPECT_EQ(after.fused, before.fused + 1) << c10::toString(dt);
+    EXPECT_EQ(after.declined, before.declined) << c10::toString(dt);
+    const double e = rel_err(y, ref);
+    std::cout << "[ REPORT   ] grouped (4) 3x3 block through its dense weight " << c10::toString(dt) << ": rel err " << e << "\n";
+    EXPECT_LE(e, tol);
   }
 }

@@ -15,6 +15,7 @@
 #include "models/common/fold.hpp"
 #include "models/cudnn_fusion.hpp"
 #include "models/forward_graphs.hpp"
+#include "models/input.hpp"
 #include "models/loaded_model.hpp"
 #include "support.hpp"
 
@@ -239,4 +240,82 @@ TEST(GpuPredict, FolderAtBatchFourEqualsBatchOneAndRepeatedCallsDoNotRefold) {
   const uint64_t folds = models::common::fold_computations();
   for (int i = 0; i < 3; ++i) model.predict((dir / "img0.jpg").string(), common);
   EXPECT_EQ(models::common::fold_computations(), folds);
+}
+
+// predict() on CUDA decodes JPEGs with nvJPEG on the device when it saves no pictures, with
+// libjpeg-turbo on the host when it does (drawing needs the host pixels): the same images (one of
+// them not at the model's size: resized), the same detections up to the two decoders' pixel
+// differences; the unreadable file skipped by both.
+TEST(GpuPredict, DeviceJpegDecodeMatchesHostDecode) {
+  LY_REQUIRE_CUDA();
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(test::temp_dir("gpu_predict_nvjpeg")) / "imgs";
+  fs::create_directories(dir);
+  for (int i = 0; i < 3; ++i)
+    io::save_image((dir / ("img" + std::to_string(i) + ".jpg")).string(),
+                   io::make_sample_image(480 - 100 * i, 640).roll({i * 41}, {1}).contiguous(), 90);
+  std::ofstream(dir / "img1b.jpg") << "not an image";
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cuda:0");
+  const Kwargs device_decode = {{"imgsz", "640"}, {"conf", "0.000001"}, {"batch", "4"}};
+  Kwargs host_decode = device_decode;
+  host_decode.push_back({"save", "true"});
+  host_decode.push_back({"project", test::temp_dir("gpu_predict_nvjpeg_runs")});
+  const auto dev = model.predict(dir.string(), device_decode), host = model.predict(dir.string(), host_decode);
+  ASSERT_EQ(dev.size(), 3u);
+  ASSERT_EQ(host.size(), 3u);
+  double worst_box = 0, worst_score = 0;
+  for (size_t i = 0; i < dev.size(); ++i) {
+    EXPECT_EQ(dev[i].source, host[i].source);
+    EXPECT_EQ(dev[i].height, host[i].height);
+    EXPECT_EQ(dev[i].width, host[i].width);
+    ASSERT_FALSE(host[i].detections.empty());
+    ASSERT_FALSE(dev[i].detections.empty());
+    // The host run's best detections have twins in the device run's.
+    for (size_t k = 0; k < std::min<size_t>(host[i].detections.size(), 10); ++k) {
+      const Detection& d = host[i].detections[k];
+      double best = 1e9, score = 1e9;
+      for (const Detection& e : dev[i].detections) {
+        if (e.class_id != d.class_id) continue;
+        const double m = std::max({std::abs(e.x1 - d.x1), std::abs(e.y1 - d.y1), std::abs(e.x2 - d.x2), std::abs(e.y2 - d.y2)});
+        if (m < best) best = m, score = std::abs(e.score - d.score);
+      }
+      worst_box = std::max(worst_box, best);
+      worst_score = std::max(worst_score, score);
+    }
+  }
+  std::cout << "[ REPORT   ] predict, nvJPEG on the device vs libjpeg-turbo on the host: top-10 boxes within "
+            << worst_box << " px, scores within " << worst_score << "\n";
+  EXPECT_LE(worst_box, 1.0);
+  EXPECT_LE(worst_score, 1e-3);
+}
+
+// The one-pass input kernel (models/input.hpp) equals the composed ops bit for bit: uint8 -> float32,
+// channel flip, division by the divisor, one rounding to the dtype; both layouts, with and without a
+// persistent buffer, on an odd size.
+TEST(GpuNetworkInput, OneKernelEqualsTheComposedOpsBitForBit) {
+  LY_REQUIRE_CUDA();
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(3);
+  const auto images = torch::randint(0, 256, {3, 35, 21, 3}, torch::kUInt8);
+  for (const models::InputSpec spec : {models::InputSpec{false, 255.0}, models::InputSpec{true, 1.0}}) {
+    for (const bool cl : {true, false}) {
+      for (const auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf}) {
+        torch::Tensor x = images.to(dev).permute({0, 3, 1, 2}).to(torch::kFloat);
+        if (spec.bgr) x = x.flip(1);
+        if (spec.divisor != 1.0) x = x.div(spec.divisor);
+        const torch::Tensor want = x.to(dtype);
+        const torch::Tensor got = models::to_network_input(images, spec, dev, cl, {}, dtype);
+        const std::string what = std::string(spec.bgr ? "bgr" : "rgb") + (cl ? " channels_last " : " contiguous ") +
+                                 c10::toString(dtype);
+        ASSERT_EQ(got.scalar_type(), dtype) << what;
+        EXPECT_TRUE(got.is_contiguous(cl ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)) << what;
+        EXPECT_TRUE(torch::equal(got, want)) << what;
+        // Into a persistent buffer of that dtype: the same values, the same storage.
+        const auto buffer = torch::empty_like(got);
+        const auto again = models::to_network_input(images.to(dev), spec, dev, cl, buffer, dtype);
+        EXPECT_TRUE(again.is_same(buffer)) << what;
+        EXPECT_TRUE(torch::equal(again, want)) << what;
+      }
+    }
+  }
 }

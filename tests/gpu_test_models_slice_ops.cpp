@@ -1,5 +1,5 @@
 // models/common/slice_ops.hpp on the GPU: SPPELAN's three max pools in one kernel
-// (kernels/spp_pool.hpp; 8 channels per thread and the scalar form) against ATen's chained
+// (kernels/spp_pool.hpp) against ATen's chained
 // max_pool2d bit for bit, NaN included, float32/float16/bfloat16, input and outputs channel
 // slices; 2x upsampling into a slice against upsample_nearest2d.
 #include "slice_ops_check.hpp"
@@ -14,8 +14,8 @@ TEST(GpuSliceOps, SppPoolKernelEqualsChainedMaxPools) {
   for (auto dt : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
     const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dt);
     for (bool nan : {false, true}) {
-      test::check_spp_pools(opts, 2, 64, 20, 20, nan);  // vectorised (16-bit types)
-      test::check_spp_pools(opts, 3, 12, 9, 15, nan);   // scalar: 12 channels
+      test::check_spp_pools(opts, 2, 64, 20, 20, nan);  // SPPELAN's at 640 px
+      test::check_spp_pools(opts, 3, 12, 9, 15, nan);
       test::check_spp_pools(opts, 1, 8, 2, 3, nan);     // smaller than a window
     }
   }

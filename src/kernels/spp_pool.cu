@@ -90,24 +90,18 @@ void launch(const SppPoolLaunch& l, const void* x, void* y5, void* y9, void* y13
   if (e != cudaSuccess) throw std::runtime_error(std::string("spp_max_pools: ") + cudaGetErrorString(e));
 }
 
-template <typename T>
-void by_vec(const SppPoolLaunch& l, const void* x, void* y5, void* y9, void* y13) {
-  if (l.vec == 8) {
-    if constexpr (sizeof(T) == 2) return launch<T, 8>(l, x, y5, y9, y13);
-  }
-  launch<T, 1>(l, x, y5, y9, y13);
-}
-
 }  // namespace
 
 void spp_max_pools(const SppPoolLaunch& l, const void* x, void* y5, void* y9, void* y13) {
   if (l.batch < 0 || l.height < 1 || l.width < 1 || l.channels < 1 || l.in_pixel < l.channels ||
-      l.out_pixel < l.channels || (l.vec != 1 && (l.vec != 8 || l.channels % 8 || l.in_pixel % 8 || l.out_pixel % 8)))
-    throw std::invalid_argument("spp_max_pools: bad shape or vector width");
+      l.out_pixel < l.channels)
+    throw std::invalid_argument("spp_max_pools: bad shape");
+  // One channel per thread: SPPELAN's maps are small (20x20 at 640 px) and 8 channels per thread
+  // left too few threads to hide the reads' latency (H200, v9-t batch 1: 93 us per call).
   switch (l.dtype) {
-    case DType::Float32: by_vec<float>(l, x, y5, y9, y13); break;
-    case DType::Float16: by_vec<__half>(l, x, y5, y9, y13); break;
-    case DType::BFloat16: by_vec<__nv_bfloat16>(l, x, y5, y9, y13); break;
+    case DType::Float32: launch<float, 1>(l, x, y5, y9, y13); break;
+    case DType::Float16: launch<__half, 1>(l, x, y5, y9, y13); break;
+    case DType::BFloat16: launch<__nv_bfloat16, 1>(l, x, y5, y9, y13); break;
   }
 }
 

@@ -18,7 +18,6 @@ struct SppPoolLaunch {
   int height = 0, width = 0, channels = 0;
   int64_t in_pixel = 0, out_pixel = 0;  // elements from one pixel's channels to the next pixel's
   DType dtype = DType::Float32;
-  int vec = 1;  // 8 when channels, both pixel strides and every pointer allow 16-byte accesses (bf16/fp16)
   cudaStream_t stream = nullptr;
 };
 

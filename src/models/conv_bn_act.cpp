@@ -527,6 +527,12 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
   return finish_output(p.act ? at::silu_(z) : z, p.output);
 }
 
+int64_t fused_dense_groups(const torch::Tensor& x, int64_t groups, at::ScalarType dtype, at::MemoryFormat fmt) {
+  const bool fits = groups >= 2 && groups <= 4 && x.is_cuda() && (dtype == at::kHalf || dtype == at::kBFloat16) &&
+                    fmt == at::MemoryFormat::ChannelsLast && cudnn_fusion_enabled();
+  return fits ? groups : 0;
+}
+
 bool conv1x1_gemm_applies(const torch::Tensor& x) {
   return x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
 }

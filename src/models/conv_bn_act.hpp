@@ -75,6 +75,12 @@ struct ConvBiasActParams {
   ConvOutput output;       // where the result goes, what is added to it
 };
 torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p);
+// For a folded block of `groups` groups on input x computing in dtype/fmt: g (its weight to be
+// folded as the equal dense one, common::FoldedConv::get) when that lets cuDNN's fused operation
+// take it (it takes one group only): 2 to 4 groups, float16/bfloat16 channels_last CUDA, the
+// fusion on; else 0. A dense weight does up to 4x the block's arithmetic in one kernel instead of
+// a grouped convolution plus an epilogue pass.
+int64_t fused_dense_groups(const torch::Tensor& x, int64_t groups, at::ScalarType dtype, at::MemoryFormat fmt);
 
 // True when conv_bn_act_train() can take this block: autograd recording, and the node would be
 // recorded (the input or the convolution weight requires grad). Otherwise use the composed ops.

@@ -46,6 +46,11 @@ class Detector : public torch::nn::Module {
 struct InputSpec {
   bool bgr = false;
   double divisor = 255.0;
+  // Under autocast the input may arrive in the autocast dtype: everything the network does to it
+  // before its first convolution (YOLOv9: nothing; YOLOX's Focus: strided copies) commutes with
+  // that cast, which the convolution would make anyway. A family whose first ops need float32
+  // input says false.
+  bool autocast_input = true;
 };
 
 // One image's decoded predictions [4+nc, A] -> detections in original-image pixels.

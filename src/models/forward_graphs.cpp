@@ -89,6 +89,7 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
   const auto fmt = spec.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
   e->input = torch::empty({images.size(0), 3, images.size(1), images.size(2)},
                           torch::TensorOptions().dtype(torch::kFloat).device(spec.device).memory_format(fmt));
+  // (eager_forward replaces it by one of the autocast dtype on its first run when that is the input's.)
   entries_.push_back(std::move(e));
   return *entries_.back();
 }
@@ -121,8 +122,10 @@ class FusionReport {
 torch::Tensor eager_forward(Detector& model, const Family& family, const torch::Tensor& images, const ForwardSpec& spec,
                             torch::Tensor* input, bool autocast_cache) {
   torch::InferenceMode guard;
+  // Under autocast the input in its dtype: one conversion instead of two (see InputSpec).
+  const torch::ScalarType dtype = spec.amp && family.input.autocast_input ? spec.amp_dtype : torch::kFloat;
   torch::Tensor x = to_network_input(images, family.input, spec.device, spec.channels_last,
-                                     input ? *input : torch::Tensor());
+                                     input ? *input : torch::Tensor(), dtype);
   if (input) *input = x;
   AutocastGuard ac(spec.device, spec.amp, spec.amp_dtype, autocast_cache);
   return model.predict_tensor(x).to(torch::kFloat);

@@ -7,11 +7,13 @@
 
 namespace libreyolo::models {
 
-// [B, H, W, 3] uint8 RGB on any device -> float [B, 3, H, W] on `device` (channels_last strides
-// when asked), divided and channel-ordered as `spec` says. With `out` defined (float, same shape
-// and device) the result is written into it, whatever its layout (a persistent buffer), and
-// `out` is returned.
+// [B, H, W, 3] uint8 RGB on any device -> [B, 3, H, W] of `dtype` on `device` (channels_last
+// strides when asked), divided and channel-ordered as `spec` says: the values in float32, rounded
+// once to `dtype` (under autocast, the first convolution's input dtype: the cast it would make is
+// then already done). With `out` defined (`dtype`, same shape and device) the result is written
+// into it (a persistent buffer), and `out` is returned. On a CUDA device one kernel does it all
+// (kernels/network_input.hpp; LIBREYOLO_INPUT_KERNEL=0: ATen's ops), equal to the ops bit for bit.
 torch::Tensor to_network_input(const torch::Tensor& images, const InputSpec& spec, const torch::Device& device,
-                               bool channels_last, torch::Tensor out = {});
+                               bool channels_last, torch::Tensor out = {}, torch::ScalarType dtype = torch::kFloat);
 
 }  // namespace libreyolo::models

@@ -28,14 +28,17 @@ void ConvBnActImpl::train(bool on) {
 
 torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
   if (!bn->is_training() && takes_fold(x)) {
-    const auto& f = fold_.get({fold_source()}, fold_compute_dtype(x), fold_memory_format(x, conv->weight));
+    const auto dtype = fold_compute_dtype(x);
+    const auto fmt = fold_memory_format(x, conv->weight);
+    const int64_t dense = fused_dense_groups(x, groups_, dtype, fmt);
+    const auto& f = fold_.get({fold_source()}, dtype, fmt, dense);
     ConvBiasActParams p;
     p.weight = &f.weight;
     p.bias = &f.bias;
     p.bias32 = &f.bias32;
     p.stride = stride_;
     p.padding = padding_;
-    p.groups = groups_;
+    p.groups = dense ? 1 : groups_;
     p.pointwise = pointwise_;
     p.act = act_;
     p.output = o;

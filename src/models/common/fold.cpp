@@ -50,6 +50,13 @@ Computed compute(c10::ArrayRef<FoldSource> sources) {
   Computed c;
   for (const auto& s : sources) {
     const at::Tensor w = s.conv->weight.to(at::kDouble);
+    if (!s.bn) {  // a plain convolution: its own weight and bias
+      TORCH_CHECK(sources.size() == 1, "BatchNorm folding: a plain convolution is folded alone");
+      c.weight = w;
+      c.bias = s.conv->bias.defined() ? s.conv->bias.to(at::kDouble)
+                                      : at::zeros({w.size(0)}, w.options());
+      return c;
+    }
     const auto& bn = *s.bn;
     const at::Tensor mean = bn.running_mean.to(at::kDouble), var = bn.running_var.to(at::kDouble);
     const at::Tensor gamma = bn.weight.defined() ? bn.weight.to(at::kDouble) : at::ones_like(mean);
@@ -64,6 +71,15 @@ Computed compute(c10::ArrayRef<FoldSource> sources) {
     c.bias = c.bias.defined() ? c.bias + bf : bf;
   }
   return c;
+}
+
+// A grouped convolution's weight [K, C/g, R, S] as the equal dense one [K, C, R, S]: output
+// channel k keeps its group's input channels, every other tap is 0.
+at::Tensor block_diagonal(const at::Tensor& w, int64_t groups) {
+  const int64_t k = w.size(0), cg = w.size(1), kg = k / groups;
+  at::Tensor d = at::zeros({k, cg * groups, w.size(2), w.size(3)}, w.options());
+  for (int64_t g = 0; g < groups; ++g) d.narrow(0, g * kg, kg).narrow(1, g * cg, cg).copy_(w.narrow(0, g * kg, kg));
+  return d;
 }
 
 void push_tensor(std::vector<uint64_t>& out, const torch::Tensor& t) {
@@ -104,6 +120,11 @@ bool fold_allowed(const torch::Tensor& x, c10::ArrayRef<FoldSource> sources) {
   const bool grad = torch::GradMode::is_enabled();
   if (grad && x.requires_grad()) return false;
   for (const auto& s : sources) {
+    if (!s.bn) {  // a plain convolution
+      if (grad && (s.conv->weight.requires_grad() || (s.conv->bias.defined() && s.conv->bias.requires_grad())))
+        return false;
+      continue;
+    }
     const auto& bn = *s.bn;
     if (bn.is_training() || !bn.running_mean.defined() || !bn.running_var.defined()) return false;
     if (grad && (s.conv->weight.requires_grad() || (bn.weight.defined() && bn.weight.requires_grad()) ||
@@ -118,6 +139,11 @@ void FoldedConv::stamp_of(c10::ArrayRef<FoldSource> sources, std::vector<uint64_
   s.push_back(generation().load());
   for (const auto& src : sources) {
     push_tensor(s, src.conv->weight);
+    if (!src.bn) {
+      push_tensor(s, src.conv->bias);
+      s.push_back(src.epoch ? *src.epoch : 0);
+      continue;
+    }
     push_tensor(s, src.bn->weight);
     push_tensor(s, src.bn->bias);
     push_tensor(s, src.bn->running_mean);
@@ -134,13 +160,15 @@ bool FoldedConv::refresh(c10::ArrayRef<FoldSource> sources) {
   FoldGuard guard;
   const Computed c = compute(sources);
   for (const auto& e : entries_) {
-    if (e.t.weight.sizes() != c.weight.sizes() || e.t.weight.device() != c.weight.device()) {
+    const int64_t in = c.weight.size(1) * std::max<int64_t>(e.dense_groups, 1);
+    if (e.t.weight.size(0) != c.weight.size(0) || e.t.weight.size(1) != in ||
+        e.t.weight.sizes().slice(2) != c.weight.sizes().slice(2) || e.t.weight.device() != c.weight.device()) {
       entries_.clear();
       return false;
     }
   }
   for (auto& e : entries_) {  // same storage: what captured it reads the new values
-    e.t.weight.copy_(c.weight);
+    e.t.weight.copy_(e.dense_groups > 1 ? block_diagonal(c.weight, e.dense_groups) : c.weight);
     e.t.bias.copy_(c.bias);
     e.t.bias32.copy_(c.bias);
   }
@@ -148,14 +176,15 @@ bool FoldedConv::refresh(c10::ArrayRef<FoldSource> sources) {
 }
 
 const FoldedConv::Weights& FoldedConv::get(c10::ArrayRef<FoldSource> sources, at::ScalarType dtype,
-                                           at::MemoryFormat fmt) {
+                                           at::MemoryFormat fmt, int64_t dense_groups) {
   refresh(sources);
   for (const auto& e : entries_)
-    if (e.dtype == dtype && e.fmt == fmt) return e.t;
+    if (e.dtype == dtype && e.fmt == fmt && e.dense_groups == dense_groups) return e.t;
   FoldGuard guard;
   const Computed c = compute(sources);
-  Entry e{dtype, fmt, {}};
-  e.t.weight = at::empty(c.weight.sizes(), c.weight.options().dtype(dtype).memory_format(fmt)).copy_(c.weight);
+  const at::Tensor w = dense_groups > 1 ? block_diagonal(c.weight, dense_groups) : c.weight;
+  Entry e{dtype, fmt, dense_groups, {}};
+  e.t.weight = at::empty(w.sizes(), w.options().dtype(dtype).memory_format(fmt)).copy_(w);
   e.t.bias = at::empty_like(c.bias, c.bias.options().dtype(dtype)).copy_(c.bias);
   e.t.bias32 = at::empty_like(c.bias, c.bias.options().dtype(at::kFloat)).copy_(c.bias);
   entries_.push_back(std::move(e));

@@ -39,7 +39,8 @@ void note_weights_changed();
 uint64_t fold_computations();
 
 // One Conv2d(bias=false) + BatchNorm2d pair, and its owner's epoch (bumped on train() and training
-// forwards).
+// forwards). bn == nullptr: a plain convolution (with or without its own bias), alone: its
+// weight and bias in the compute dtype, kept the same way.
 struct FoldSource {
   const torch::nn::Conv2dImpl* conv = nullptr;
   const torch::nn::BatchNorm2dImpl* bn = nullptr;
@@ -61,8 +62,11 @@ class FoldedConv {
     torch::Tensor bias32;        // float32
   };
   // The folded tensors of the sum of `sources` (same output channels, stride and groups) for this
-  // compute dtype and memory format; built, or brought up to date, first.
-  const Weights& get(c10::ArrayRef<FoldSource> sources, at::ScalarType dtype, at::MemoryFormat fmt);
+  // compute dtype and memory format; built, or brought up to date, first. dense_groups = g > 1:
+  // the weight of a g-group convolution as the equal dense (block-diagonal) one, for a
+  // convolution path that takes one group only (see dense_groups_for).
+  const Weights& get(c10::ArrayRef<FoldSource> sources, at::ScalarType dtype, at::MemoryFormat fmt,
+                     int64_t dense_groups = 0);
   // Brings the existing tensors up to date in place when stale. False when some had to be dropped
   // (shapes or device changed): anything that captured them is invalid.
   bool refresh(c10::ArrayRef<FoldSource> sources);
@@ -73,6 +77,7 @@ class FoldedConv {
   struct Entry {
     at::ScalarType dtype;
     at::MemoryFormat fmt;
+    int64_t dense_groups;
     Weights t;
   };
   // The sources' state (see the top of this file) into `out`.

@@ -47,9 +47,6 @@ void spp_max_pools_into(const torch::Tensor& y0, const torch::Tensor& o5, const 
     l.in_pixel = in_pixel;
     l.out_pixel = out_pixel;
     l.dtype = dt;
-    bool v8 = y0.element_size() == 2 && l.channels % 8 == 0 && in_pixel % 8 == 0 && out_pixel % 8 == 0;
-    for (const auto* t : {&y0, &o5, &o9, &o13}) v8 = v8 && reinterpret_cast<uintptr_t>(t->data_ptr()) % 16 == 0;
-    l.vec = v8 ? 8 : 1;
     l.stream = c10::cuda::getCurrentCUDAStream(y0.device().index()).stream();
     kernels::spp_max_pools(l, y0.data_ptr(), o5.data_ptr(), o9.data_ptr(), o13.data_ptr());
     return;

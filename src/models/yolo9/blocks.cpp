@@ -1,5 +1,6 @@
 #include "models/yolo9/blocks.hpp"
 
+#include "models/common/branches.hpp"
 #include "models/common/concat.hpp"
 #include "models/common/slice_ops.hpp"
 #include "models/conv_bn_act.hpp"
@@ -56,17 +57,21 @@ torch::Tensor RepNCSPImpl::forward(const torch::Tensor& x, const ConvOutput& o) 
     for (auto& b : m) a = b->forward(a);
     return cv3->forward(torch::cat({a, cv2->forward(x)}, 1), o);
   }
-  // The last producer of each half writes it into the concatenation.
+  // The last producer of each half writes it into the concatenation; cv2 on a side stream while
+  // the bottlenecks run (common/branches.hpp).
   const int64_t c_ = cv1->conv->weight.size(0);
   const common::ChannelConcat cat(x, *cv1, {c_, c_});
-  if (m.empty()) {
-    cv1->forward(x, {cat.part(0)});
-  } else {
-    auto a = cv1->forward(x);
-    for (size_t i = 0; i + 1 < m.size(); ++i) a = m[i]->forward(a);
-    m.back()->forward(a, cat.part(0));
-  }
-  cv2->forward(x, {cat.part(1)});
+  {
+    common::Branches branches(x);
+    branches.side([&] { cv2->forward(x, {cat.part(1)}); });
+    if (m.empty()) {
+      cv1->forward(x, {cat.part(0)});
+    } else {
+      auto a = cv1->forward(x);
+      for (size_t i = 0; i + 1 < m.size(); ++i) a = m[i]->forward(a);
+      m.back()->forward(a, cat.part(0));
+    }
+  }  // joined
   return cv3->forward(cat.whole(), o);
 }
 

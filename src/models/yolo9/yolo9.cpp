@@ -125,11 +125,15 @@ NeckImpl::NeckImpl(const SizeConfig& cfg) {
       "elan_down2", make_elan(cfg.down2_out + p5, cfg.elan_down2_out, cfg.elan_down2_part, cfg.n));
 }
 
-std::array<torch::Tensor, 3> NeckImpl::forward(const std::array<torch::Tensor, 3>& p) {
+std::array<torch::Tensor, 3> NeckImpl::forward(const std::array<torch::Tensor, 3>& p,
+                                               const std::function<void(int, const torch::Tensor&)>& ready) {
   auto n4 = elan_up1_->forward(upsample_cat(p[2], p[1]));
   auto o3 = elan_up2_->forward(upsample_cat(n4, p[0]));
+  if (ready) ready(0, o3);
   auto o4 = elan_down1_->forward(torch::cat({down1_(o3), n4}, 1));
+  if (ready) ready(1, o4);
   auto o5 = elan_down2_->forward(torch::cat({down2_(o4), p[2]}, 1));
+  if (ready) ready(2, o5);
   return {o3, o4, o5};
 }
 
@@ -146,9 +150,37 @@ torch::Tensor TowerImpl::forward(const torch::Tensor& x) {
   return out->forward(c1->forward(c0->forward(x)));
 }
 
+void TowerImpl::forward_into(const torch::Tensor& x, const torch::Tensor& into) {
+  const torch::Tensor h = c1->forward(c0->forward(x));
+  if (!common::fold_allowed(h, {out_source()})) {
+    into.copy_(out->forward(h));
+    return;
+  }
+  const auto dtype = common::fold_compute_dtype(h);
+  const auto fmt = common::fold_memory_format(h, out->weight);
+  const int64_t groups = out->options.groups();
+  const int64_t dense = fused_dense_groups(h, groups, dtype, fmt);
+  const auto& f = out_fold_.get({out_source()}, dtype, fmt, dense);
+  ConvBiasActParams p;
+  p.weight = &f.weight;
+  p.bias = &f.bias;
+  p.bias32 = &f.bias32;
+  p.groups = dense ? 1 : groups;
+  p.pointwise = p.groups == 1 && out->weight.size(2) == 1 && out->weight.size(3) == 1;
+  p.act = false;
+  p.output.into = &into;
+  conv_bias_act(h, p);
+}
+
+void TowerImpl::train(bool on) {
+  if (on != is_training()) ++epoch_;
+  torch::nn::Module::train(on);
+}
+
 void TowerImpl::replace_output(torch::nn::Conv2d conv) {
   conv->to(out->weight.device(), out->weight.scalar_type());
   out = replace_module("2", conv);
+  out_fold_.clear();
 }
 
 HeadImpl::HeadImpl(const std::array<int64_t, 3>& ch, int nc_, int64_t hc_) : nc(nc_), hc(hc_) {
@@ -189,6 +221,14 @@ std::vector<torch::Tensor> HeadImpl::forward(const std::array<torch::Tensor, 3>&
   return out;
 }
 
+torch::Tensor HeadImpl::start_level(int i, const torch::Tensor& feat, common::Branches& branches) {
+  const common::ChannelConcat cat(feat, *box[i]->c0, {box[i]->out->weight.size(0), cls[i]->out->weight.size(0)});
+  // The towers read feat and write their slices: nothing else of theirs outlives them.
+  branches.side([&, i] { box[i]->forward_into(feat, *cat.part(0)); });
+  branches.side([&, i] { cls[i]->forward_into(feat, *cat.part(1)); });
+  return cat.whole();
+}
+
 void HeadImpl::reset_num_classes(int new_nc) {
   if (new_nc < 1) throw UsageError(strfmt("number of classes must be >= 1, got %d", new_nc));
   if (new_nc == nc) return;
@@ -220,6 +260,17 @@ std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
                      c10::str(x.sizes()));
   }
   if (is_training()) layers_.advance_bn_counters();
+  if (common::ChannelConcat::applies(x)) {
+    // Inference: each level's head starts as soon as the neck has its input, on side streams
+    // (common/branches.hpp) while the neck goes on; its map is assembled in place.
+    std::vector<torch::Tensor> maps(3);
+    {
+      common::Branches branches(x);
+      neck_->forward(backbone_->forward(x),
+                     [&](int i, const torch::Tensor& f) { maps[static_cast<size_t>(i)] = head_->start_level(i, f, branches); });
+    }  // joined
+    return maps;
+  }
   if (!is_training() || !torch::GradMode::is_enabled()) return head_->forward(neck_->forward(backbone_->forward(x)));
   auto casts = layers_.prepare_weight_casts(x);  // valid for this forward only
   return head_->forward(neck_->forward(backbone_->forward(x)));

@@ -4,11 +4,13 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "models/common/branches.hpp"
 #include "models/detector.hpp"
 #include "models/yolo9/blocks.hpp"
 #include "ops/dfl.hpp"
@@ -68,7 +70,10 @@ TORCH_MODULE(Backbone);
 class NeckImpl : public torch::nn::Module {
  public:
   explicit NeckImpl(const SizeConfig& cfg);
-  std::array<torch::Tensor, 3> forward(const std::array<torch::Tensor, 3>& p);
+  // ready(i, o_i), when given, is called as each output is computed (P3 first), so that its
+  // consumer can start on it while the rest of the neck runs.
+  std::array<torch::Tensor, 3> forward(const std::array<torch::Tensor, 3>& p,
+                                       const std::function<void(int, const torch::Tensor&)>& ready = {});
 
  private:
   RepNCSPELAN elan_up1_{nullptr}, elan_up2_{nullptr}, elan_down1_{nullptr}, elan_down2_{nullptr};
@@ -77,15 +82,26 @@ class NeckImpl : public torch::nn::Module {
 TORCH_MODULE(Neck);
 
 // Sequential(Conv 3x3, Conv 3x3, Conv2d 1x1 with bias): children "0", "1", "2".
-class TowerImpl : public torch::nn::Module {
+class TowerImpl : public torch::nn::Module, public common::Foldable {
  public:
   TowerImpl(int64_t c_in, int64_t hidden, int64_t c_out, int64_t groups);
   torch::Tensor forward(const torch::Tensor& x);
+  // The same, written into `into` (a view shaped like the result). Without autograd the final
+  // convolution runs from a cached weight in the compute dtype (common/fold.hpp, no BatchNorm) as
+  // the folded blocks do: on CUDA one fused operation writing `into`.
+  void forward_into(const torch::Tensor& x, const torch::Tensor& into);
   // Swaps the final 1x1 conv (same device/dtype as the old one).
   void replace_output(torch::nn::Conv2d out);
+  void train(bool on = true) override;
+  bool refresh_folds() override { return out_fold_.refresh({out_source()}); }
 
   Conv c0{nullptr}, c1{nullptr};
   torch::nn::Conv2d out{nullptr};
+
+ private:
+  common::FoldSource out_source() const { return {out.get(), nullptr, &epoch_}; }
+  uint64_t epoch_ = 0;
+  common::FoldedConv out_fold_;
 };
 TORCH_MODULE(Tower);
 
@@ -94,6 +110,9 @@ class HeadImpl : public torch::nn::Module {
  public:
   HeadImpl(const std::array<int64_t, 3>& ch, int nc, int64_t hc);
   std::vector<torch::Tensor> forward(const std::array<torch::Tensor, 3>& feats);
+  // Inference without autograd: level i's map [N, 4R + nc, H, W] assembled in place, its two
+  // towers queued on side streams of `branches` (common/branches.hpp): valid once they join.
+  torch::Tensor start_level(int i, const torch::Tensor& feat, common::Branches& branches);
   void reset_num_classes(int nc);
 
   std::vector<Tower> box, cls;
