@@ -6,6 +6,7 @@
 
 #include "core/env.hpp"
 #include "core/log.hpp"
+#include "models/common/pixel_stride.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -97,18 +98,6 @@ Cache& cache() {
 std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d, int64_t pixel = 0) {
   if (pixel == 0) pixel = d[1];
   return {pixel * d[2] * d[3], 1, d[3] * pixel, pixel};
-}
-
-// t's pixel stride when t is channels-last with packed pixels (a channels_last tensor, or a slice
-// of its channels), else 0.
-int64_t pixel_stride(const at::Tensor& t) {
-  if (t.dim() != 4) return 0;
-  if (t.is_contiguous(at::MemoryFormat::ChannelsLast)) return t.size(1);
-  const auto d = t.sizes();
-  const auto s = t.strides();
-  const int64_t pixel = s[3];
-  if (s[1] != 1 || pixel < d[1] || s[2] != d[3] * pixel || (d[0] > 1 && s[0] != d[2] * s[2])) return 0;
-  return pixel;
 }
 
 struct Shapes {
@@ -400,15 +389,15 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
     return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
            (pixel == 0 || pixel == t.size(1) || (pixel * t.element_size()) % 16 == 0);
   };
-  const int64_t xp = pixel_stride(x);
-  const int64_t rp = residual.defined() ? pixel_stride(residual) : 0;
+  const int64_t xp = common::pixel_stride(x);
+  const int64_t rp = residual.defined() ? common::pixel_stride(residual) : 0;
   if (xp == 0 || !aligned(x, xp) || !aligned(bias32, 0) || (residual.defined() && (rp == 0 || !aligned(residual, rp))))
     return {};
   const at::Tensor wc = w.is_contiguous(at::MemoryFormat::ChannelsLast) ? w : w.contiguous(at::MemoryFormat::ChannelsLast);
   if (!aligned(wc, wc.size(1))) return {};
   c10::cuda::CUDAGuard guard(x.device());
   at::Tensor y = out.defined() ? out : at::empty(ysize, x.options().memory_format(at::MemoryFormat::ChannelsLast));
-  const int64_t yp = pixel_stride(y);
+  const int64_t yp = common::pixel_stride(y);
   if (yp == 0 || !aligned(y, yp)) return {};
   const Shapes shapes{io == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
                       x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};

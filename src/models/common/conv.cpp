@@ -26,24 +26,28 @@ void ConvBnActImpl::train(bool on) {
   torch::nn::Module::train(on);
 }
 
+torch::Tensor run_folded(FoldedConv& fold, c10::ArrayRef<FoldSource> sources, const torch::Tensor& x,
+                         const FoldedCall& call, const ConvOutput& o) {
+  const torch::Tensor& w = sources[0].conv->weight;
+  const auto dtype = fold_compute_dtype(x);
+  const auto fmt = fold_memory_format(x, w);
+  const int64_t dense = fused_dense_groups(x, call.groups, dtype, fmt);
+  const auto& f = fold.get(sources, dtype, fmt, dense);
+  ConvBiasActParams p;
+  p.weight = &f.weight;
+  p.bias = &f.bias;
+  p.bias32 = &f.bias32;
+  p.stride = call.stride;
+  p.padding = call.padding;
+  p.groups = dense ? 1 : call.groups;
+  p.pointwise = p.groups == 1 && call.stride == 1 && f.weight.size(2) == 1 && f.weight.size(3) == 1;
+  p.act = call.act;
+  p.output = o;
+  return conv_bias_act(x, p);
+}
+
 torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
-  if (!bn->is_training() && takes_fold(x)) {
-    const auto dtype = fold_compute_dtype(x);
-    const auto fmt = fold_memory_format(x, conv->weight);
-    const int64_t dense = fused_dense_groups(x, groups_, dtype, fmt);
-    const auto& f = fold_.get({fold_source()}, dtype, fmt, dense);
-    ConvBiasActParams p;
-    p.weight = &f.weight;
-    p.bias = &f.bias;
-    p.bias32 = &f.bias32;
-    p.stride = stride_;
-    p.padding = padding_;
-    p.groups = dense ? 1 : groups_;
-    p.pointwise = pointwise_;
-    p.act = act_;
-    p.output = o;
-    return conv_bias_act(x, p);
-  }
+  if (!bn->is_training() && takes_fold(x)) return run_folded(fold_, {fold_source()}, x, {stride_, padding_, groups_, act_}, o);
   return finish_output(forward_unfolded(x), o);
 }
 

@@ -12,6 +12,16 @@
 
 namespace libreyolo::models::common {
 
+// The folded inference forward of `sources` (common/fold.hpp) through conv_bias_act: the weights
+// in x's compute dtype and memory format, a grouped one as the equal dense weight where cuDNN's
+// fused operation then takes it (fused_dense_groups), the result into o.
+struct FoldedCall {
+  int64_t stride = 1, padding = 0, groups = 1;
+  bool act = true;
+};
+torch::Tensor run_folded(FoldedConv& fold, c10::ArrayRef<FoldSource> sources, const torch::Tensor& x,
+                         const FoldedCall& call, const ConvOutput& o = {});
+
 // Conv2d(bias=false) + BatchNorm2d + optional SiLU, registered as "conv" and "bn" (LibreYOLO's
 // names in YOLOv9 and YOLOX alike). In training with autograd it is one fused node
 // (models/conv_bn_act.hpp). In eval mode without autograd the BatchNorm is folded into the

@@ -1,6 +1,7 @@
 #include "models/common/slice_ops.hpp"
 
 #include "libreyolo/errors.hpp"
+#include "models/common/pixel_stride.hpp"
 #include "models/pool2.hpp"
 
 #ifdef LIBREYOLO_CUDA_KERNELS
@@ -12,20 +13,6 @@
 #endif
 
 namespace libreyolo::models::common {
-namespace {
-
-// Elements from one pixel's channels to the next pixel's when t is channels-last with packed
-// pixels (a channels_last tensor or a channel slice of one), else 0.
-int64_t pixel_stride(const torch::Tensor& t) {
-  if (t.dim() != 4) return 0;
-  if (t.is_contiguous(at::MemoryFormat::ChannelsLast)) return t.size(1);
-  const auto d = t.sizes();
-  const auto s = t.strides();
-  if (s[1] != 1 || s[3] < d[1] || s[2] != d[3] * s[3] || (d[0] > 1 && s[0] != d[2] * s[2])) return 0;
-  return s[3];
-}
-
-}  // namespace
 
 void spp_max_pools_into(const torch::Tensor& y0, const torch::Tensor& o5, const torch::Tensor& o9,
                         const torch::Tensor& o13) {

@@ -16,15 +16,7 @@ RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
 // The sums are formed in place: neither BatchNorm nor SiLU keeps its output for backward.
 torch::Tensor RepConvNImpl::forward(const torch::Tensor& x) {
   const auto sources = fold_sources();
-  if (common::fold_allowed(x, sources)) {
-    const auto& f = fold_.get(sources, common::fold_compute_dtype(x), common::fold_memory_format(x, conv1->conv->weight));
-    ConvBiasActParams p;
-    p.weight = &f.weight;
-    p.bias = &f.bias;
-    p.bias32 = &f.bias32;
-    p.padding = 1;  // conv1's: 3x3, stride 1
-    return conv_bias_act(x, p);
-  }
+  if (common::fold_allowed(x, sources)) return common::run_folded(fold_, sources, x, {1, 1, 1, true});  // conv1's 3x3
   auto y = conv1->forward(x).add_(conv2->forward(x));
   return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
 }

@@ -156,20 +156,7 @@ void TowerImpl::forward_into(const torch::Tensor& x, const torch::Tensor& into) 
     into.copy_(out->forward(h));
     return;
   }
-  const auto dtype = common::fold_compute_dtype(h);
-  const auto fmt = common::fold_memory_format(h, out->weight);
-  const int64_t groups = out->options.groups();
-  const int64_t dense = fused_dense_groups(h, groups, dtype, fmt);
-  const auto& f = out_fold_.get({out_source()}, dtype, fmt, dense);
-  ConvBiasActParams p;
-  p.weight = &f.weight;
-  p.bias = &f.bias;
-  p.bias32 = &f.bias32;
-  p.groups = dense ? 1 : groups;
-  p.pointwise = p.groups == 1 && out->weight.size(2) == 1 && out->weight.size(3) == 1;
-  p.act = false;
-  p.output.into = &into;
-  conv_bias_act(h, p);
+  common::run_folded(out_fold_, {out_source()}, h, {1, 0, out->options.groups(), false}, {&into});
 }
 
 void TowerImpl::train(bool on) {
