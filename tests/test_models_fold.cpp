@@ -194,6 +194,34 @@ TEST(ConcatInPlace, Yolo9tEqualsTorchCatBitForBit) {
   common::set_concat_in_place(was);
 }
 
+// The head's output convolutions run from cached weights when assembled in place: after an
+// in-place edit of one (a version bump, as load_state_dict or an optimizer step makes) and a
+// train/eval round trip, the in-place forward still equals torch::cat's.
+TEST(ConcatInPlace, HeadOutputFoldFollowsWeightEdits) {
+  auto m = build("yolo9", "t", 23);
+  torch::manual_seed(7);
+  const auto x = torch::rand({1, 3, 64, 64});
+  const bool was = common::concat_in_place();
+  auto once = [&](bool in_place) {
+    common::set_concat_in_place(in_place);
+    Outputs o = run(*m, x, true);
+    common::set_concat_in_place(was);
+    return o;
+  };
+  (void)once(true);  // builds the folds
+  {
+    torch::NoGradGuard ng;
+    int edited = 0;
+    for (const auto& item : m->named_parameters())
+      if (item.key() == "head.cv3.0.2.weight") item.value().mul_(1.5), ++edited;
+    ASSERT_EQ(edited, 1);
+  }
+  m->train();
+  m->eval();
+  const Outputs in_place = once(true), cat = once(false);
+  for (size_t i = 0; i < cat.raw.size(); ++i) EXPECT_TRUE(torch::equal(in_place.raw[i], cat.raw[i])) << i;
+}
+
 // The pieces: a ConvBnAct writing into a channel slice and adding a residual equals the block's
 // plain result plus the residual, copied there, and the slice is what it returns.
 TEST(ConcatInPlace, ConvOutputWritesSliceAndAddsResidual) {

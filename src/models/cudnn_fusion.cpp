@@ -71,10 +71,19 @@ namespace fe = cudnn_frontend;
 
 enum Uid : int64_t { kX = 1, kW = 2, kB = 3, kY = 4, kR = 5 };
 
-// Everything a plan depends on; pointers are bound at execution. Pixel strides: the elements
-// between one pixel's channels and the next pixel's in x, y and the residual (0: none).
-using Key = std::tuple<int, int, std::vector<int64_t>, std::vector<int64_t>, int64_t, int64_t, bool,
-                       std::array<int64_t, 3>>;  // device, dtype, x sizes, w sizes, stride, padding, act, pixel strides
+// Everything a plan depends on but the device; pointers are bound at execution.
+struct Shapes {
+  fe::DataType_t io;
+  std::vector<int64_t> x, w, y;  // all channels-last (w: [K, C, R, S] stored K, R, S, C)
+  int64_t stride, padding;
+  bool act;
+  std::array<int64_t, 3> pixel;  // elements from one pixel to the next in x, y, residual (0: none)
+  bool operator<(const Shapes& o) const {
+    return std::tie(io, x, w, y, stride, padding, act, pixel) <
+           std::tie(o.io, o.x, o.w, o.y, o.stride, o.padding, o.act, o.pixel);
+  }
+};
+using Key = std::pair<int, Shapes>;  // device, configuration
 
 struct Plan {
   std::shared_ptr<fe::graph::Graph> graph;  // null: declined; its candidate plan is the one executed
@@ -100,13 +109,6 @@ std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d, int64_t pixel =
   return {pixel * d[2] * d[3], 1, d[3] * pixel, pixel};
 }
 
-struct Shapes {
-  fe::DataType_t io;
-  std::vector<int64_t> x, w, y;  // all channels-last (w: [K, C, R, S] stored K, R, S, C)
-  int64_t stride, padding;
-  bool act;
-  std::array<int64_t, 3> pixel;  // x, y, residual (0: none)
-};
 
 // The operation graph with its heuristics' candidate list (mode A), or null when cuDNN has none.
 std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Shapes& s) {
@@ -401,7 +403,7 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
   if (yp == 0 || !aligned(y, yp)) return {};
   const Shapes shapes{io == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
                       x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
-  Key key{x.device().index(), static_cast<int>(io), shapes.x, shapes.w, stride, padding, act, shapes.pixel};
+  const Key key{x.device().index(), shapes};
   cudnnHandle_t handle = at::native::getCudnnHandle();
   if (fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(x.device().index()).stream()) !=
       CUDNN_STATUS_SUCCESS)

@@ -86,10 +86,8 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
                    static_cast<long long>(images.size(2)), dtype_name(spec.amp, spec.amp_dtype));
   torch::InferenceMode im;
   e->images = torch::empty(images.sizes(), torch::TensorOptions().dtype(torch::kUInt8).device(spec.device));
-  const auto fmt = spec.channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
-  e->input = torch::empty({images.size(0), 3, images.size(1), images.size(2)},
-                          torch::TensorOptions().dtype(torch::kFloat).device(spec.device).memory_format(fmt));
-  // (eager_forward replaces it by one of the autocast dtype on its first run when that is the input's.)
+  // e->input (the network input buffer, in the dtype eager_forward gives it) is made by the
+  // shape's first run, which is always eager.
   entries_.push_back(std::move(e));
   return *entries_.back();
 }

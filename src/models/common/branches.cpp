@@ -1,7 +1,5 @@
 #include "models/common/branches.hpp"
 
-#include <atomic>
-
 #include "core/env.hpp"
 
 #ifdef LIBREYOLO_CUDA
@@ -13,8 +11,8 @@
 namespace libreyolo::models::common {
 namespace {
 
-std::atomic<bool>& flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_INFER_STREAMS")};
+bool switched_on() {
+  static const bool on = env_switch_on("LIBREYOLO_INFER_STREAMS");
   return on;
 }
 
@@ -69,12 +67,9 @@ ThreadStreams& mine() {
 
 }  // namespace
 
-void set_inference_streams(bool on) { flag().store(on); }
-bool inference_streams() { return flag().load(); }
-
 Branches::Branches(const torch::Tensor& x) {
 #ifdef LIBREYOLO_CUDA
-  if (flag().load() && x.defined() && x.is_cuda() && !torch::GradMode::is_enabled()) device_ = x.device().index();
+  if (switched_on() && x.defined() && x.is_cuda() && !torch::GradMode::is_enabled()) device_ = x.device().index();
 #else
   (void)x;
 #endif

@@ -19,9 +19,6 @@
 
 namespace libreyolo::models::common {
 
-void set_inference_streams(bool on);
-bool inference_streams();
-
 class Branches {
  public:
   // Forks off the current stream of x's device when x is a CUDA tensor and nothing records autograd.
@@ -33,7 +30,6 @@ class Branches {
   // Runs `work` on the next side stream (it first waits for what the current stream has queued
   // by now), or inline when this scope is not concurrent.
   void side(const std::function<void()>& work);
-  bool concurrent() const { return device_ >= 0; }
 
  private:
   int device_ = -1;  // -1: not concurrent

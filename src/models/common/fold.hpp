@@ -64,7 +64,7 @@ class FoldedConv {
   // The folded tensors of the sum of `sources` (same output channels, stride and groups) for this
   // compute dtype and memory format; built, or brought up to date, first. dense_groups = g > 1:
   // the weight of a g-group convolution as the equal dense (block-diagonal) one, for a
-  // convolution path that takes one group only (see dense_groups_for).
+  // convolution path that takes one group only (models/conv_bn_act.hpp fused_dense_groups).
   const Weights& get(c10::ArrayRef<FoldSource> sources, at::ScalarType dtype, at::MemoryFormat fmt,
                      int64_t dense_groups = 0);
   // Brings the existing tensors up to date in place when stale. False when some had to be dropped

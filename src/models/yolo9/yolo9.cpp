@@ -159,10 +159,6 @@ void TowerImpl::forward_into(const torch::Tensor& x, const torch::Tensor& into) 
   common::run_folded(out_fold_, {out_source()}, h, {1, 0, out->options.groups(), false}, {&into});
 }
 
-void TowerImpl::train(bool on) {
-  if (on != is_training()) ++epoch_;
-  torch::nn::Module::train(on);
-}
 
 void TowerImpl::replace_output(torch::nn::Conv2d conv) {
   conv->to(out->weight.device(), out->weight.scalar_type());

@@ -92,15 +92,15 @@ class TowerImpl : public torch::nn::Module, public common::Foldable {
   void forward_into(const torch::Tensor& x, const torch::Tensor& into);
   // Swaps the final 1x1 conv (same device/dtype as the old one).
   void replace_output(torch::nn::Conv2d out);
-  void train(bool on = true) override;
   bool refresh_folds() override { return out_fold_.refresh({out_source()}); }
 
   Conv c0{nullptr}, c1{nullptr};
   torch::nn::Conv2d out{nullptr};
 
  private:
-  common::FoldSource out_source() const { return {out.get(), nullptr, &epoch_}; }
-  uint64_t epoch_ = 0;
+  // A plain convolution: the fold follows its weight and bias alone (no running statistics, so no
+  // mode epoch as ConvBnAct keeps).
+  common::FoldSource out_source() const { return {out.get(), nullptr, nullptr}; }
   common::FoldedConv out_fold_;
 };
 TORCH_MODULE(Tower);
