@@ -473,7 +473,7 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
 #ifdef LIBREYOLO_CUDA_KERNELS
   kernels::DType dt = kernels::DType::Float32;
   if (xc.is_cuda() && kernels_flag().load() && kernel_dtype(xc.scalar_type(), &dt)) {
-    // cuDNN's runtime fusion: the epilogue inside the convolution (fp16/bf16, NHWC, groups 1).
+    // cuDNN's runtime fusion: the epilogue inside the convolution (cudnn_fusion_takes, NHWC, groups 1).
     static const at::Tensor none;
     if (at::Tensor y = cudnn_conv_bias_act(xc, w, *p.bias32, p.stride, p.padding, p.act,
                                            p.output.residual ? *p.output.residual : none,
@@ -528,7 +528,7 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
 }
 
 int64_t fused_dense_groups(const torch::Tensor& x, int64_t groups, at::ScalarType dtype, at::MemoryFormat fmt) {
-  const bool fits = groups >= 2 && groups <= 4 && x.is_cuda() && (dtype == at::kHalf || dtype == at::kBFloat16) &&
+  const bool fits = groups >= 2 && groups <= 4 && x.is_cuda() && cudnn_fusion_takes(dtype) &&
                     fmt == at::MemoryFormat::ChannelsLast && cudnn_fusion_enabled();
   return fits ? groups : 0;
 }

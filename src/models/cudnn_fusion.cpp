@@ -54,6 +54,11 @@ bool cudnn_fusion_enabled() {
 #endif
 }
 
+bool cudnn_fusion_takes(at::ScalarType dtype) {
+  return dtype == at::kHalf || dtype == at::kBFloat16 ||
+         (dtype == at::kFloat && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV));
+}
+
 #ifndef LIBREYOLO_CUDNN_FUSION
 
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t, int64_t,
@@ -375,7 +380,7 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
                                   const torch::Tensor& out) {
   if (!cudnn_fusion_enabled() || !x.is_cuda() || x.dim() != 4 || w.dim() != 4) return {};
   const auto io = x.scalar_type();
-  if ((io != at::kHalf && io != at::kBFloat16) || w.scalar_type() != io || bias32.scalar_type() != at::kFloat ||
+  if (!cudnn_fusion_takes(io) || w.scalar_type() != io || bias32.scalar_type() != at::kFloat ||
       !bias32.is_contiguous() || bias32.numel() != w.size(0) || w.size(1) != x.size(1))  // groups 1 only
     return {};
   const int64_t oh = (x.size(2) + 2 * padding - w.size(2)) / stride + 1;
@@ -401,7 +406,9 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
   at::Tensor y = out.defined() ? out : at::empty(ysize, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   const int64_t yp = common::pixel_stride(y);
   if (yp == 0 || !aligned(y, yp)) return {};
-  const Shapes shapes{io == at::kHalf ? fe::DataType_t::HALF : fe::DataType_t::BFLOAT16,
+  const Shapes shapes{io == at::kHalf       ? fe::DataType_t::HALF
+                      : io == at::kBFloat16 ? fe::DataType_t::BFLOAT16
+                                            : fe::DataType_t::FLOAT,
                       x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
   const Key key{x.device().index(), shapes};
   cudnnHandle_t handle = at::native::getCudnnHandle();

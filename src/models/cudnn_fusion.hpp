@@ -13,10 +13,16 @@ namespace libreyolo::models {
 // False in builds without cudnn_frontend, and when LIBREYOLO_CUDNN_FUSION is 0, false or off.
 bool cudnn_fusion_enabled();
 
+// Whether the fused operation takes this dtype: float16 and bfloat16; float32 too while TF32
+// convolutions are allowed (at::globalContext().allowTF32CuDNN(), PyTorch's default and ours unless
+// LIBREYOLO_TF32=0): its engines run float32 on the tensor cores as TF32, as cuDNN's own float32
+// convolutions do then; with TF32 off float32 keeps cuDNN's convolution and a separate epilogue.
+bool cudnn_fusion_takes(at::ScalarType dtype);
+
 // y = act(conv2d(x, w) + bias) [+ residual] (act = SiLU) in one cuDNN graph: x [N, C, H, W]
-// channels-last float16/bfloat16 on CUDA, packed or a channel slice of a wider channels_last
-// tensor; w [K, C, R, S] (groups 1) in x's dtype, bias float32 [K]; residual (optional) shaped
-// and laid out like y, added after the activation. y is a new channels_last tensor, or `out`
+// channels-last float16/bfloat16 (float32: cudnn_fusion_takes) on CUDA, packed or a channel slice
+// of a wider channels_last tensor; w [K, C, R, S] (groups 1) in x's dtype, bias float32 [K];
+// residual (optional) shaped and laid out like y, added after the activation. y is a new channels_last tensor, or `out`
 // when given (a channels-last view of y's shape, e.g. a channel slice of a concatenation: y is
 // written there and returned; it must not overlap x or the residual). Returns an undefined tensor
 // when the fusion is off or cuDNN has no engine for this configuration (remembered per
