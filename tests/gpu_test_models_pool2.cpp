@@ -7,6 +7,8 @@
 
 #include <ATen/autocast_mode.h>
 
+#include <array>
+
 #include "engine/step.hpp"
 #include "models/detector.hpp"
 #include "models/pool2.hpp"
@@ -74,6 +76,30 @@ TEST(GpuPool2, KernelsEqualAtenBitForBit) {
     }
   }
   EXPECT_EQ(checked, 18);
+}
+
+// Inference reads the pooling's input from a channel slice of a wider channels_last tensor (a
+// block's output written into its concatenation, models/common/concat.hpp): the same bits as
+// pooling a packed copy, vectorised (slice offset and width multiples of 8) and not.
+TEST(GpuPool2, ChannelSliceInputEqualsPackedCopy) {
+  LY_REQUIRE_CUDA();
+  torch::manual_seed(5);
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
+    for (const auto [offset, width, split] : std::vector<std::array<int64_t, 3>>{{32, 64, 64}, {8, 32, 16}, {3, 12, 6}}) {
+      const auto wide = torch::randn({2, 112, 21, 18}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype)).contiguous(cl);
+      const auto slice = wide.narrow(1, offset, width);
+      torch::NoGradGuard ng;
+      const auto [a, b] = models::avg_pool2_split(slice, split);
+      const auto [ra, rb] = models::avg_pool2_split(slice.contiguous(cl), split);
+      const std::string what = std::string(c10::toString(dtype)) + " channels " + std::to_string(offset) + "+" +
+                               std::to_string(width);
+      EXPECT_TRUE(torch::equal(a, ra)) << what;
+      EXPECT_TRUE(torch::equal(b, rb)) << what;
+      PoolSwitch off(false);
+      EXPECT_TRUE(torch::equal(a, models::avg_pool2_split(slice, split).first)) << what << " (ATen)";
+    }
+  }
 }
 
 // The switch changes no value of a YOLOv9-t training step in bf16 autocast (the loss is a plain

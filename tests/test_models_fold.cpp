@@ -143,41 +143,55 @@ TEST(FoldBn, Yolo9tBf16AutocastNoWorseThanUnfolded) {
   EXPECT_LE(ef.second, 2.0 * eu.second + 1e-3);
 }
 
-// Concatenations assembled in place (models/common/concat.hpp) against torch::cat: the same
-// bits for YOLOv9-t, folded and unfolded, NCHW and channels_last, float32 and bfloat16 autocast
+// Concatenations assembled in place (models/common/concat.hpp, and the neck's, which the
+// backbone's levels are written into) against torch::cat: the same bits for YOLOv9-t, folded and unfolded, NCHW and channels_last, float32 and bfloat16 autocast
 // (on the CPU each part is copied into its slice, exactly what torch::cat does). Also: with
 // autograd recording the blocks keep torch::cat (no slice of a shared tensor in the graph).
-TEST(ConcatInPlace, Yolo9tEqualsTorchCatBitForBit) {
-  auto m = build("yolo9", "t", 21);
+namespace {
+
+struct InPlaceCase {
+  bool channels_last, bf16, fold;
+};
+
+void expect_in_place_equals_cat(const std::string& size, int nc, const std::vector<InPlaceCase>& cases) {
+  auto m = build("yolo9", size, nc);
   torch::manual_seed(6);
+  for (const auto [channels_last, bf16, fold] : cases) {
+    auto x = torch::rand({2, 3, 96, 64});
+    if (channels_last) {
+      to_channels_last(*m);
+      x = x.contiguous(torch::MemoryFormat::ChannelsLast);
+    }
+    auto once = [&](bool in_place) {
+      const bool was = common::concat_in_place();
+      common::set_concat_in_place(in_place);
+      if (bf16) {
+        at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
+        at::autocast::set_autocast_enabled(at::kCPU, true);
+      }
+      Outputs o = run(*m, x, fold);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+      common::set_concat_in_place(was);
+      return o;
+    };
+    const Outputs cat = once(false), in_place = once(true);
+    SCOPED_TRACE((channels_last ? "channels_last" : "NCHW") + std::string(bf16 ? " bf16" : " fp32") +
+                 (fold ? " folded" : " unfolded"));
+    for (size_t i = 0; i < cat.raw.size(); ++i) EXPECT_TRUE(torch::equal(in_place.raw[i], cat.raw[i])) << i;
+    EXPECT_TRUE(torch::equal(in_place.pred, cat.pred));
+    EXPECT_GT(in_place.pred.abs().sum().item<double>(), 0.0);
+  }
+}
+
+}  // namespace
+
+TEST(ConcatInPlace, Yolo9tEqualsTorchCatBitForBit) {
+  std::vector<InPlaceCase> cases;
   for (bool channels_last : {false, true})
     for (bool bf16 : {false, true})
-      for (bool fold : {true, false}) {
-        auto x = torch::rand({2, 3, 96, 64});
-        if (channels_last) {
-          to_channels_last(*m);
-          x = x.contiguous(torch::MemoryFormat::ChannelsLast);
-        }
-        auto once = [&](bool in_place) {
-          const bool was = common::concat_in_place();
-          common::set_concat_in_place(in_place);
-          if (bf16) {
-            at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
-            at::autocast::set_autocast_enabled(at::kCPU, true);
-          }
-          Outputs o = run(*m, x, fold);
-          at::autocast::set_autocast_enabled(at::kCPU, false);
-          at::autocast::clear_cache();
-          common::set_concat_in_place(was);
-          return o;
-        };
-        const Outputs cat = once(false), in_place = once(true);
-        SCOPED_TRACE((channels_last ? "channels_last" : "NCHW") + std::string(bf16 ? " bf16" : " fp32") +
-                     (fold ? " folded" : " unfolded"));
-        for (size_t i = 0; i < cat.raw.size(); ++i) EXPECT_TRUE(torch::equal(in_place.raw[i], cat.raw[i])) << i;
-        EXPECT_TRUE(torch::equal(in_place.pred, cat.pred));
-        EXPECT_GT(in_place.pred.abs().sum().item<double>(), 0.0);
-      }
+      for (bool fold : {true, false}) cases.push_back({channels_last, bf16, fold});
+  expect_in_place_equals_cat("t", 21, cases);
   auto x = torch::rand({1, 3, 64, 64});
   EXPECT_FALSE(common::ChannelConcat::applies(x));  // autograd records here
   {
@@ -192,6 +206,12 @@ TEST(ConcatInPlace, Yolo9tEqualsTorchCatBitForBit) {
     EXPECT_FALSE(common::ChannelConcat::applies(x));
   }
   common::set_concat_in_place(was);
+}
+
+// YOLOv9-c downsamples with ADown (both halves written into the result or the neck's
+// concatenation) and has RepNCSP bottlenecks: the same bits as torch::cat too.
+TEST(ConcatInPlace, Yolo9cEqualsTorchCatBitForBit) {
+  expect_in_place_equals_cat("c", 7, {{false, false, true}, {true, true, true}});
 }
 
 // The head's output convolutions run from cached weights when assembled in place: after an

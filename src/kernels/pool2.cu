@@ -34,7 +34,7 @@ __device__ __forceinline__ float quarter(T g) {
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    avg_pool2_forward_kernel(const T* __restrict__ x, int64_t total, int H, int W, int C, int split,
+    avg_pool2_forward_kernel(const T* __restrict__ x, int64_t total, int H, int W, int C, int64_t P, int split,
                              T* __restrict__ a, T* __restrict__ b) {
   const int groups = C / V, oh_n = H - 1, ow_n = W - 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -46,15 +46,15 @@ __global__ void __launch_bounds__(kThreads)
     const int oh = static_cast<int>(rest % oh_n);
     const int64_t n = rest / oh_n;
     const int c0 = g * V;
-    const T* p = x + ((n * H + oh) * W + ow) * C + c0;
+    const T* p = x + ((n * H + oh) * W + ow) * P + c0;
     float acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = 0.f;
     // ATen's order: rows outer, columns inner.
     add_pack<T, V>(p, acc);
-    add_pack<T, V>(p + C, acc);
-    add_pack<T, V>(p + static_cast<int64_t>(W) * C, acc);
-    add_pack<T, V>(p + static_cast<int64_t>(W) * C + C, acc);
+    add_pack<T, V>(p + P, acc);
+    add_pack<T, V>(p + static_cast<int64_t>(W) * P, acc);
+    add_pack<T, V>(p + static_cast<int64_t>(W) * P + P, acc);
     Pack<T, V> out;
 #pragma unroll
     for (int j = 0; j < V; ++j) out.v[j] = from_float<T>(acc[j] / 4.f);
@@ -109,7 +109,8 @@ void check(cudaError_t e, const char* what) {
 void check_launch(const Pool2Launch& l, const char* what) {
   if (l.height < 2 || l.width < 2 || l.channels < 1 || l.split < 0 || l.split > l.channels || l.batch < 0)
     throw std::invalid_argument(std::string(what) + ": bad shape");
-  if (l.vec != 1 && (l.vec != kVec || l.channels % kVec != 0 || l.split % kVec != 0))
+  if (l.in_pixel != 0 && l.in_pixel < l.channels) throw std::invalid_argument(std::string(what) + ": bad pixel stride");
+  if (l.vec != 1 && (l.vec != kVec || l.channels % kVec != 0 || l.split % kVec != 0 || l.in_pixel % kVec != 0))
     throw std::invalid_argument(std::string(what) + ": unsupported vector width");
 }
 
@@ -147,8 +148,8 @@ void avg_pool2_forward(const Pool2Launch& l, const void* x, void* a, void* b) {
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int V = decltype(vc)::value;
     avg_pool2_forward_kernel<T, V><<<blocks_for(total), kThreads, 0, l.stream>>>(
-        static_cast<const T*>(x), total, l.height, l.width, l.channels, l.split, static_cast<T*>(a),
-        static_cast<T*>(b));
+        static_cast<const T*>(x), total, l.height, l.width, l.channels, l.in_pixel > 0 ? l.in_pixel : l.channels,
+        l.split, static_cast<T*>(a), static_cast<T*>(b));
   });
   check(cudaGetLastError(), "avg_pool2_forward");
 }

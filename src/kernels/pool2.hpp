@@ -20,6 +20,8 @@ struct Pool2Launch {
   int height = 0, width = 0;  // of the input; the output is (height-1) x (width-1)
   int channels = 0;
   int split = 0;              // output channels [0, split) go to `a`, [split, channels) to `b`
+  int64_t in_pixel = 0;       // forward: elements from one input pixel to the next (0: channels; more
+                              // for a channel slice of a wider NHWC tensor)
   DType dtype = DType::Float32;
   int vec = 1;                // from avg_pool2_vector_width(), 1 unless every pointer is aligned for it
   cudaStream_t stream = nullptr;
@@ -28,7 +30,7 @@ struct Pool2Launch {
 // Channels per thread the shape allows (the caller still checks pointer alignment).
 int avg_pool2_vector_width(int channels, int split);
 
-// x: [N, H, W, C]; a: [N, H-1, W-1, split]; b: [N, H-1, W-1, C-split] (null when split == C).
+// x: [N, H, W, C] (pixel stride in_pixel); a: [N, H-1, W-1, split]; b: [N, H-1, W-1, C-split] (null when split == C).
 void avg_pool2_forward(const Pool2Launch& l, const void* x, void* a, void* b);
 // The input gradient from the two output gradients (ga, gb as a, b above; gb may be null when
 // split == C; a null ga or gb counts as zeros). ATen's rounding: each output gradient divided by 4

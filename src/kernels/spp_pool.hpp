@@ -3,7 +3,8 @@
 // previous pixel's: a channel slice of a wider tensor), the maxima over the 5x5, 9x9 and 13x13
 // windows clipped to the image, written into three NHWC outputs of pixel stride `out_pixel`.
 // Chaining 5x5 pools whose padding never wins (ATen pads with -inf) gives exactly these windows,
-// so the results are ATen's bits; NaN propagates as in ATen's max pooling.
+// so the results are ATen's bits; NaN propagates as in ATen's max pooling. `rows`: scratch of
+// 3 * N * H * W * C elements (the row maxima between the two passes).
 //
 // Plain pointers and a cudaStream_t only; models/spp_pool.cpp is the torch side.
 #pragma once
@@ -21,6 +22,6 @@ struct SppPoolLaunch {
   cudaStream_t stream = nullptr;
 };
 
-void spp_max_pools(const SppPoolLaunch& l, const void* y0, void* y5, void* y9, void* y13);
+void spp_max_pools(const SppPoolLaunch& l, const void* y0, void* rows, void* y5, void* y9, void* y13);
 
 }  // namespace libreyolo::kernels

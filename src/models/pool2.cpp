@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/pool2.hpp"
+#include "models/common/pixel_stride.hpp"
 #include "models/kernel_dtype.hpp"
 #endif
 
@@ -30,7 +31,7 @@ bool kernel_applies(const torch::Tensor& x) {
   kernels::DType dt;
   return fused_pool_flag().load() && x.is_cuda() && x.dim() == 4 && kernel_dtype(x.scalar_type(), &dt) &&
          x.size(2) >= 2 && x.size(3) >= 2 && x.size(1) <= INT32_MAX && x.size(2) <= INT32_MAX &&
-         x.size(3) <= INT32_MAX && x.is_contiguous(at::MemoryFormat::ChannelsLast);
+         x.size(3) <= INT32_MAX && common::pixel_stride(x) > 0;
 }
 
 kernels::Pool2Launch launch_for(const torch::Tensor& x, int64_t split, std::initializer_list<const void*> ptrs) {
@@ -41,7 +42,9 @@ kernels::Pool2Launch launch_for(const torch::Tensor& x, int64_t split, std::init
   l.width = static_cast<int>(x.size(3));
   l.split = static_cast<int>(split);
   kernel_dtype(x.scalar_type(), &l.dtype);
+  l.in_pixel = common::pixel_stride(x);  // a channel slice of a wider tensor reads in place
   l.vec = kernels::avg_pool2_vector_width(l.channels, l.split);
+  if (l.in_pixel % l.vec != 0) l.vec = 1;
   const auto bytes = static_cast<uintptr_t>(l.vec) * x.element_size();
   for (const void* p : ptrs)
     if (p && reinterpret_cast<uintptr_t>(p) % bytes != 0) l.vec = 1;

@@ -22,11 +22,13 @@ bool ChannelConcat::applies(const torch::Tensor& x) {
   return concat_in_place() && !torch::GradMode::is_enabled() && x.dim() == 4;
 }
 
+torch::TensorOptions ChannelConcat::options(const torch::Tensor& x, const ConvBnActImpl& producer) {
+  return x.options().dtype(fold_compute_dtype(x)).memory_format(fold_memory_format(x, producer.conv->weight));
+}
+
 ChannelConcat::ChannelConcat(const torch::Tensor& x, const ConvBnActImpl& producer,
                              const std::vector<int64_t>& channels)
-    : ChannelConcat(x.size(0), x.size(2), x.size(3),
-                    x.options().dtype(fold_compute_dtype(x)).memory_format(fold_memory_format(x, producer.conv->weight)),
-                    channels) {}
+    : ChannelConcat(x.size(0), x.size(2), x.size(3), options(x, producer), channels) {}
 
 ChannelConcat::ChannelConcat(int64_t n, int64_t h, int64_t w, const torch::TensorOptions& options,
                              const std::vector<int64_t>& channels) {

@@ -27,6 +27,8 @@ class ChannelConcat {
   // [N, sum(channels), H, W] with x's batch and spatial size (the blocks' concatenations keep it),
   // in the dtype and memory format `producer` gives its result for input x.
   ChannelConcat(const torch::Tensor& x, const ConvBnActImpl& producer, const std::vector<int64_t>& channels);
+  // The dtype, device and memory format `producer` gives its result for input x.
+  static torch::TensorOptions options(const torch::Tensor& x, const ConvBnActImpl& producer);
   // [n, sum(channels), h, w] with `options` (dtype, device, memory format).
   ChannelConcat(int64_t n, int64_t h, int64_t w, const torch::TensorOptions& options,
                 const std::vector<int64_t>& channels);

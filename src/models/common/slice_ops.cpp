@@ -35,7 +35,8 @@ void spp_max_pools_into(const torch::Tensor& y0, const torch::Tensor& o5, const 
     l.out_pixel = out_pixel;
     l.dtype = dt;
     l.stream = c10::cuda::getCurrentCUDAStream(y0.device().index()).stream();
-    kernels::spp_max_pools(l, y0.data_ptr(), o5.data_ptr(), o9.data_ptr(), o13.data_ptr());
+    const at::Tensor rows = at::empty({3 * y0.numel()}, y0.options().memory_format(at::MemoryFormat::Contiguous));
+    kernels::spp_max_pools(l, y0.data_ptr(), rows.data_ptr(), o5.data_ptr(), o9.data_ptr(), o13.data_ptr());
     return;
   }
 #endif

@@ -6,6 +6,8 @@
 #include "models/conv_bn_act.hpp"
 #include "models/pool2.hpp"
 
+#include <optional>
+
 namespace libreyolo::models::yolo9 {
 
 RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
@@ -82,19 +84,20 @@ namespace {
 // RepNCSPELAN. cat[a, b, p, q] with [a, b] = chunk(y) is cat[y, p, q]: y is reused, not split and
 // re-concatenated. Assembled in place (common/concat.hpp) when no autograd graph is recorded.
 template <class Mid>
-torch::Tensor elan_forward(const torch::Tensor& x, Conv& cv1, Mid& cv2, Mid& cv3, Conv& cv4, int64_t c3) {
+torch::Tensor elan_forward(const torch::Tensor& x, Conv& cv1, Mid& cv2, Mid& cv3, Conv& cv4, int64_t c3,
+                           const ConvOutput& o) {
   const int64_t c2 = cv1->conv->weight.size(0), half = (c2 + 1) / 2;
   if (!common::ChannelConcat::applies(x)) {
     auto y = cv1->forward(x);
     auto p = cv2->forward(y.narrow(1, half, c2 - half));
     auto q = cv3->forward(p);
-    return cv4->forward(torch::cat({y, p, q}, 1));
+    return cv4->forward(torch::cat({y, p, q}, 1), o);
   }
   const common::ChannelConcat cat(x, *cv1, {c2, c3, c3});
   const auto y = cv1->forward(x, {cat.part(0)});
   const auto p = cv2->forward(y.narrow(1, half, c2 - half), {cat.part(1)});
   cv3->forward(p, {cat.part(2)});
-  return cv4->forward(cat.whole());
+  return cv4->forward(cat.whole(), o);
 }
 
 }  // namespace
@@ -106,8 +109,8 @@ ELANImpl::ELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4) {
   cv4 = register_module("cv4", Conv(c2 + 2 * c3, c4, 1));
 }
 
-torch::Tensor ELANImpl::forward(const torch::Tensor& x) {
-  return elan_forward(x, cv1, cv2, cv3, cv4, cv2->conv->weight.size(0));
+torch::Tensor ELANImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
+  return elan_forward(x, cv1, cv2, cv3, cv4, cv2->conv->weight.size(0), o);
 }
 
 RepNCSPELANImpl::RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4, int64_t n) {
@@ -117,16 +120,16 @@ RepNCSPELANImpl::RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4,
   cv4 = register_module("cv4", Conv(c2 + 2 * c3, c4, 1));
 }
 
-torch::Tensor RepNCSPELANImpl::forward(const torch::Tensor& x) {
-  return elan_forward(x, cv1, cv2, cv3, cv4, cv2->conv->conv->weight.size(0));
+torch::Tensor RepNCSPELANImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
+  return elan_forward(x, cv1, cv2, cv3, cv4, cv2->conv->conv->weight.size(0), o);
 }
 
 AConvImpl::AConvImpl(int64_t c1, int64_t c2) {
   cv = register_module("cv", Conv(c1, c2, 3, 2));
 }
 
-torch::Tensor AConvImpl::forward(const torch::Tensor& x) {
-  return cv->forward(avg_pool2_split(x, x.size(1)).first);
+torch::Tensor AConvImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
+  return cv->forward(avg_pool2_split(x, x.size(1)).first, o);
 }
 
 ADownImpl::ADownImpl(int64_t c1, int64_t c2) {
@@ -134,12 +137,28 @@ ADownImpl::ADownImpl(int64_t c1, int64_t c2) {
   cv2 = register_module("cv2", Conv(c1 / 2, c2 / 2, 1, 1));
 }
 
-torch::Tensor ADownImpl::forward(const torch::Tensor& x) {
+torch::Tensor ADownImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
   const int64_t half = (x.size(1) + 1) / 2;  // torch.chunk puts the larger part first
   const auto [first, second] = avg_pool2_split(x, half);
-  auto a = cv1->forward(first);
-  auto b = cv2->forward(torch::max_pool2d(second, {3, 3}, {2, 2}, {1, 1}));
-  return torch::cat({a, b}, 1);
+  const auto pooled = torch::max_pool2d(second, {3, 3}, {2, 2}, {1, 1});
+  if (!common::ChannelConcat::applies(x)) {
+    auto y = torch::cat({cv1->forward(first), cv2->forward(pooled)}, 1);
+    return finish_output(y, o);
+  }
+  // Both halves written into their slices of the result (or of o.into).
+  const int64_t ca = cv1->conv->weight.size(0), cb = cv2->conv->weight.size(0);
+  std::optional<common::ChannelConcat> own;
+  const torch::Tensor* whole = o.into;
+  if (!whole) {
+    own.emplace(pooled.size(0), pooled.size(2), pooled.size(3), common::ChannelConcat::options(first, *cv1),
+                std::vector<int64_t>{ca, cb});
+    whole = &own->whole();
+  }
+  const torch::Tensor a = whole->narrow(1, 0, ca), b = whole->narrow(1, ca, cb);
+  cv1->forward(first, {&a});
+  cv2->forward(pooled, {&b});
+  if (o.residual) whole->add_(*o.residual);
+  return *whole;
 }
 
 SPPELANImpl::SPPELANImpl(int64_t c1, int64_t c2, int64_t c3) {
@@ -147,19 +166,19 @@ SPPELANImpl::SPPELANImpl(int64_t c1, int64_t c2, int64_t c3) {
   cv5 = register_module("cv5", Conv(4 * c2, c3, 1));
 }
 
-torch::Tensor SPPELANImpl::forward(const torch::Tensor& x) {
+torch::Tensor SPPELANImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
   if (common::ChannelConcat::applies(x)) {  // cv1 and the three pools write their slices
     const int64_t c = cv1->conv->weight.size(0);
     const common::ChannelConcat cat(x, *cv1, {c, c, c, c});
     const auto y0 = cv1->forward(x, {cat.part(0)});
     common::spp_max_pools_into(y0, *cat.part(1), *cat.part(2), *cat.part(3));
-    return cv5->forward(cat.whole());
+    return cv5->forward(cat.whole(), o);
   }
   auto y0 = cv1->forward(x);
   auto y1 = torch::max_pool2d(y0, {5, 5}, {1, 1}, {2, 2});
   auto y2 = torch::max_pool2d(y1, {5, 5}, {1, 1}, {2, 2});
   auto y3 = torch::max_pool2d(y2, {5, 5}, {1, 1}, {2, 2});
-  return cv5->forward(torch::cat({y0, y1, y2, y3}, 1));
+  return cv5->forward(torch::cat({y0, y1, y2, y3}, 1), o);
 }
 
 }  // namespace libreyolo::models::yolo9

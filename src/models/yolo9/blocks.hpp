@@ -72,7 +72,7 @@ TORCH_MODULE(CSPStage);
 class ELANImpl : public torch::nn::Module {
  public:
   ELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});  // o: where the result goes
 
   Conv cv1{nullptr}, cv2{nullptr}, cv3{nullptr}, cv4{nullptr};
 };
@@ -82,7 +82,7 @@ TORCH_MODULE(ELAN);
 class RepNCSPELANImpl : public torch::nn::Module {
  public:
   RepNCSPELANImpl(int64_t c1, int64_t c2, int64_t c3, int64_t c4, int64_t n);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});  // o: where the result goes
 
   Conv cv1{nullptr};
   CSPStage cv2{nullptr}, cv3{nullptr};
@@ -94,7 +94,7 @@ TORCH_MODULE(RepNCSPELAN);
 class AConvImpl : public torch::nn::Module {
  public:
   AConvImpl(int64_t c1, int64_t c2);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});  // o: where the result goes
 
   Conv cv{nullptr};
 };
@@ -105,7 +105,7 @@ TORCH_MODULE(AConv);
 class ADownImpl : public torch::nn::Module {
  public:
   ADownImpl(int64_t c1, int64_t c2);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});  // o: where the result goes
 
   Conv cv1{nullptr}, cv2{nullptr};
 };
@@ -115,7 +115,7 @@ TORCH_MODULE(ADown);
 class SPPELANImpl : public torch::nn::Module {
  public:
   SPPELANImpl(int64_t c1, int64_t c2, int64_t c3);
-  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o = {});  // o: where the result goes
 
   Conv cv1{nullptr}, cv5{nullptr};
 };

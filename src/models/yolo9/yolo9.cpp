@@ -101,12 +101,18 @@ BackboneImpl::BackboneImpl(const SizeConfig& cfg) {
   spp_ = register_module("spp", SPPELAN(st[2][1], cfg.spp_out / 2, cfg.spp_out));
 }
 
-std::array<torch::Tensor, 3> BackboneImpl::forward(const torch::Tensor& x) {
+std::array<torch::Tensor, 3> BackboneImpl::forward(const torch::Tensor& x, const Placement& place) {
+  const auto at = [&](int level, const torch::Tensor& input, const ConvImpl& producer) -> ConvOutput {
+    return {place ? place(level, input, producer) : nullptr};
+  };
   auto y = conv1_->forward(conv0_->forward(x));
   y = elan1_plain_ ? elan1_plain_->forward(y) : elan1_rep_->forward(y);
-  auto p3 = elan2_->forward(down2_(y));
-  auto p4 = elan3_->forward(down3_(p3));
-  auto p5 = spp_->forward(elan4_->forward(down4_(p4)));
+  const auto d2 = down2_(y);
+  auto p3 = elan2_->forward(d2, at(0, d2, *elan2_->cv4));
+  const auto d3 = down3_(p3);
+  auto p4 = elan3_->forward(d3, at(1, d3, *elan3_->cv4));
+  const auto e4 = elan4_->forward(down4_(p4));
+  auto p5 = spp_->forward(e4, at(2, e4, *spp_->cv5));
   return {p3, p4, p5};
 }
 
@@ -123,10 +129,38 @@ NeckImpl::NeckImpl(const SizeConfig& cfg) {
   down2_ = make_down(*this, "down2", cfg.adown, cfg.elan_down1_out, cfg.down2_out);
   elan_down2_ = register_module(
       "elan_down2", make_elan(cfg.down2_out + p5, cfg.elan_down2_out, cfg.elan_down2_part, cfg.n));
+  p3_ = p3, p4_ = p4, p5_ = p5, up1_out_ = cfg.up1_out, down1_out_ = cfg.down1_out, down2_out_ = cfg.down2_out;
+}
+
+const torch::Tensor* NeckImpl::Concats::place(int level, const torch::Tensor& input, const ConvImpl& producer) {
+  // ELAN and SPPELAN keep their input's batch and spatial size: the concatenation's.
+  auto& cat = level == 0 ? up2_ : level == 1 ? up1_ : down2_;
+  const std::vector<int64_t> parts = level == 0   ? std::vector<int64_t>{neck_.up1_out_, neck_.p3_}
+                                     : level == 1 ? std::vector<int64_t>{neck_.p5_, neck_.p4_}
+                                                  : std::vector<int64_t>{neck_.down2_out_, neck_.p5_};
+  cat.emplace(input, producer, parts);
+  return cat->part(1);
 }
 
 std::array<torch::Tensor, 3> NeckImpl::forward(const std::array<torch::Tensor, 3>& p,
-                                               const std::function<void(int, const torch::Tensor&)>& ready) {
+                                               const std::function<void(int, const torch::Tensor&)>& ready,
+                                               Concats* cats) {
+  if (cats && cats->up1_ && cats->up2_ && cats->down2_) {  // P4, P3 and P5 are in their concatenations
+    common::upsample2x_into(p[2], *cats->up1_->part(0));
+    const torch::Tensor& up1 = cats->up1_->whole();
+    cats->down1_.emplace(up1, *elan_up1_->cv4, std::vector<int64_t>{down1_out_, up1_out_});
+    const auto n4 = elan_up1_->forward(up1, {cats->down1_->part(1)});
+    common::upsample2x_into(n4, *cats->up2_->part(0));
+    auto o3 = elan_up2_->forward(cats->up2_->whole());
+    if (ready) ready(0, o3);
+    down1_(o3, {cats->down1_->part(0)});
+    auto o4 = elan_down1_->forward(cats->down1_->whole());
+    if (ready) ready(1, o4);
+    down2_(o4, {cats->down2_->part(0)});
+    auto o5 = elan_down2_->forward(cats->down2_->whole());
+    if (ready) ready(2, o5);
+    return {o3, o4, o5};
+  }
   auto n4 = elan_up1_->forward(upsample_cat(p[2], p[1]));
   auto o3 = elan_up2_->forward(upsample_cat(n4, p[0]));
   if (ready) ready(0, o3);
@@ -244,13 +278,18 @@ std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
   }
   if (is_training()) layers_.advance_bn_counters();
   if (common::ChannelConcat::applies(x)) {
-    // Inference: each level's head starts as soon as the neck has its input, on side streams
-    // (common/branches.hpp) while the neck goes on; its map is assembled in place.
+    // Inference: the backbone's levels are written into the neck's concatenations
+    // (NeckImpl::Concats); each level's head starts as soon as the neck has its input, on side
+    // streams (common/branches.hpp) while the neck goes on; its map is assembled in place.
     std::vector<torch::Tensor> maps(3);
     {
       common::Branches branches(x);
-      neck_->forward(backbone_->forward(x),
-                     [&](int i, const torch::Tensor& f) { maps[static_cast<size_t>(i)] = head_->start_level(i, f, branches); });
+      NeckImpl::Concats cats(*neck_);
+      const auto p = backbone_->forward(
+          x, [&](int level, const torch::Tensor& input, const ConvImpl& producer) { return cats.place(level, input, producer); });
+      neck_->forward(
+          p, [&](int i, const torch::Tensor& f) { maps[static_cast<size_t>(i)] = head_->start_level(i, f, branches); },
+          &cats);
     }  // joined
     return maps;
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "models/common/branches.hpp"
+#include "models/common/concat.hpp"
 #include "models/detector.hpp"
 #include "models/yolo9/blocks.hpp"
 #include "ops/dfl.hpp"
@@ -46,16 +47,21 @@ int64_t class_hidden_width(const std::string& size, int nc);
 struct Downsample {
   AConv aconv{nullptr};
   ADown adown{nullptr};
-  torch::Tensor operator()(const torch::Tensor& x) {
-    return aconv ? aconv->forward(x) : adown->forward(x);
+  torch::Tensor operator()(const torch::Tensor& x, const ConvOutput& o = {}) {
+    return aconv ? aconv->forward(x, o) : adown->forward(x, o);
   }
 };
+
+// Where a level's output is to be written, asked just before it is computed: level (0: P3),
+// the input of the block that produces it (its batch and spatial size are the output's) and the
+// convolution that writes it (its result's dtype and memory format); null: a tensor of its own.
+using Placement = std::function<const torch::Tensor*(int level, const torch::Tensor& input, const ConvImpl& producer)>;
 
 class BackboneImpl : public torch::nn::Module {
  public:
   explicit BackboneImpl(const SizeConfig& cfg);
-  // p3, p4, p5
-  std::array<torch::Tensor, 3> forward(const torch::Tensor& x);
+  // p3, p4, p5; each written where `place` says (inference: into the neck's concatenations).
+  std::array<torch::Tensor, 3> forward(const torch::Tensor& x, const Placement& place = {});
 
  private:
   Conv conv0_{nullptr}, conv1_{nullptr};
@@ -70,14 +76,34 @@ TORCH_MODULE(Backbone);
 class NeckImpl : public torch::nn::Module {
  public:
   explicit NeckImpl(const SizeConfig& cfg);
+
+  // The neck's four concatenations assembled in place (common/concat.hpp): each of
+  // cat[up(P5), P4], cat[up(N4), P3], cat[down1(O3), N4] and cat[down2(O4), P5] is allocated when
+  // its second part is about to be produced, and that part (a backbone level, or N4) is written
+  // straight into it; the first part is written into it by its own producer. No copies.
+  class Concats {
+   public:
+    explicit Concats(const NeckImpl& neck) : neck_(neck) {}
+    // The backbone's Placement: P3, P4 and P5 go into the concatenations that take them.
+    const torch::Tensor* place(int level, const torch::Tensor& input, const ConvImpl& producer);
+
+   private:
+    friend class NeckImpl;
+    const NeckImpl& neck_;
+    std::optional<common::ChannelConcat> up1_, up2_, down1_, down2_;
+  };
+
   // ready(i, o_i), when given, is called as each output is computed (P3 first), so that its
-  // consumer can start on it while the rest of the neck runs.
+  // consumer can start on it while the rest of the neck runs. `cats`: the concatenations the
+  // backbone's levels were placed in (Concats::place), null when they were not.
   std::array<torch::Tensor, 3> forward(const std::array<torch::Tensor, 3>& p,
-                                       const std::function<void(int, const torch::Tensor&)>& ready = {});
+                                       const std::function<void(int, const torch::Tensor&)>& ready = {},
+                                       Concats* cats = nullptr);
 
  private:
   RepNCSPELAN elan_up1_{nullptr}, elan_up2_{nullptr}, elan_down1_{nullptr}, elan_down2_{nullptr};
   Downsample down1_, down2_;
+  int64_t p3_, p4_, p5_, up1_out_, down1_out_, down2_out_;  // channels of the concatenations' parts
 };
 TORCH_MODULE(Neck);
 
