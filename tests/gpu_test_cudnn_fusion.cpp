@@ -1,10 +1,10 @@
-// cuDNN runtime fusion of inference convolution + bias + SiLU (models/cudnn_fusion.hpp): taken for
-// the convolutions YOLO networks use (3x3 stride 1 and 2, 1x1, with and without SiLU, float16,
-// bfloat16 and float32 with TF32 allowed, NHWC), each against a float64 CPU reference; declined
-// where it does not apply (float32 with TF32 off, NCHW input, grouped); several timed candidates give the same answer; conv_bias_act()
-// (the folded inference block) takes it; plans come back from the disk cache bit for bit, and a
-// corrupted cache file is ignored. Each test keeps its plan cache in a fresh directory. Errors are
-// printed so they are on record.
+// cuDNN runtime fusion of inference convolution + bias + SiLU (models/cudnn_fusion.hpp): taken for the
+// convolutions YOLO networks use (3x3 stride 1 and 2, 1x1, with and without SiLU, float16, bfloat16 and
+// float32 with TF32 allowed, NHWC), each against a float64 CPU reference; declined where it does not apply
+// (float32 with TF32 off, NCHW input, grouped); several timed candidates give the same answer;
+// conv_bias_act() (the folded inference block) takes it; plans come back from the disk cache bit for bit, and
+// a corrupted cache file is ignored. Each test keeps its plan cache in a fresh directory. Errors are printed
+// so they are on record.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
@@ -290,7 +290,8 @@ TEST(GpuCudnnFusion, GroupedBlockFusesThroughItsDenseWeight) {
     EXPECT_EQ(after.fused, before.fused + 1) << c10::toString(dt);
     EXPECT_EQ(after.declined, before.declined) << c10::toString(dt);
     const double e = rel_err(y, ref);
-    std::cout << "[ REPORT   ] grouped (4) 3x3 block through its dense weight " << c10::toString(dt) << ": rel err " << e << "\n";
+    std::cout << "[ REPORT   ] grouped (4) 3x3 block through its dense weight " << c10::toString(dt) << ": rel err "
+              << e << "\n";
     EXPECT_LE(e, tol);
   }
 }

@@ -86,8 +86,10 @@ TEST(GpuPool2, ChannelSliceInputEqualsPackedCopy) {
   torch::manual_seed(5);
   const auto cl = at::MemoryFormat::ChannelsLast;
   for (const auto dtype : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
-    for (const auto [offset, width, split] : std::vector<std::array<int64_t, 3>>{{32, 64, 64}, {8, 32, 16}, {3, 12, 6}}) {
-      const auto wide = torch::randn({2, 112, 21, 18}, torch::TensorOptions().device(torch::kCUDA).dtype(dtype)).contiguous(cl);
+    const std::vector<std::array<int64_t, 3>> slices = {{32, 64, 64}, {8, 32, 16}, {3, 12, 6}};
+    for (const auto [offset, width, split] : slices) {
+      const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+      const auto wide = torch::randn({2, 112, 21, 18}, opts).contiguous(cl);
       const auto slice = wide.narrow(1, offset, width);
       torch::NoGradGuard ng;
       const auto [a, b] = models::avg_pool2_split(slice, split);

@@ -143,10 +143,11 @@ TEST(FoldBn, Yolo9tBf16AutocastNoWorseThanUnfolded) {
   EXPECT_LE(ef.second, 2.0 * eu.second + 1e-3);
 }
 
-// Concatenations assembled in place (models/common/concat.hpp, and the neck's, which the
-// backbone's levels are written into) against torch::cat: the same bits for YOLOv9-t, folded and unfolded, NCHW and channels_last, float32 and bfloat16 autocast
-// (on the CPU each part is copied into its slice, exactly what torch::cat does). Also: with
-// autograd recording the blocks keep torch::cat (no slice of a shared tensor in the graph).
+// Concatenations assembled in place (models/common/concat.hpp, and the neck's, which the backbone's levels
+// are written into) against torch::cat: the same bits for YOLOv9-t, folded and unfolded, NCHW and
+// channels_last, float32 and bfloat16 autocast (on the CPU each part is copied into its slice, exactly what
+// torch::cat does). Also: with autograd recording the blocks keep torch::cat (no slice of a shared tensor in
+// the graph).
 namespace {
 
 struct InPlaceCase {

@@ -109,7 +109,8 @@ void check(cudaError_t e, const char* what) {
 void check_launch(const Pool2Launch& l, const char* what) {
   if (l.height < 2 || l.width < 2 || l.channels < 1 || l.split < 0 || l.split > l.channels || l.batch < 0)
     throw std::invalid_argument(std::string(what) + ": bad shape");
-  if (l.in_pixel != 0 && l.in_pixel < l.channels) throw std::invalid_argument(std::string(what) + ": bad pixel stride");
+  if (l.in_pixel != 0 && l.in_pixel < l.channels)
+    throw std::invalid_argument(std::string(what) + ": bad pixel stride");
   if (l.vec != 1 && (l.vec != kVec || l.channels % kVec != 0 || l.split % kVec != 0 || l.in_pixel % kVec != 0))
     throw std::invalid_argument(std::string(what) + ": unsupported vector width");
 }

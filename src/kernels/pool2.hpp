@@ -30,7 +30,8 @@ struct Pool2Launch {
 // Channels per thread the shape allows (the caller still checks pointer alignment).
 int avg_pool2_vector_width(int channels, int split);
 
-// x: [N, H, W, C] (pixel stride in_pixel); a: [N, H-1, W-1, split]; b: [N, H-1, W-1, C-split] (null when split == C).
+// x: [N, H, W, C] (pixel stride in_pixel); a: [N, H-1, W-1, split]; b: [N, H-1, W-1, C-split]
+// (null when split == C).
 void avg_pool2_forward(const Pool2Launch& l, const void* x, void* a, void* b);
 // The input gradient from the two output gradients (ga, gb as a, b above; gb may be null when
 // split == C; a null ga or gb counts as zeros). ATen's rounding: each output gradient divided by 4

@@ -19,20 +19,19 @@ bool cudnn_fusion_enabled();
 // convolutions do then; with TF32 off float32 keeps cuDNN's convolution and a separate epilogue.
 bool cudnn_fusion_takes(at::ScalarType dtype);
 
-// y = act(conv2d(x, w) + bias) [+ residual] (act = SiLU) in one cuDNN graph: x [N, C, H, W]
-// channels-last float16/bfloat16 (float32: cudnn_fusion_takes) on CUDA, packed or a channel slice
-// of a wider channels_last tensor; w [K, C, R, S] (groups 1) in x's dtype, bias float32 [K];
-// residual (optional) shaped and laid out like y, added after the activation. y is a new channels_last tensor, or `out`
-// when given (a channels-last view of y's shape, e.g. a channel slice of a concatenation: y is
-// written there and returned; it must not overlap x or the residual). Returns an undefined tensor
-// when the fusion is off or cuDNN has no engine for this configuration (remembered per
-// configuration: asked once); then nothing was written. Plans are cached per configuration,
-// chosen by its first run: with cuDNN autotuning on (at::globalContext().benchmarkCuDNN(), e.g.
-// under CudnnAutotuneScope) the fastest of the heuristics' first 4, each timed in a CUDA graph,
-// else the first that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: N). cuDNN compiles a plan's
-// kernel when it is built (~0.1 s; candidates build in parallel threads); chosen plans are kept on
-// disk (LIBREYOLO_CUDNN_PLAN_CACHE, default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a
-// later process loads them instead. Never builds inside a CUDA graph capture (declines instead).
+// y = act(conv2d(x, w) + bias) [+ residual] (act = SiLU) in one cuDNN graph: x [N, C, H, W] channels-last
+// float16/bfloat16 (float32: cudnn_fusion_takes) on CUDA, packed or a channel slice of a wider channels_last
+// tensor; w [K, C, R, S] (groups 1) in x's dtype, bias float32 [K]; residual (optional) shaped and laid out
+// like y, added after the activation. y is a new channels_last tensor, or `out` when given (a channels-last
+// view of y's shape, e.g. a channel slice of a concatenation: y is written there and returned; it must not
+// overlap x or the residual). Returns an undefined tensor when the fusion is off or cuDNN has no engine for
+// this configuration (remembered per configuration: asked once); then nothing was written. Plans are cached
+// per configuration, chosen by its first run: with cuDNN autotuning on (at::globalContext().benchmarkCuDNN(),
+// e.g. under CudnnAutotuneScope) the fastest of the heuristics' first 4, each timed in a CUDA graph, else the
+// first that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: N). cuDNN compiles a plan's kernel when it is built
+// (~0.1 s; candidates build in parallel threads); chosen plans are kept on disk (LIBREYOLO_CUDNN_PLAN_CACHE,
+// default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later process loads them instead. Never builds
+// inside a CUDA graph capture (declines instead).
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
                                   int64_t stride, int64_t padding, bool act, const torch::Tensor& residual = {},
                                   const torch::Tensor& out = {});

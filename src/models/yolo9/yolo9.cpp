@@ -285,11 +285,13 @@ std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
     {
       common::Branches branches(x);
       NeckImpl::Concats cats(*neck_);
-      const auto p = backbone_->forward(
-          x, [&](int level, const torch::Tensor& input, const ConvImpl& producer) { return cats.place(level, input, producer); });
-      neck_->forward(
-          p, [&](int i, const torch::Tensor& f) { maps[static_cast<size_t>(i)] = head_->start_level(i, f, branches); },
-          &cats);
+      const auto place = [&](int level, const torch::Tensor& input, const ConvImpl& producer) {
+        return cats.place(level, input, producer);
+      };
+      const auto start_head = [&](int i, const torch::Tensor& f) {
+        maps[static_cast<size_t>(i)] = head_->start_level(i, f, branches);
+      };
+      neck_->forward(backbone_->forward(x, place), start_head, &cats);
     }  // joined
     return maps;
   }

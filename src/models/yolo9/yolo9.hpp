@@ -55,7 +55,8 @@ struct Downsample {
 // Where a level's output is to be written, asked just before it is computed: level (0: P3),
 // the input of the block that produces it (its batch and spatial size are the output's) and the
 // convolution that writes it (its result's dtype and memory format); null: a tensor of its own.
-using Placement = std::function<const torch::Tensor*(int level, const torch::Tensor& input, const ConvImpl& producer)>;
+using Placement =
+    std::function<const torch::Tensor*(int level, const torch::Tensor& input, const ConvImpl& producer)>;
 
 class BackboneImpl : public torch::nn::Module {
  public:
