@@ -5,8 +5,11 @@
 // that keep the folded tensors' storage (what a captured graph relies on), the fallback when
 // autograd would record, and the parity fixtures with folding on and off. Errors are printed.
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
 
 #include "fold_check.hpp"
 #include "io/pickle.hpp"
@@ -213,6 +216,47 @@ TEST(ConcatInPlace, Yolo9tEqualsTorchCatBitForBit) {
 // concatenation) and has RepNCSP bottlenecks: the same bits as torch::cat too.
 TEST(ConcatInPlace, Yolo9cEqualsTorchCatBitForBit) {
   expect_in_place_equals_cat("c", 7, {{false, false, true}, {true, true, true}});
+}
+
+namespace {
+
+std::atomic<int>& cat_calls() {
+  static std::atomic<int> n{0};
+  return n;
+}
+
+// torch::cat calls (aten::cat through the dispatcher) on this thread while `body` runs.
+int count_cats(const std::function<void()>& body) {
+  cat_calls() = 0;
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+        if (std::strcmp(fn.name(), "aten::cat") == 0) ++cat_calls();
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  body();
+  at::removeCallback(handle);
+  return cat_calls().load();
+}
+
+}  // namespace
+
+// The in-place inference forward concatenates nothing with torch::cat: every concatenation of
+// YOLOv9-t and -c (the blocks', the neck's, the head's) is assembled by its producers; with the
+// switch off the same forward does call torch::cat (the counter sees them).
+TEST(ConcatInPlace, InferenceForwardCallsNoTorchCat) {
+  for (const std::string size : {"t", "c"}) {
+    auto m = build("yolo9", size, 9);
+    const auto x = torch::rand({1, 3, 64, 64});
+    torch::NoGradGuard ng;
+    const bool was = common::concat_in_place();
+    common::set_concat_in_place(true);
+    const int in_place = count_cats([&] { m->forward_raw(x); });
+    common::set_concat_in_place(false);
+    const int copied = count_cats([&] { m->forward_raw(x); });
+    common::set_concat_in_place(was);
+    EXPECT_EQ(in_place, 0) << "YOLOv9-" << size;
+    EXPECT_GT(copied, 10) << "YOLOv9-" << size;
+  }
 }
 
 // The head's output convolutions run from cached weights when assembled in place: after an
