@@ -134,8 +134,9 @@ data::GpuBatchMaker* gpu_decoder(const torch::Device& dev, int size, bool save) 
   static std::mutex mu;
   static std::map<std::pair<int, int>, std::unique_ptr<data::GpuBatchMaker>> makers;
   std::lock_guard<std::mutex> lock(mu);
-  auto& m = makers[{dev.index() < 0 ? 0 : dev.index(), size}];
-  if (!m) m = std::make_unique<data::GpuBatchMaker>(dev.index() < 0 ? 0 : dev.index(), size);
+  const int index = dev.index() < 0 ? 0 : dev.index();
+  auto& m = makers[{index, size}];
+  if (!m) m = std::make_unique<data::GpuBatchMaker>(index, size);
   return m.get();
 }
 

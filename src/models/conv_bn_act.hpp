@@ -60,8 +60,8 @@ torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight);
 // + bias) [+ residual], nothing recorded for autograd, below autocast (x is cast to weight's dtype
 // once). On CUDA with this build's kernels: for channels-last groups-1 blocks in a dtype the fusion
 // takes (float16/bfloat16; float32 under TF32: cudnn_fusion_takes) one cuDNN fused operation
-// (models/cudnn_fusion.hpp), otherwise the convolution (one GEMM for a
-// 1x1/stride-1 one over NHWC memory, else cuDNN) then one bias+SiLU kernel in place; elsewhere
+// (models/cudnn_fusion.hpp), otherwise the convolution (one GEMM for a 1x1/stride-1 one over NHWC
+// memory, else cuDNN) then one bias+SiLU kernel in place; elsewhere
 // ATen's convolution with its bias (a 1x1 one over NHWC CUDA memory as addmm), then SiLU in place.
 // The residual is added after the activation (inside the fused operation, else in place).
 struct ConvBiasActParams {
@@ -79,8 +79,8 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p);
 // For a folded block of `groups` groups on input x computing in dtype/fmt: g (its weight to be
 // folded as the equal dense one, common::FoldedConv::get) when that lets cuDNN's fused operation
 // take it (it takes one group only): 2 to 4 groups, channels_last CUDA in a dtype the fusion takes
-// (cudnn_fusion_takes), the fusion on; else 0. A dense weight does up to 4x the block's arithmetic in one kernel instead of
-// a grouped convolution plus an epilogue pass.
+// (cudnn_fusion_takes), the fusion on; else 0. A dense weight does up to 4x the block's arithmetic
+// in one kernel instead of a grouped convolution plus an epilogue pass.
 int64_t fused_dense_groups(const torch::Tensor& x, int64_t groups, at::ScalarType dtype, at::MemoryFormat fmt);
 
 // True when conv_bn_act_train() can take this block: autograd recording, and the node would be

@@ -47,7 +47,8 @@ torch::Tensor run_folded(FoldedConv& fold, c10::ArrayRef<FoldSource> sources, co
 }
 
 torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
-  if (!bn->is_training() && takes_fold(x)) return run_folded(fold_, {fold_source()}, x, {stride_, padding_, groups_, act_}, o);
+  if (!bn->is_training() && takes_fold(x))
+    return run_folded(fold_, {fold_source()}, x, {stride_, padding_, groups_, act_}, o);
   return finish_output(forward_unfolded(x), o);
 }
 

@@ -129,16 +129,24 @@ NeckImpl::NeckImpl(const SizeConfig& cfg) {
   down2_ = make_down(*this, "down2", cfg.adown, cfg.elan_down1_out, cfg.down2_out);
   elan_down2_ = register_module(
       "elan_down2", make_elan(cfg.down2_out + p5, cfg.elan_down2_out, cfg.elan_down2_part, cfg.n));
-  p3_ = p3, p4_ = p4, p5_ = p5, up1_out_ = cfg.up1_out, down1_out_ = cfg.down1_out, down2_out_ = cfg.down2_out;
 }
 
+namespace {
+
+// The concatenation `consumer` reads whose second part `producer` writes for input x (ELAN and
+// SPPELAN keep their input's batch and spatial size: the concatenation's): [consumer's input
+// channels - producer's output channels, producer's output channels].
+common::ChannelConcat second_part_of(const RepNCSPELAN& consumer, const ConvImpl& producer, const torch::Tensor& x) {
+  const int64_t total = consumer->cv1->conv->weight.size(1), second = producer.conv->weight.size(0);
+  return common::ChannelConcat(x, producer, {total - second, second});
+}
+
+}  // namespace
+
 const torch::Tensor* NeckImpl::Concats::place(int level, const torch::Tensor& input, const ConvImpl& producer) {
-  // ELAN and SPPELAN keep their input's batch and spatial size: the concatenation's.
   auto& cat = level == 0 ? up2_ : level == 1 ? up1_ : down2_;
-  const std::vector<int64_t> parts = level == 0   ? std::vector<int64_t>{neck_.up1_out_, neck_.p3_}
-                                     : level == 1 ? std::vector<int64_t>{neck_.p5_, neck_.p4_}
-                                                  : std::vector<int64_t>{neck_.down2_out_, neck_.p5_};
-  cat.emplace(input, producer, parts);
+  cat = second_part_of(level == 0 ? neck_.elan_up2_ : level == 1 ? neck_.elan_up1_ : neck_.elan_down2_, producer,
+                       input);
   return cat->part(1);
 }
 
@@ -148,7 +156,7 @@ std::array<torch::Tensor, 3> NeckImpl::forward(const std::array<torch::Tensor, 3
   if (cats && cats->up1_ && cats->up2_ && cats->down2_) {  // P4, P3 and P5 are in their concatenations
     common::upsample2x_into(p[2], *cats->up1_->part(0));
     const torch::Tensor& up1 = cats->up1_->whole();
-    cats->down1_.emplace(up1, *elan_up1_->cv4, std::vector<int64_t>{down1_out_, up1_out_});
+    cats->down1_ = second_part_of(elan_down1_, *elan_up1_->cv4, up1);
     const auto n4 = elan_up1_->forward(up1, {cats->down1_->part(1)});
     common::upsample2x_into(n4, *cats->up2_->part(0));
     auto o3 = elan_up2_->forward(cats->up2_->whole());
@@ -192,7 +200,6 @@ void TowerImpl::forward_into(const torch::Tensor& x, const torch::Tensor& into) 
   }
   common::run_folded(out_fold_, {out_source()}, h, {1, 0, out->options.groups(), false}, {&into});
 }
-
 
 void TowerImpl::replace_output(torch::nn::Conv2d conv) {
   conv->to(out->weight.device(), out->weight.scalar_type());

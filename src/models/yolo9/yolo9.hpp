@@ -104,7 +104,6 @@ class NeckImpl : public torch::nn::Module {
  private:
   RepNCSPELAN elan_up1_{nullptr}, elan_up2_{nullptr}, elan_down1_{nullptr}, elan_down2_{nullptr};
   Downsample down1_, down2_;
-  int64_t p3_, p4_, p5_, up1_out_, down1_out_, down2_out_;  // channels of the concatenations' parts
 };
 TORCH_MODULE(Neck);
 
