@@ -175,6 +175,8 @@ torch::Tensor run(const torch::Tensor& boxes, const torch::Tensor& scores,
 
 }  // namespace
 
+float iou_threshold_float32(double iou_threshold) { return threshold_in<float>(iou_threshold); }
+
 torch::Tensor nms(const torch::Tensor& boxes, const torch::Tensor& scores, double iou_threshold) {
   check_inputs(boxes, scores, "nms");
   return run(boxes, scores, nullptr, iou_threshold);

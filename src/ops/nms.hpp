@@ -17,4 +17,8 @@ torch::Tensor nms(const torch::Tensor& boxes, const torch::Tensor& scores, doubl
 torch::Tensor batched_nms(const torch::Tensor& boxes, const torch::Tensor& scores,
                           const torch::Tensor& classes, double iou_threshold);
 
+// The float32 threshold t such that `ovr > t` equals torchvision's `ovr > iou_threshold` for every
+// float32 ovr (the threshold rounded down to float32). Shared with the GPU NMS (kernels/detect_nms).
+float iou_threshold_float32(double iou_threshold);
+
 }  // namespace libreyolo::ops

@@ -6,8 +6,17 @@
 
 #include <libreyolo/errors.hpp>
 
+#include "core/env.hpp"
 #include "core/log.hpp"
 #include "ops/nms.hpp"
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/detect_nms.hpp"
+#include "models/kernel_dtype.hpp"
+#endif
 
 namespace libreyolo::ops {
 namespace {
@@ -111,6 +120,73 @@ void check_thresholds(int max_det, double ratio, int orig_h, int orig_w) {
 Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, double ratio, int orig_h,
                   int orig_w);
 
+// The device path (kernels/detect_nms.hpp): the whole post-processing of a CUDA pred on the GPU,
+// then one copy of the fixed-size result rows to the host, the only synchronisation. An image with
+// more candidates than the kernel's buffer takes the host path (collect_aten + finish), the same
+// detections. False (nothing done) when the kernel does not apply: not CUDA, a dtype it lacks,
+// or LIBREYOLO_NMS_KERNEL=0.
+bool postprocess_device(const torch::Tensor& pred, double conf, double iou, int max_det,
+                        const std::vector<ImageGeometry>& geometry, std::vector<Detections>& out) {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  static const bool on = env_switch_on("LIBREYOLO_NMS_KERNEL");
+  kernels::DetectNmsLaunch l;
+  if (!on || !pred.is_cuda() || !models::kernel_dtype(pred.scalar_type(), &l.dtype) ||
+      (pred.size(1) - 4) * pred.size(2) > 0xffffffffLL || pred.size(2) == 0)
+    return false;
+  const torch::Tensor p = pred.contiguous();
+  l.batch = p.size(0);
+  l.classes = static_cast<int>(p.size(1) - 4);
+  l.anchors = p.size(2);
+  // PyTorch compares a tensor with a Python float in the tensor's dtype.
+  l.conf = torch::scalar_tensor(conf, torch::kFloat64).to(p.scalar_type()).to(torch::kFloat32).item<float>();
+  l.iou = iou_threshold_float32(iou);
+  l.max_det = std::min(max_det, kernels::kDetectNmsCapacity);  // never more rows than candidates
+  std::vector<kernels::DetectImage> images;
+  images.reserve(geometry.size());
+  for (const auto& g : geometry)
+    images.push_back({static_cast<float>(g.ratio), static_cast<float>(g.orig_w), static_cast<float>(g.orig_h)});
+  c10::cuda::CUDAGuard guard(p.device());
+  const auto bytes = p.options().dtype(torch::kUInt8);
+  const torch::Tensor workspace = torch::empty({kernels::detect_nms_workspace_bytes(l.batch)}, bytes);
+  const torch::Tensor rows = torch::empty({l.batch, 2 + 6 * static_cast<int64_t>(l.max_det)},
+                                          p.options().dtype(torch::kFloat32));
+  l.stream = c10::cuda::getCurrentCUDAStream(p.device().index()).stream();
+  kernels::detect_nms(l, p.data_ptr(), images.data(), workspace.data_ptr(), rows.data_ptr<float>());
+  const torch::Tensor host = rows.to(torch::kCPU);  // the one synchronisation
+  const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
+  for (int64_t b = 0; b < l.batch; ++b) {
+    const float* r = host.data_ptr<float>() + b * host.size(1);
+    const auto& g = geometry[static_cast<size_t>(b)];
+    if (r[0] > static_cast<float>(kernels::kDetectNmsCapacity)) {  // more than the kernel sorts
+      out.push_back(finish(collect_aten(p.narrow(0, b, 1), conf, cap).front(), iou, max_det, g.ratio, g.orig_h,
+                           g.orig_w));
+      continue;
+    }
+    const auto kept = static_cast<int64_t>(r[1]);
+    if (kept == 0) {
+      out.push_back(empty_detections());
+      continue;
+    }
+    Detections d{torch::empty({kept, 4}, torch::kFloat32), torch::empty({kept}, torch::kFloat32),
+                 torch::empty({kept}, torch::kInt64)};
+    float* ob = d.boxes.data_ptr<float>();
+    float* os = d.scores.data_ptr<float>();
+    int64_t* oc = d.classes.data_ptr<int64_t>();
+    for (int64_t k = 0; k < kept; ++k) {
+      const float* q = r + 2 + 6 * k;
+      for (int j = 0; j < 4; ++j) ob[4 * k + j] = q[j];
+      os[k] = q[4];
+      oc[k] = static_cast<int64_t>(q[5]);
+    }
+    out.push_back(std::move(d));
+  }
+  return true;
+#else
+  (void)pred, (void)conf, (void)iou, (void)max_det, (void)geometry, (void)out;
+  return false;
+#endif
+}
+
 }  // namespace
 
 Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
@@ -120,6 +196,7 @@ Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, 
     throw UsageError("postprocess_yolo: pred must be a floating tensor [4 + nc, A] for one image");
   check_thresholds(max_det, ratio, orig_h, orig_w);
   const torch::Tensor p = pred.dim() == 3 ? pred[0] : pred;
+  if (p.is_cuda()) return postprocess_yolo_batch(p.unsqueeze(0), conf, iou, max_det, {{ratio, orig_h, orig_w}}).front();
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
   const std::vector<Candidate> cand = p.is_cpu() && p.scalar_type() == torch::kFloat32
                                           ? collect_cpu(p, conf, cap)
@@ -141,6 +218,7 @@ std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double
                                      geometry[i].orig_h, geometry[i].orig_w));
     return out;
   }
+  if (postprocess_device(pred, conf, iou, max_det, geometry, out)) return out;
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
   const auto cand = collect_aten(pred, conf, cap);
   for (size_t i = 0; i < geometry.size(); ++i)

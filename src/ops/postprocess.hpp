@@ -35,7 +35,7 @@ inline constexpr int64_t kMaxNmsCandidates = 30000;
 // divided by `ratio` (the top-left letterbox ratio, no offset) and clipped to [0, orig_w] x
 // [0, orig_h]; boxes with width or height <= 0, or a non-finite coordinate or score, dropped;
 // class-aware NMS at `iou` in original-image coordinates; the best max_det kept.
-// A GPU pred is reduced to its candidates on the device and copied to the host once.
+// A CUDA pred goes through postprocess_yolo_batch (the GPU path below).
 Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
                             double ratio, int orig_h, int orig_w);
 
@@ -46,9 +46,12 @@ struct ImageGeometry {
 };
 
 // postprocess_yolo for every image of pred [B, 4 + nc, A] (B = geometry.size()), the same
-// detections image by image. A device pred is reduced to all images' candidates on the device and
-// copied to the host in one go (a fixed number of synchronisations per batch instead of several
-// per image); a CPU float32 one takes postprocess_yolo's path image by image.
+// detections image by image. A CUDA float32/float16/bfloat16 pred is post-processed on the GPU
+// (kernels/detect_nms.hpp: candidates, sort, class-aware NMS) and its result rows copied to the
+// host once, the only synchronisation; an image with more candidates than that kernel sorts, or
+// any pred when LIBREYOLO_NMS_KERNEL=0 or of another dtype, has its candidates gathered on the
+// device and copied to the host in one go for the host NMS. A CPU float32 pred takes
+// postprocess_yolo's path image by image.
 std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double conf, double iou, int max_det,
                                                const std::vector<ImageGeometry>& geometry);
 
