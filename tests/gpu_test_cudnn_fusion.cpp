@@ -295,3 +295,79 @@ TEST(GpuCudnnFusion, GroupedBlockFusesThroughItsDenseWeight) {
     EXPECT_LE(e, tol);
   }
 }
+
+// The training convolutions through cached plans (cudnn_conv_train: forward, input gradient,
+// weight gradient) against float64 references on the CPU, for YOLO's 3x3 stride 1 and 2 shapes in
+// float16, bfloat16 and float32 (TF32); each run twice gives the same bits (only deterministic
+// engines are admitted); with autotuning on, plans are timed and written to the disk cache, and a
+// fresh plan cache in memory reads them back and gives the same bits.
+TEST(GpuCudnnFusion, TrainingConvolutionsMatchFloat64AndRepeatBitForBit) {
+  LY_REQUIRE_FUSION();
+  const test::CudnnSettings tuned(/*benchmark=*/true, at::globalContext().deterministicCuDNN(), /*allow_tf32=*/true);
+  struct Shape {
+    int64_t n, cin, hw, cout, stride;
+  };
+  const std::vector<Shape> shapes = {{4, 16, 40, 32, 1}, {4, 32, 40, 64, 2}, {2, 64, 20, 64, 1}};
+  const std::vector<std::pair<torch::ScalarType, double>> dtypes = {
+      {torch::kHalf, 3e-3}, {torch::kBFloat16, 2e-2}, {torch::kFloat, 3e-3}};
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  torch::manual_seed(3);
+  std::vector<torch::Tensor> first;
+  for (int round = 0; round < 2; ++round) {
+    if (round == 1) models::cudnn_fusion_forget_plans();  // as a new process: plans come from disk
+    const auto before = models::cudnn_fusion_stats();
+    size_t at = 0;
+    for (const auto& [dtype, tol] : dtypes) {
+      for (const auto& s : shapes) {
+        torch::manual_seed(static_cast<uint64_t>(s.cin * 7 + s.stride));
+        const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(dtype);
+        const auto x = torch::randn({s.n, s.cin, s.hw, s.hw}, opts).contiguous(cl);
+        const auto w = (torch::randn({s.cout, s.cin, 3, 3}, opts) * 0.2).contiguous(cl);
+        const int64_t oh = (s.hw + 2 - 3) / s.stride + 1;
+        const auto dy = torch::randn({s.n, s.cout, oh, oh}, opts).contiguous(cl);
+        const std::string what = std::string(c10::toString(dtype)) + " " + std::to_string(s.cin) + "->" +
+                                 std::to_string(s.cout) + " s" + std::to_string(s.stride);
+        const auto y = models::cudnn_conv_train(models::TrainConvOp::Forward, x, w, dy.sizes(), s.stride, 1);
+        const auto dx = models::cudnn_conv_train(models::TrainConvOp::InputGrad, dy, w, x.sizes(), s.stride, 1);
+        const auto dw = models::cudnn_conv_train(models::TrainConvOp::WeightGrad, dy, x, w.sizes(), s.stride, 1);
+        ASSERT_TRUE(y.defined() && dx.defined() && dw.defined()) << what << ": a training convolution was declined";
+        EXPECT_TRUE(y.is_contiguous(cl) && dx.is_contiguous(cl) && dw.is_contiguous(cl)) << what;
+        // float64 references: forward, and the gradients of sum(y * dy).
+        const auto x64 = x.to(torch::kCPU, torch::kDouble).requires_grad_(true);
+        const auto w64 = w.to(torch::kCPU, torch::kDouble).requires_grad_(true);
+        const auto y64 = torch::conv2d(x64, w64, {}, s.stride, 1);
+        (y64 * dy.to(torch::kCPU, torch::kDouble)).sum().backward();
+        const double ey = rel_err(y, y64.detach()), ex = rel_err(dx, x64.grad()), ew = rel_err(dw, w64.grad());
+        std::cout << "[ REPORT   ] training conv " << what << " round " << round << ": rel err y " << ey << " dx "
+                  << ex << " dw " << ew << "\n";
+        EXPECT_LT(ey, tol) << what;
+        EXPECT_LT(ex, tol) << what;
+        EXPECT_LT(ew, tol) << what;
+        for (const auto& t : {y, dx, dw}) {
+          if (round == 0) {
+            first.push_back(t.clone());
+          } else {
+            EXPECT_TRUE(torch::equal(t, first[at])) << what << ": the plan read from disk gives other bits";
+          }
+          ++at;
+        }
+        // Twice in a row: the same bits.
+        EXPECT_TRUE(torch::equal(
+            y, models::cudnn_conv_train(models::TrainConvOp::Forward, x, w, dy.sizes(), s.stride, 1)))
+            << what;
+        EXPECT_TRUE(torch::equal(
+            dw, models::cudnn_conv_train(models::TrainConvOp::WeightGrad, dy, x, w.sizes(), s.stride, 1)))
+            << what;
+      }
+    }
+    const auto after = models::cudnn_fusion_stats();
+    std::cout << "[ REPORT   ] round " << round << ": " << after.fused - before.fused << " plans, "
+              << after.loaded - before.loaded << " from disk, " << after.declined - before.declined << " declined, "
+              << after.build_ms - before.build_ms << " ms building\n";
+    if (round == 1) EXPECT_EQ(after.loaded - before.loaded, after.fused - before.fused);
+  }
+  // A grouped or NCHW operand is declined (ATen's convolution takes it).
+  const auto x = torch::randn({2, 16, 20, 20}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf));
+  const auto w = torch::randn({16, 16, 3, 3}, x.options()).contiguous(cl);
+  EXPECT_FALSE(models::cudnn_conv_train(models::TrainConvOp::Forward, x, w, {2, 16, 20, 20}, 1, 1).defined());
+}

@@ -10,12 +10,13 @@
 #include <atomic>
 #include <mutex>
 
+#include "models/cudnn_fusion.hpp"
+
 #ifdef LIBREYOLO_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/bias_act.hpp"
-#include "models/cudnn_fusion.hpp"
 #include "kernels/bn_act.hpp"
 #include "models/kernel_dtype.hpp"
 #endif
@@ -123,6 +124,12 @@ bool direct_cudnn(const at::Tensor& x, const at::Tensor& w, int64_t groups) {
          x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() < (int64_t{1} << 30);
 }
 
+
+// [N, K, H', W'] of conv2d(x, w) (groups 1, dilation 1).
+std::vector<int64_t> conv_output_sizes(const at::Tensor& x, const at::Tensor& w, int64_t stride, int64_t padding) {
+  return {x.size(0), w.size(0), (x.size(2) + 2 * padding - w.size(2)) / stride + 1,
+          (x.size(3) + 2 * padding - w.size(3)) / stride + 1};
+}
 
 // Adds g to t.grad, or makes g the gradient when there is none yet.
 void accumulate_grad(const at::Tensor& t, const at::Tensor& g) {
@@ -250,12 +257,18 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     if (gemm) {
       z = conv1x1_gemm(xc, wc);
     } else if (direct_cudnn(xc, wc, p->groups)) {
-      // What at::convolution would pick, without its dispatch layers and parameter checks.
-      auto& ctx_ = at::globalContext();
+      // A cached cuDNN plan (models/cudnn_fusion.hpp: chosen once per machine, kept on disk), else
+      // what at::convolution would pick, without its dispatch layers and parameter checks.
       const auto fmt = at::MemoryFormat::ChannelsLast;
-      z = at::cudnn_convolution(xc.contiguous(fmt), wc.contiguous(fmt), {p->padding, p->padding},
-                                {p->stride, p->stride}, {1, 1}, p->groups, ctx_.benchmarkCuDNN(),
-                                ctx_.deterministicCuDNN(), ctx_.allowTF32CuDNN(at::Float32Op::CONV));
+      const at::Tensor xl = xc.contiguous(fmt), wl = wc.contiguous(fmt);
+      z = cudnn_conv_train(TrainConvOp::Forward, xl, wl, conv_output_sizes(xl, wl, p->stride, p->padding), p->stride,
+                           p->padding);
+      if (!z.defined()) {
+        auto& ctx_ = at::globalContext();
+        z = at::cudnn_convolution(xl, wl, {p->padding, p->padding}, {p->stride, p->stride}, {1, 1}, p->groups,
+                                  ctx_.benchmarkCuDNN(), ctx_.deterministicCuDNN(),
+                                  ctx_.allowTF32CuDNN(at::Float32Op::CONV));
+      }
     } else {
       z = at::convolution(xc, wc, {}, {p->stride, p->stride}, {p->padding, p->padding}, {1, 1}, false,
                           {0, 0}, p->groups);
@@ -442,10 +455,23 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
         }
         if (need_w) dw = at::mm(dz_rows.t(), as_rows(xc)).view(wc.sizes());
       } else {
-        auto r = at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding}, {1, 1},
-                                          false, {0, 0}, groups, {need_x, need_w, false});
-        dx = std::get<0>(r);
-        dw = std::get<1>(r);
+        // Cached cuDNN plans where they apply (groups 1, packed channels-last operands), else ATen
+        // for whatever they declined.
+        if (groups == 1 && dz.is_cuda()) {
+          const auto fmt = at::MemoryFormat::ChannelsLast;
+          const at::Tensor dzl = dz.contiguous(fmt);
+          if (need_x && wc.is_contiguous(fmt))
+            dx = cudnn_conv_train(TrainConvOp::InputGrad, dzl, wc, xc.sizes(), stride, padding);
+          if (need_w && xc.is_contiguous(fmt))
+            dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wc.sizes(), stride, padding);
+        }
+        const bool want_x = need_x && !dx.defined(), want_w = need_w && !dw.defined();
+        if (want_x || want_w) {
+          auto r = at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding}, {1, 1},
+                                            false, {0, 0}, groups, {want_x, want_w, false});
+          if (want_x) dx = std::get<0>(r);
+          if (want_w) dw = std::get<1>(r);
+        }
       }
     }
     // Inside a DeferredWeightGrads scope the weight gradient is collected and written after

@@ -1,7 +1,8 @@
 // See cudnn_fusion.hpp. One cudnn_frontend graph per configuration (shapes, pixel strides, dtype,
 // stride, padding, activation, residual, device): conv_fprop -> add bias -> SWISH_FWD (beta 1:
 // x * sigmoid(x)) -> add residual, float32 accumulation and epilogue, one rounding to the output
-// dtype.
+// dtype; or, for training, one conv_fprop, conv_dgrad or conv_wgrad node. Plans are chosen, cached
+// and kept on disk the same way for both.
 #include "models/cudnn_fusion.hpp"
 
 #include "core/env.hpp"
@@ -65,6 +66,10 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor&, const torch::Tensor&, co
                                   bool, const torch::Tensor&, const torch::Tensor&) {
   return {};
 }
+torch::Tensor cudnn_conv_train(TrainConvOp, const torch::Tensor&, const torch::Tensor&, at::IntArrayRef, int64_t,
+                               int64_t) {
+  return {};
+}
 CudnnFusionStats cudnn_fusion_stats() { return {}; }
 void cudnn_fusion_forget_plans() {}
 
@@ -83,9 +88,12 @@ struct Shapes {
   int64_t stride, padding;
   bool act;
   std::array<int64_t, 3> pixel;  // elements from one pixel to the next in x, y, residual (0: none)
+  // -1: the fused inference convolution (bias, activation, residual); else a TrainConvOp, one
+  // plain convolution node (packed operands, no epilogue), deterministic engines only.
+  int op = -1;
   bool operator<(const Shapes& o) const {
-    return std::tie(io, x, w, y, stride, padding, act, pixel) <
-           std::tie(o.io, o.x, o.w, o.y, o.stride, o.padding, o.act, o.pixel);
+    return std::tie(io, x, w, y, stride, padding, act, pixel, op) <
+           std::tie(o.io, o.x, o.w, o.y, o.stride, o.padding, o.act, o.pixel, o.op);
   }
 };
 using Key = std::pair<int, Shapes>;  // device, configuration
@@ -115,8 +123,45 @@ std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d, int64_t pixel =
 }
 
 
+// A training convolution's graph: one conv_fprop, conv_dgrad or conv_wgrad node over packed
+// channels-last operands, its output rounded once to the io dtype (what ATen's cuDNN convolution
+// computes); engines cuDNN marks non-deterministic are barred, so that a replayed step equals the
+// eager one bit for bit.
+std::shared_ptr<fe::graph::Graph> training_graph(cudnnHandle_t handle, const Shapes& s) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+  const auto operand = [&](const char* name, int64_t uid, const std::vector<int64_t>& dims) {
+    return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
+        nhwc_strides(dims)));
+  };
+  const std::vector<int64_t> pad = {s.padding, s.padding}, stride = {s.stride, s.stride}, dilation = {1, 1};
+  std::shared_ptr<fe::graph::Tensor_attributes> out;
+  if (s.op == static_cast<int>(TrainConvOp::Forward)) {
+    out = g->conv_fprop(operand("x", kX, s.x), operand("w", kW, s.w),
+                        fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation));
+    out->set_uid(kY).set_dim(s.y).set_stride(nhwc_strides(s.y));
+  } else if (s.op == static_cast<int>(TrainConvOp::InputGrad)) {
+    out = g->conv_dgrad(operand("dy", kY, s.y), operand("w", kW, s.w),
+                        fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation));
+    out->set_uid(kX).set_dim(s.x).set_stride(nhwc_strides(s.x));
+  } else {
+    out = g->conv_wgrad(operand("dy", kY, s.y), operand("x", kX, s.x),
+                        fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation));
+    out->set_uid(kW).set_dim(s.w).set_stride(nhwc_strides(s.w));
+  }
+  out->set_output(true).set_data_type(s.io);
+  if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
+      !g->create_execution_plans({fe::HeurMode_t::A}).is_good())
+    return nullptr;
+  g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+  if (!g->check_support(handle).is_good()) return nullptr;
+  return g;
+}
+
 // The operation graph with its heuristics' candidate list (mode A), or null when cuDNN has none.
 std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Shapes& s) {
+  if (s.op >= 0) return training_graph(handle, s);
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(s.io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
       fe::DataType_t::FLOAT);
@@ -237,6 +282,7 @@ std::string plan_key(const Shapes& s, int device) {
   for (auto v : s.w) k << ' ' << v;
   k << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " pixel " << s.pixel[0] << ' '
     << s.pixel[1] << ' ' << s.pixel[2] << " candidates " << candidates();
+  if (s.op >= 0) k << " training op " << s.op;
   return k.str();
 }
 
@@ -321,35 +367,55 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
   }
   auto g = operation_graph(handle, s);
   if (!g) return plan;
-  static std::once_flag said;
-  std::call_once(said, [&] {
-    log_info("cuDNN fusion: compiling fused convolution kernels for new shapes (up to ~0.5 s each, once per "
-             "machine: " + (dir.empty() ? std::string("the disk cache is off") : "kept in " + dir) + ")");
+  static std::once_flag said_fused, said_training;
+  std::call_once(s.op < 0 ? said_fused : said_training, [&] {
+    const std::string where = dir.empty() ? std::string("the disk cache is off") : "kept in " + dir;
+    log_info(s.op < 0 ? "cuDNN fusion: compiling fused convolution kernels for new shapes (up to ~0.5 s each, once "
+                        "per machine: " + where + ")"
+                      : "cuDNN: timing training convolution plans for new shapes (once per machine: " + where + ")");
   });
-  const int64_t count = std::min(g->get_execution_plan_count(), candidates());
+  const int64_t total = g->get_execution_plan_count();
+  const int64_t count = std::min(total, candidates());
   std::shared_ptr<fe::graph::Graph> best_graph;
   int64_t best = -1;
   if (count <= 1) {  // the heuristics' first plan that builds
-    for (int64_t i = 0; i < g->get_execution_plan_count() && best < 0; ++i)
+    for (int64_t i = 0; i < total && best < 0; ++i)
       if (g->build_plan_at_index(i).is_good()) best = i;
     best_graph = g;
   } else {
-    std::vector<std::shared_ptr<fe::graph::Graph>> graphs(count);
-    std::vector<std::thread> threads;
+    // The first `count` candidates that build (a barred engine, e.g. a non-deterministic one, or
+    // one that fails to build makes room for the next), each in its own copy of the graph. Fused
+    // plans compile their kernels while they build: `count` at a time on threads with their own
+    // cuDNN handles; a training convolution's engines are precompiled, built here one by one.
+    std::vector<std::shared_ptr<fe::graph::Graph>> graphs(total);
     const int device = x.device().index();
-    for (int64_t i = 0; i < count; ++i)
-      threads.emplace_back([&, i] {
-        c10::cuda::set_device(device);
-        cudnnHandle_t h = nullptr;
-        if (fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) return;
-        auto gi = i == 0 ? g : operation_graph(h, s);
-        if (gi && gi->build_plan_at_index(i).is_good()) graphs[i] = std::move(gi);
-        fe::detail::destroy_handle(h);
-      });
-    for (auto& t : threads) t.join();
+    const auto build_one = [&](cudnnHandle_t h, int64_t i) {
+      auto gi = i == 0 ? g : operation_graph(h, s);
+      if (gi && gi->build_plan_at_index(i).is_good()) graphs[i] = std::move(gi);
+    };
+    int64_t built = 0;
+    for (int64_t start = 0; start < total && built < count; start += count) {
+      const int64_t end = std::min(total, start + count);
+      if (s.op >= 0) {
+        for (int64_t i = start; i < end; ++i) build_one(handle, i);
+      } else {
+        std::vector<std::thread> threads;
+        for (int64_t i = start; i < end; ++i)
+          threads.emplace_back([&, i] {
+            c10::cuda::set_device(device);
+            cudnnHandle_t h = nullptr;
+            if (fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) return;
+            build_one(h, i);
+            fe::detail::destroy_handle(h);
+          });
+        for (auto& t : threads) t.join();
+      }
+      for (int64_t i = start; i < end; ++i) built += graphs[i] ? 1 : 0;
+    }
     float best_ms = -1;
-    for (int64_t i = 0; i < count; ++i) {
+    for (int64_t i = 0, timed = 0; i < total && timed < count; ++i) {
       if (!graphs[i]) continue;
+      ++timed;
       const float ms = time_plan(handle, *graphs[i], i, ptrs, x);
       if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_graph = graphs[i];
     }
@@ -361,6 +427,39 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
   }
   plan->graph = std::move(best_graph);
   return plan;
+}
+
+// The cached plan for `shapes` (built on its first use, never inside a capture) run on `ptrs`;
+// false when cuDNN has no engine for it or the launch failed (then nothing was written).
+bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, const at::Tensor& like) {
+  const Key key{like.device().index(), shapes};
+  const auto stream = at::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  if (fe::detail::set_stream(handle, stream) != CUDNN_STATUS_SUCCESS) return false;
+  std::shared_ptr<Plan> plan;
+  {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.plans.find(key);
+    if (it == c.plans.end()) {
+      // Building times candidates (synchronising) and may compile kernels: never inside a capture.
+      // Captures run each shape eagerly first (ForwardGraphs, the training step's first
+      // occurrences), so this only declines strays.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
+        return false;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto built = build(handle, shapes, ptrs, like);
+      c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++(built->graph ? c.stats.fused : c.stats.declined);
+      if (built->from_disk) ++c.stats.loaded;
+      it = c.plans.emplace(key, std::move(built)).first;
+    }
+    plan = it->second;
+  }
+  if (!plan->graph) return false;
+  at::Tensor space = at::empty({std::max<int64_t>(plan->workspace, 1)}, like.options().dtype(at::kByte));
+  return plan->graph->execute(handle, ptrs, space.data_ptr()).is_good();
 }
 
 }  // namespace
@@ -410,40 +509,47 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
                       : io == at::kBFloat16 ? fe::DataType_t::BFLOAT16
                                             : fe::DataType_t::FLOAT,
                       x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
-  const Key key{x.device().index(), shapes};
-  cudnnHandle_t handle = at::native::getCudnnHandle();
-  if (fe::detail::set_stream(handle, at::cuda::getCurrentCUDAStream(x.device().index()).stream()) !=
-      CUDNN_STATUS_SUCCESS)
-    return {};
   std::unordered_map<int64_t, void*> ptrs = {
       {kX, x.data_ptr()}, {kW, wc.data_ptr()}, {kB, bias32.data_ptr()}, {kY, y.data_ptr()}};
   if (residual.defined()) ptrs[kR] = residual.data_ptr();
-  std::shared_ptr<Plan> plan;
-  {
-    Cache& c = cache();
-    std::lock_guard<std::mutex> lock(c.mutex);
-    auto it = c.plans.find(key);
-    if (it == c.plans.end()) {
-      // Building times candidates (synchronising) and may compile kernels: never inside a capture.
-      // Captures run each shape eagerly first (ForwardGraphs), so this only declines strays.
-      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(at::cuda::getCurrentCUDAStream(x.device().index()).stream(), &capturing) !=
-              cudaSuccess ||
-          capturing != cudaStreamCaptureStatusNone)
-        return {};
-      const auto t0 = std::chrono::steady_clock::now();
-      auto built = build(handle, shapes, ptrs, x);
-      c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      ++(built->graph ? c.stats.fused : c.stats.declined);
-      if (built->from_disk) ++c.stats.loaded;
-      it = c.plans.emplace(key, std::move(built)).first;
-    }
-    plan = it->second;
-  }
-  if (!plan->graph) return {};
-  at::Tensor space = at::empty({std::max<int64_t>(plan->workspace, 1)}, x.options().dtype(at::kByte));
   // A failed launch leaves y unwritten: decline, the caller computes it its own way.
-  return plan->graph->execute(handle, ptrs, space.data_ptr()).is_good() ? y : at::Tensor();
+  return run_plan(shapes, ptrs, x) ? y : at::Tensor();
+}
+
+torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const torch::Tensor& b, at::IntArrayRef out_sizes,
+                               int64_t stride, int64_t padding) {
+  static const bool on = env_switch_on("LIBREYOLO_CUDNN_TRAIN_CONV");
+  if (!on || !cudnn_fusion_enabled() || !a.is_cuda() || a.dim() != 4 || b.dim() != 4 || out_sizes.size() != 4 ||
+      b.device() != a.device())
+    return {};
+  const auto io = a.scalar_type();
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  if (!cudnn_fusion_takes(io) || b.scalar_type() != io || !a.is_contiguous(cl) || !b.is_contiguous(cl)) return {};
+  // x, w and y of the convolution, whichever two are given.
+  const bool fwd = op == TrainConvOp::Forward, dgrad = op == TrainConvOp::InputGrad;
+  const std::vector<int64_t> out(out_sizes.begin(), out_sizes.end());
+  const std::vector<int64_t> x = fwd ? a.sizes().vec() : dgrad ? out : b.sizes().vec();
+  const std::vector<int64_t> w = fwd ? b.sizes().vec() : dgrad ? b.sizes().vec() : out;
+  const std::vector<int64_t> y = fwd ? out : a.sizes().vec();
+  if (x[0] == 0 || w[1] != x[1] || y[0] != x[0] || y[1] != w[0] ||  // groups 1 only
+      y[2] != (x[2] + 2 * padding - w[2]) / stride + 1 || y[3] != (x[3] + 2 * padding - w[3]) / stride + 1 ||
+      y[2] <= 0 || y[3] <= 0)
+    return {};
+  // Plans are built for 16-byte-aligned vector accesses.
+  if (reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 != 0 || reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 != 0)
+    return {};
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor result = at::empty(out, a.options().memory_format(cl));
+  Shapes shapes{io == at::kHalf       ? fe::DataType_t::HALF
+                : io == at::kBFloat16 ? fe::DataType_t::BFLOAT16
+                                      : fe::DataType_t::FLOAT,
+                x, w, y, stride, padding, false, {x[1], y[1], 0}};
+  shapes.op = static_cast<int>(op);
+  std::unordered_map<int64_t, void*> ptrs;
+  ptrs[kX] = fwd ? a.data_ptr() : dgrad ? result.data_ptr() : b.data_ptr();
+  ptrs[kW] = fwd || dgrad ? b.data_ptr() : result.data_ptr();
+  ptrs[kY] = fwd ? result.data_ptr() : a.data_ptr();
+  return run_plan(shapes, ptrs, a) ? result : at::Tensor();
 }
 
 #endif

@@ -36,7 +36,23 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
                                   int64_t stride, int64_t padding, bool act, const torch::Tensor& residual = {},
                                   const torch::Tensor& out = {});
 
-// Configurations planned so far (fused and declined), for tests and benchmarks.
+// Training convolutions (models/conv_bn_act.cpp, groups 1) through the same plan cache: one plain
+// cuDNN convolution node per call, packed channels-last operands in a dtype cudnn_fusion_takes, the
+// result a new channels-last tensor of out_sizes in that dtype:
+//   Forward:   a = x [N, C, H, W], b = w [K, C, R, S], out_sizes = y's: y = conv2d(x, w);
+//   InputGrad: a = dy (y's shape), b = w, out_sizes = x's: dx;
+//   WeightGrad: a = dy, b = x, out_sizes = w's: dw.
+// Plans are picked as above (the fastest of the heuristics' first 4 that build, timed in a CUDA graph,
+// while autotuning is on) among engines cuDNN does not mark non-deterministic, and kept on disk, so
+// that a later process on the machine skips the autotuning of its convolutions. Undefined (nothing
+// written) when declined: LIBREYOLO_CUDNN_TRAIN_CONV=0, the fusion off, another layout or dtype, a
+// misaligned operand, no engine; the caller then runs ATen's convolution.
+enum class TrainConvOp { Forward = 0, InputGrad = 1, WeightGrad = 2 };
+torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const torch::Tensor& b, at::IntArrayRef out_sizes,
+                               int64_t stride, int64_t padding);
+
+// Configurations planned so far (fused inference convolutions and training convolutions with a plan,
+// and declined ones), for tests and benchmarks.
 struct CudnnFusionStats {
   int64_t fused = 0, declined = 0;
   int64_t loaded = 0;   // of the fused: plans read from the on-disk plan cache instead of built
