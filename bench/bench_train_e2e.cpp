@@ -21,6 +21,7 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "data/synthetic.hpp"
+#include "models/cudnn_fusion.hpp"
 
 namespace {
 // Seconds from the train() call to the end of each of the first steps (device work included):
@@ -121,12 +122,20 @@ int main(int argc, char** argv) {
       }
       auto first = std::make_shared<FirstSteps>();
       first->device = device == "cpu" ? torch::Device(torch::kCPU) : torch::Device(torch::kCUDA, 0);
+      const auto plans_before = libreyolo::models::cudnn_fusion_stats();
       auto r = m.train(opts, cb, {first});
+      const auto plans_after = libreyolo::models::cudnn_fusion_stats();
       bool graphed = gm == "on";  // --cuda-graph on, or --set cuda_graph=true
       for (const auto& kv : extra)
         if (kv == "cuda_graph=true" || kv == "cuda_graph=1") graphed = true;
       nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", graphed}, {"profile", mode},
                             {"run_in_process", run_i}, {"first_steps_s", first->at},
+                            // cuDNN plans of this run (models/cudnn_fusion.hpp): how many, how many read
+                            // from the disk cache, and the seconds spent choosing (timing) or loading them.
+                            {"cudnn_plans", {{"planned", plans_after.fused - plans_before.fused},
+                                             {"from_disk", plans_after.loaded - plans_before.loaded},
+                                             {"declined", plans_after.declined - plans_before.declined},
+                                             {"seconds", (plans_after.build_ms - plans_before.build_ms) / 1000.0}}},
                             {"epochs", nlohmann::json::array()}};
       const int iters = images / batch;
       if (eps.empty()) eps = r.epochs;
