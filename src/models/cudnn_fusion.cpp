@@ -429,6 +429,16 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
   return plan;
 }
 
+// The frontend's name for a dtype cudnn_fusion_takes.
+fe::DataType_t fe_dtype(at::ScalarType t) {
+  return t == at::kHalf ? fe::DataType_t::HALF : t == at::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::FLOAT;
+}
+
+// Output extent of a convolution along one side (dilation 1).
+int64_t out_side(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
 // The cached plan for `shapes` (built on its first use, never inside a capture) run on `ptrs`;
 // false when cuDNN has no engine for it or the launch failed (then nothing was written).
 bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, const at::Tensor& like) {
@@ -482,8 +492,8 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
   if (!cudnn_fusion_takes(io) || w.scalar_type() != io || bias32.scalar_type() != at::kFloat ||
       !bias32.is_contiguous() || bias32.numel() != w.size(0) || w.size(1) != x.size(1))  // groups 1 only
     return {};
-  const int64_t oh = (x.size(2) + 2 * padding - w.size(2)) / stride + 1;
-  const int64_t ow = (x.size(3) + 2 * padding - w.size(3)) / stride + 1;
+  const int64_t oh = out_side(x.size(2), w.size(2), stride, padding);
+  const int64_t ow = out_side(x.size(3), w.size(3), stride, padding);
   if (oh <= 0 || ow <= 0 || x.size(0) == 0) return {};
   const std::vector<int64_t> ysize = {x.size(0), w.size(0), oh, ow};
   for (const at::Tensor* t : {&residual, &out})
@@ -505,10 +515,7 @@ torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w
   at::Tensor y = out.defined() ? out : at::empty(ysize, x.options().memory_format(at::MemoryFormat::ChannelsLast));
   const int64_t yp = common::pixel_stride(y);
   if (yp == 0 || !aligned(y, yp)) return {};
-  const Shapes shapes{io == at::kHalf       ? fe::DataType_t::HALF
-                      : io == at::kBFloat16 ? fe::DataType_t::BFLOAT16
-                                            : fe::DataType_t::FLOAT,
-                      x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
+  const Shapes shapes{fe_dtype(io), x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
   std::unordered_map<int64_t, void*> ptrs = {
       {kX, x.data_ptr()}, {kW, wc.data_ptr()}, {kB, bias32.data_ptr()}, {kY, y.data_ptr()}};
   if (residual.defined()) ptrs[kR] = residual.data_ptr();
@@ -532,7 +539,7 @@ torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const tor
   const std::vector<int64_t> w = fwd ? b.sizes().vec() : dgrad ? b.sizes().vec() : out;
   const std::vector<int64_t> y = fwd ? out : a.sizes().vec();
   if (x[0] == 0 || w[1] != x[1] || y[0] != x[0] || y[1] != w[0] ||  // groups 1 only
-      y[2] != (x[2] + 2 * padding - w[2]) / stride + 1 || y[3] != (x[3] + 2 * padding - w[3]) / stride + 1 ||
+      y[2] != out_side(x[2], w[2], stride, padding) || y[3] != out_side(x[3], w[3], stride, padding) ||
       y[2] <= 0 || y[3] <= 0)
     return {};
   // Plans are built for 16-byte-aligned vector accesses.
@@ -540,10 +547,7 @@ torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const tor
     return {};
   c10::cuda::CUDAGuard guard(a.device());
   at::Tensor result = at::empty(out, a.options().memory_format(cl));
-  Shapes shapes{io == at::kHalf       ? fe::DataType_t::HALF
-                : io == at::kBFloat16 ? fe::DataType_t::BFLOAT16
-                                      : fe::DataType_t::FLOAT,
-                x, w, y, stride, padding, false, {x[1], y[1], 0}};
+  Shapes shapes{fe_dtype(io), x, w, y, stride, padding, false, {x[1], y[1], 0}};
   shapes.op = static_cast<int>(op);
   std::unordered_map<int64_t, void*> ptrs;
   ptrs[kX] = fwd ? a.data_ptr() : dgrad ? result.data_ptr() : b.data_ptr();
