@@ -366,6 +366,8 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
         const json prof = profile_steps([&] { b->step(); }, 3);
         r["kernels_per_step"] = prof["kernels_per_step"];
         r["gpu_busy_ms_per_step"] = prof["kernel_busy_ms_per_step"];
+        // First kernel start to last kernel end: below the busy sum when kernels overlap (streams).
+        r["gpu_span_ms_per_step"] = prof["gpu_span_ms_per_step"];
         json top = json::array();
         for (const auto& k : prof["kernels_top"]) {
           if (top.size() >= 15) break;

@@ -11,6 +11,7 @@
 
 #include "core/cuda_graph.hpp"
 #include "loss/loss.hpp"
+#include "models/conv_bn_act.hpp"
 #include "step_check.hpp"
 #include "support.hpp"
 
@@ -209,6 +210,48 @@ TEST(GpuStepGraph, HundredFp32StepsEqualEagerBitForBit) {
 TEST(GpuStepGraph, HundredFp16StepsWithOverflowSkipsEqualEagerBitForBit) {
   LY_REQUIRE_CUDA();
   expect_bitwise_equal("float16", true);
+}
+
+// The weight gradients on a side stream of the backward in a captured step
+// (models::set_wgrad_stream): the graphed run with them (a parallel branch in the graph) equals
+// the eager run with everything on one stream, bit for bit, as does the graphed run without them.
+// Eager steps keep them on one stream.
+TEST(GpuStepGraph, WeightGradientsOnASideStreamEqualOneStream) {
+  LY_REQUIRE_CUDA();
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
+  const torch::Device dev(torch::kCUDA, 0);
+  TrainConfig cfg;
+  cfg.batch = 4;
+  cfg.epochs = 10;
+  cfg.warmup_epochs = 1;
+  const engine::AmpPlan amp = engine::plan_amp(true, "bfloat16", dev);
+  const auto batches = make_batches(30, {4}, 160);
+  auto run = [&](bool side, bool graphs) {
+    models::set_wgrad_stream(side);
+    const int64_t before = models::wgrad_side_tasks();
+    Rig rig = make_rig(cfg, dev, amp, /*batches_per_epoch=*/10);
+    if (graphs) EXPECT_EQ(rig.r.runner().enable_cuda_graphs(), "");
+    auto losses = train(rig, batches);
+    const int64_t tasks = models::wgrad_side_tasks() - before;
+    if (side && graphs) {
+      EXPECT_GT(tasks, 0) << "no weight gradient ran on the side stream";
+    } else if (!side) {
+      EXPECT_EQ(tasks, 0);
+    }
+    if (graphs) EXPECT_EQ(rig.r.runner().graph_stats().replayed_micro_steps, 28);
+    return std::make_tuple(losses, state_of(rig), tasks);
+  };
+  auto [l_one, s_one, t_one] = run(false, false);
+  auto [l_side, s_side, t_side] = run(true, true);
+  auto [l_graph_one, s_graph_one, t_graph_one] = run(false, true);
+  auto [l_eager, s_eager, t_eager] = run(true, false);
+  models::set_wgrad_stream(true);
+  expect_same_run(l_one, s_one, l_side, s_side);
+  expect_same_run(l_one, s_one, l_graph_one, s_graph_one);
+  expect_same_run(l_one, s_one, l_eager, s_eager);
+  // Only the capture queues them (once per weight gradient of the network); eager steps none.
+  std::cerr << "[ info ] side-stream weight gradients in the graphed run: " << t_side << "\n";
+  EXPECT_EQ(t_eager, 0);
 }
 
 TEST(GpuStepGraph, AccumulationAndAnOddLastBatchEqualEager) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <deque>
+#include <functional>
 #include <mutex>
 
 #include "models/cudnn_fusion.hpp"
@@ -214,16 +216,175 @@ constexpr int64_t kPathKernels = 2;      // the fused kernels (kernels/bn_act)
 constexpr int64_t kPathKernelsSync = 3;  // SyncBN in the fused kernels
 
 // ---------------------------------------------------------------- deferred weight gradients
+std::atomic<bool>& wgrad_stream_flag() {
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_WGRAD_STREAM")};
+  return on;
+}
+
+std::atomic<int64_t>& wgrad_task_count() {
+  static std::atomic<int64_t> n{0};
+  return n;
+}
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// ---------------------------------------------------------------- weight gradients on a side stream
+// A node's convolution-weight gradient is off the backward's critical path: only its input
+// gradient feeds the next node, and while weight gradients are deferred nothing reads them
+// before the flush. So the lane queues them on a side stream forked off the backward's stream,
+// where they overlap the following nodes' BatchNorm and input-gradient kernels (at the batch
+// sizes trained here most of those are too small to fill the GPU). Captured in a CUDA graph this
+// is a parallel branch. Stream order is kept by events only:
+//  - fork(): an event on the backward's stream after the node's dz; the side work waits for it;
+//  - what the side work reads (dz, the saved input) was allocated on the backward's stream, so
+//    the lane holds it until that stream has waited for the side work (at most lag() nodes later,
+//    or at join()), and only then lets it go: its memory is reused after the read in both orders;
+//  - what the side work allocates (the gradient, cuDNN's workspace) belongs to the side stream,
+//    and every side task starts with a fork, so a later reuse there comes after the backward
+//    stream's reads of it;
+//  - join() (the flush, before anything reads the gradients) makes the backward's stream wait
+//    for all of it.
+// The same kernels with the same operands as on one stream: the same bits. Used in captured steps
+// (wgrad_lane below). One training per device at a time (as the BatchNorm scratch).
+// LIBREYOLO_WGRAD_STREAM=0 keeps everything on the backward's stream.
+class WgradLane {
+ public:
+  struct Fork {
+    cudaEvent_t event = nullptr;
+  };
+
+  // Creates the side stream on `device` (and a few events) unless done; not during a capture.
+  void open(int device) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (side_ && device == device_) return;
+    TORCH_CHECK(pending_.empty(), "weight-gradient stream: device changed with work in flight");
+    c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+    side_ = s;  // the previous device's stream, if any, is left to the process's end
+    device_ = device;
+    while (static_cast<int>(spare_.size()) < lag() + 2) {  // what one capture uses at most
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+      spare_.push_back(e);
+    }
+  }
+
+  Fork fork(cudaStream_t main) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Fork f{event()};
+    check(cudaEventRecord(f.event, main), "record");
+    return f;
+  }
+
+  // Runs `work` on the side stream after the fork; `hold` lives until `main` has waited for it.
+  void run(const Fork& f, cudaStream_t main, std::vector<at::Tensor> hold, const std::function<void()>& work) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check(cudaStreamWaitEvent(side_, f.event, 0), "wait");
+    spare_.push_back(f.event);  // the wait took the event's state: reusable
+    {
+      c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(side_, static_cast<c10::DeviceIndex>(device_)));
+      work();
+    }
+    ++wgrad_task_count();
+    Pending p{event(), std::move(hold)};
+    check(cudaEventRecord(p.done, side_), "record");
+    pending_.push_back(std::move(p));
+    while (static_cast<int>(pending_.size()) > lag()) retire(main);
+  }
+
+  // The calling thread's current stream of the lane's device waits for everything queued on the
+  // side stream; what was held is released.
+  void join() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_.empty()) return;
+    const cudaStream_t main = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_)).stream();
+    while (!pending_.empty()) retire(main);
+  }
+
+ private:
+  // Side tasks in flight before the backward's stream waits for the oldest: each holds its dz
+  // and input a little longer. LIBREYOLO_WGRAD_LAG=n (1..64) sets it, for measurements.
+  static int lag() {
+    static const int n = [] {
+      const char* v = std::getenv("LIBREYOLO_WGRAD_LAG");
+      const int k = v ? std::atoi(v) : 0;
+      return k >= 1 && k <= 64 ? k : 4;
+    }();
+    return n;
+  }
+  struct Pending {
+    cudaEvent_t done;
+    std::vector<at::Tensor> hold;
+  };
+
+  static void check(cudaError_t e, const char* what) {
+    TORCH_CHECK(e == cudaSuccess, "weight-gradient stream: ", what, ": ", cudaGetErrorString(e));
+  }
+
+  cudaEvent_t event() {
+    if (spare_.empty()) {
+      cudaEvent_t e = nullptr;
+      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
+      return e;
+    }
+    cudaEvent_t e = spare_.back();
+    spare_.pop_back();
+    return e;
+  }
+
+  void retire(cudaStream_t main) {
+    Pending& p = pending_.front();
+    const cudaError_t e = cudaStreamWaitEvent(main, p.done, 0);
+    spare_.push_back(p.done);
+    pending_.pop_front();  // after the wait: the held tensors' memory is free in stream order
+    check(e, "wait");
+  }
+
+  std::mutex mutex_;
+  int device_ = -1;
+  cudaStream_t side_ = nullptr;
+  std::deque<Pending> pending_;
+  std::vector<cudaEvent_t> spare_;
+};
+
+#endif
+
+
 struct Deferred {
   std::mutex mutex;
   int depth = 0;
   std::vector<at::Tensor> params, grads;
+#ifdef LIBREYOLO_CUDA_KERNELS
+  WgradLane lane;
+#endif
 };
 
 Deferred& deferred() {
   static Deferred* d = new Deferred();  // never destroyed: holds CUDA tensors
   return *d;
 }
+
+bool deferring() {
+  Deferred& d = deferred();
+  std::lock_guard<std::mutex> lock(d.mutex);
+  return d.depth > 0;
+}
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// The lane for this node's weight gradient: while gradients are deferred, on CUDA, switched on.
+// Only in a step being captured: an eager step is host-bound at the batch sizes trained here, so
+// the overlap would buy nothing there, and the side stream's own memory pool would add to the
+// reserved memory (H200, v9-t batch 32: +0.44 GB; inside a graph's private pool +0.08 GB). Eager
+// steps open the lane (its stream and events), so that a capture creates nothing.
+WgradLane* wgrad_lane(const at::Tensor& dz, cudaStream_t main) {
+  if (!wgrad_stream_flag().load() || !dz.is_cuda() || !deferring()) return nullptr;
+  WgradLane& lane = deferred().lane;
+  lane.open(dz.device().index());
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(main, &status) != cudaSuccess) return nullptr;
+  return status == cudaStreamCaptureStatusActive ? &lane : nullptr;
+}
+#endif
 
 bool defer_weight_grad(const at::Tensor& param, const at::Tensor& grad) {
   Deferred& d = deferred();
@@ -447,31 +608,48 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     }
     at::Tensor dx, dw;
     if (need_x || need_w) {
-      if (gemm) {
-        const at::Tensor dz_rows = as_rows(dz.contiguous(at::MemoryFormat::ChannelsLast));
-        const at::Tensor w2 = wc.view({wc.size(0), wc.size(1)});
-        if (need_x) {
-          dx = at::mm(dz_rows, w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
+      const auto fmt = at::MemoryFormat::ChannelsLast;
+      // dz as the convolution gradients read it (NHWC, packed) where a plan or the GEMM takes it.
+      const at::Tensor dzl = (gemm || (groups == 1 && dz.is_cuda())) ? dz.contiguous(fmt) : dz;
+      // The weight gradient; with the lane, on its side stream (see WgradLane).
+      const auto weight_grad = [&] {
+        if (gemm) {
+          dw = at::mm(as_rows(dzl).t(), as_rows(xc)).view(wc.sizes());
+          return;
         }
-        if (need_w) dw = at::mm(dz_rows.t(), as_rows(xc)).view(wc.sizes());
-      } else {
-        // Cached cuDNN plans where they apply (groups 1, packed channels-last operands), else ATen
-        // for whatever they declined.
-        if (groups == 1 && dz.is_cuda()) {
-          const auto fmt = at::MemoryFormat::ChannelsLast;
-          const at::Tensor dzl = dz.contiguous(fmt);
-          if (need_x && wc.is_contiguous(fmt))
+        // Cached cuDNN plans where they apply (groups 1, packed channels-last operands), else ATen.
+        if (groups == 1 && dz.is_cuda() && xc.is_contiguous(fmt))
+          dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wc.sizes(), stride, padding);
+        if (!dw.defined()) {
+          dw = std::get<1>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
+                                                    {1, 1}, false, {0, 0}, groups, {false, true, false}));
+        }
+      };
+#ifdef LIBREYOLO_CUDA_KERNELS
+      const cudaStream_t main = dz.is_cuda() ? c10::cuda::getCurrentCUDAStream(dz.device().index()).stream() : nullptr;
+      WgradLane* lane = need_w ? wgrad_lane(dz, main) : nullptr;
+      const WgradLane::Fork fork = lane ? lane->fork(main) : WgradLane::Fork{};
+#endif
+      if (need_x) {
+        if (gemm) {
+          const at::Tensor w2 = wc.view({wc.size(0), wc.size(1)});
+          dx = at::mm(as_rows(dzl), w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
+        } else {
+          if (groups == 1 && dz.is_cuda() && wc.is_contiguous(fmt))
             dx = cudnn_conv_train(TrainConvOp::InputGrad, dzl, wc, xc.sizes(), stride, padding);
-          if (need_w && xc.is_contiguous(fmt))
-            dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wc.sizes(), stride, padding);
+          if (!dx.defined()) {
+            dx = std::get<0>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
+                                                      {1, 1}, false, {0, 0}, groups, {true, false, false}));
+          }
         }
-        const bool want_x = need_x && !dx.defined(), want_w = need_w && !dw.defined();
-        if (want_x || want_w) {
-          auto r = at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding}, {1, 1},
-                                            false, {0, 0}, groups, {want_x, want_w, false});
-          if (want_x) dx = std::get<0>(r);
-          if (want_w) dw = std::get<1>(r);
-        }
+      }
+      if (need_w) {
+#ifdef LIBREYOLO_CUDA_KERNELS
+        if (lane)
+          lane->run(fork, main, {dz, dzl, xc, wc}, weight_grad);
+        else
+#endif
+          weight_grad();
       }
     }
     // Inside a DeferredWeightGrads scope the weight gradient is collected and written after
@@ -578,8 +756,21 @@ DeferredWeightGrads::DeferredWeightGrads() {
 DeferredWeightGrads::~DeferredWeightGrads() {
   if (!flushed_) {  // backward failed: drop what was collected
     Deferred& d = deferred();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    if (--d.depth == 0) d.params.clear(), d.grads.clear();
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lock(d.mutex);
+      if (--d.depth == 0) d.params.clear(), d.grads.clear(), last = true;
+    }
+#ifdef LIBREYOLO_CUDA_KERNELS
+    if (last) {
+      try {
+        d.lane.join();  // nothing may stay queued against memory that is about to be reused
+      } catch (const std::exception&) {  // a failed CUDA context: nothing is queued any more
+      }
+    }
+#else
+    (void)last;
+#endif
   }
 }
 
@@ -594,6 +785,9 @@ void DeferredWeightGrads::flush() {
     params.swap(d.params);
     grads.swap(d.grads);
   }
+#ifdef LIBREYOLO_CUDA_KERNELS
+  deferred().lane.join();  // the gradients computed on the side stream, before anything reads them
+#endif
   torch::NoGradGuard ng;
   // Existing gradients (every step after the first: the optimizer zeroes them in place; and
   // accumulation over micro-batches): one multi-tensor add into them. Fresh gradients (the first
@@ -644,6 +838,9 @@ void set_fused_conv_training(bool on) { fused_flag().store(on); }
 bool fused_conv_training() { return fused_flag().load(); }
 
 void set_fused_conv_kernels(bool on) { kernels_flag().store(on); }
+
+void set_wgrad_stream(bool on) { wgrad_stream_flag().store(on); }
+int64_t wgrad_side_tasks() { return wgrad_task_count().load(); }
 
 bool fused_conv_cuda_kernels() {
 #ifdef LIBREYOLO_CUDA_KERNELS

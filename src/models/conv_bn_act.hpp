@@ -139,5 +139,10 @@ bool fused_conv_cuda_kernels();
 // Use the CUDA kernels where they apply (default on; LIBREYOLO_FUSED_CONV_KERNELS=0 turns them
 // off, leaving the node on ATen's ops: for comparisons).
 void set_fused_conv_kernels(bool on);
+// Deferred weight gradients on CUDA run on a side stream of the backward (default on;
+// LIBREYOLO_WGRAD_STREAM=0 turns it off: everything on the backward's stream, the same bits).
+// wgrad_side_tasks() counts the weight gradients queued there so far (tests, benchmarks).
+void set_wgrad_stream(bool on);
+int64_t wgrad_side_tasks();
 
 }  // namespace libreyolo::models
