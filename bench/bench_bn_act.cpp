@@ -128,7 +128,7 @@ nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
   torch::Tensor rmean = torch::zeros({c}, f32), rvar = torch::ones({c}, f32);
   torch::Tensor stats = torch::empty({2 * c}, f32), dsum = torch::empty({2 * c}, f32);
   torch::Tensor dg = torch::empty({c}, f32), db = torch::empty({c}, f32);
-  torch::Tensor counters = torch::zeros({libreyolo::kernels::bn_act_counter_words()}, opts.dtype(torch::kInt));
+  torch::Tensor counters = torch::zeros({libreyolo::kernels::bn_act_max_counters()}, opts.dtype(torch::kInt));
   torch::Tensor partials = torch::empty({3 * libreyolo::kernels::bn_act_max_partials_per_plane() + 3 * c}, f32);
   auto* cnt = reinterpret_cast<unsigned*>(counters.data_ptr<int>());
 

@@ -15,12 +15,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <map>
-#include <mutex>
+#include <type_traits>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 namespace libreyolo::kernels {
 namespace {
@@ -143,12 +140,11 @@ __device__ bool last_block(unsigned* counters) {
 // In all four kernels thread (tx, ty) of block (bx, by) owns the channel group g = by*CX + tx,
 // i.e. channels g*V .. g*V+V-1, and walks rows bx*RY + ty stepping by gridDim.x*RY.
 
-// The statistics: every block publishes its rows' partials; the last block of each channel block
-// merges them and writes the results. Returns true in that block (after its writes).
 template <typename T, int V>
-__device__ bool stats_body(const T* __restrict__ x, int64_t rows, int channels, float* partials, unsigned* counters,
-                           float* mean_out, float* invstd_out, float* running_mean, float* running_var,
-                           float momentum, float eps, float* row) {
+__global__ void __launch_bounds__(kThreads)
+    bn_stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
+                    unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
+                    float* running_var, float momentum, float eps, float* row) {
   __shared__ float sn[kThreads], sm[V * kThreads], sq[V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
@@ -188,7 +184,7 @@ __device__ bool stats_body(const T* __restrict__ x, int64_t rows, int channels, 
       partials[2 * plane + at] = sq[j * kThreads + threadIdx.x];
     }
   }
-  if (!last_block(counters)) return false;
+  if (!last_block(counters)) return;
   // The last block merges the row-blocks' partials, each thread its V channels.
   n = 0.f;
 #pragma unroll
@@ -239,44 +235,6 @@ __device__ bool stats_body(const T* __restrict__ x, int64_t rows, int channels, 
       running_var[c] = (1.f - momentum) * running_var[c] + momentum * (ss / (cnt - 1.f));
     }
   }
-  return true;
-}
-
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_stats_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials,
-                    unsigned* counters, float* mean_out, float* invstd_out, float* running_mean,
-                    float* running_var, float momentum, float eps, float* row) {
-  stats_body<T, V>(x, rows, channels, partials, counters, mean_out, invstd_out, running_mean, running_var,
-                   momentum, eps, row);
-}
-
-// ---- One launch instead of two (a reduction, then an elementwise pass over the same rows): the
-// blocks that are not last wait for the last one's results, then go on to their rows. All blocks
-// of the grid must be resident at once (the host checks the occupancy: one_launch_blocks()). The
-// wait is on a per-channel-block generation word (counters[bn_act_max_counters() + by]) that only
-// ever increases: each block reads it before it arrives, the last block increments it after its
-// results are written, so launches on one stream need no reset.
-__device__ __forceinline__ unsigned generation_before_arrival(const unsigned* gens) {
-  __shared__ unsigned gen;
-  if (threadIdx.x == 0 && threadIdx.y == 0) gen = *reinterpret_cast<const volatile unsigned*>(&gens[blockIdx.y]);
-  __syncthreads();
-  return gen;
-}
-
-// After the reduction: the last block publishes (its results are written), the others wait.
-__device__ __forceinline__ void results_barrier(bool last, unsigned* gens, unsigned gen) {
-  if (last) {
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0) atomicAdd(&gens[blockIdx.y], 1u);
-  } else {
-    if (threadIdx.x == 0 && threadIdx.y == 0) {
-      while (*reinterpret_cast<volatile unsigned*>(&gens[blockIdx.y]) == gen) __nanosleep(32);
-    }
-    __syncthreads();
-    __threadfence();
-  }
 }
 
 // One thread per channel: merges the processes' rows [mean, invstd, count] (see bn_act.hpp).
@@ -304,19 +262,19 @@ __global__ void bn_merge_rows_kernel(const float* __restrict__ rows, int world, 
   running_var[c] = (1.f - momentum) * running_var[c] + momentum * (m2 / (n - 1.f));
 }
 
-// mean and invstd read through L2: in the one-launch kernel another block wrote them in this launch.
 template <typename T, int V>
-__device__ void apply_body(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
-                           const float* __restrict__ beta, const float* mean, const float* invstd, bool act,
-                           T* __restrict__ y) {
+__global__ void __launch_bounds__(kThreads)
+    bn_apply_act_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
+                        const float* __restrict__ beta, const float* __restrict__ mean,
+                        const float* __restrict__ invstd, bool act, T* __restrict__ y) {
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
   float scale[V], shift[V], v[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int c = g * V + j;
-    scale[j] = gamma[c] * __ldcg(invstd + c);
-    shift[j] = beta[c] - __ldcg(mean + c) * scale[j];
+    scale[j] = gamma[c] * invstd[c];
+    shift[j] = beta[c] - mean[c] * scale[j];
   }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
@@ -331,28 +289,6 @@ __device__ void apply_body(const T* __restrict__ x, int64_t rows, int channels, 
   }
 }
 
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_apply_act_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
-                        const float* __restrict__ beta, const float* __restrict__ mean,
-                        const float* __restrict__ invstd, bool act, T* __restrict__ y) {
-  apply_body<T, V>(x, rows, channels, gamma, beta, mean, invstd, act, y);
-}
-
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_forward_one_kernel(const T* __restrict__ x, int64_t rows, int channels, float* partials, unsigned* counters,
-                          float* mean_out, float* invstd_out, float* running_mean, float* running_var, float momentum,
-                          float eps, const float* __restrict__ gamma, const float* __restrict__ beta, bool act,
-                          T* __restrict__ y) {
-  unsigned* gens = counters + bn_act_max_counters();
-  const unsigned gen = generation_before_arrival(gens);
-  const bool last = stats_body<T, V>(x, rows, channels, partials, counters, mean_out, invstd_out, running_mean,
-                                     running_var, momentum, eps, nullptr);
-  results_barrier(last, gens, gen);
-  apply_body<T, V>(x, rows, channels, gamma, beta, mean_out, invstd_out, act, y);
-}
-
 // Gradient at the BatchNorm output: dy through SiLU (recomputed from the BN output z) or dy.
 __device__ __forceinline__ float bn_out_grad(float dy, float z, bool act) {
   if (!act) return dy;
@@ -361,11 +297,12 @@ __device__ __forceinline__ float bn_out_grad(float dy, float z, bool act) {
 }
 
 template <typename T, int V>
-__device__ bool backward_reduce_body(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                                     const float* __restrict__ gamma, const float* __restrict__ beta,
-                                     const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                                     float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
-                                     bool accumulate, bool sync_sums) {
+__global__ void __launch_bounds__(kThreads)
+    bn_backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+                              const float* __restrict__ gamma, const float* __restrict__ beta,
+                              const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
+                              float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
+                              bool accumulate, bool sync_sums) {
   __shared__ float sa[V * kThreads], sb[V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
@@ -407,7 +344,7 @@ __device__ bool backward_reduce_body(const T* __restrict__ dy, const T* __restri
       partials[plane + at] = sb[j * kThreads + threadIdx.x];
     }
   }
-  if (!last_block(counters)) return false;
+  if (!last_block(counters)) return;
 #pragma unroll
   for (int j = 0; j < V; ++j) sum_g[j] = sum_gx[j] = 0.f;
   if (mine) {
@@ -432,27 +369,15 @@ __device__ bool backward_reduce_body(const T* __restrict__ dy, const T* __restri
       if (dbeta) dbeta[c] = accumulate ? dbeta[c] + sg : sg;
     }
   }
-  return true;
 }
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    bn_backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                              const float* __restrict__ gamma, const float* __restrict__ beta,
-                              const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                              float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
-                              bool accumulate, bool sync_sums) {
-  backward_reduce_body<T, V>(dy, x, rows, channels, gamma, beta, mean, invstd, act, partials, counters, dsum, dgamma,
-                             dbeta, accumulate, sync_sums);
-}
-
-// dsum read through L2: in the one-launch kernel another block wrote it in this launch.
-template <typename T, int V>
-__device__ void backward_elemt_body(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                                    const float* __restrict__ gamma, const float* __restrict__ beta,
-                                    const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                                    const float* dsum, const float* __restrict__ count, bool sync_sums,
-                                    T* __restrict__ dx) {
+    bn_backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+                             const float* __restrict__ gamma, const float* __restrict__ beta,
+                             const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
+                             const float* __restrict__ dsum, const float* __restrict__ count, bool sync_sums,
+                             T* __restrict__ dx) {
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
   const float inv_m = 1.f / (count ? *count : static_cast<float>(rows));
@@ -464,9 +389,9 @@ __device__ void backward_elemt_body(const T* __restrict__ dy, const T* __restric
     is[j] = invstd[c];
     ga[j] = gamma[c];
     be[j] = beta[c];
-    mean_g[j] = __ldcg(dsum + c) * inv_m;
+    mean_g[j] = dsum[c] * inv_m;
     // sum(g * xhat) = invstd * sum(g * (x - mean))
-    mean_gx[j] = __ldcg(dsum + channels + c) * inv_m * (sync_sums ? is[j] : 1.f);
+    mean_gx[j] = dsum[channels + c] * inv_m * (sync_sums ? is[j] : 1.f);
   }
   const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
@@ -481,32 +406,6 @@ __device__ void backward_elemt_body(const T* __restrict__ dy, const T* __restric
     }
     store_pack<T, V>(dx, i, xv);
   }
-}
-
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                             const float* __restrict__ gamma, const float* __restrict__ beta,
-                             const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                             const float* __restrict__ dsum, const float* __restrict__ count, bool sync_sums,
-                             T* __restrict__ dx) {
-  backward_elemt_body<T, V>(dy, x, rows, channels, gamma, beta, mean, invstd, act, dsum, count, sync_sums, dx);
-}
-
-// Reduction and input gradient in one launch (not under SyncBN: its sums are all-reduced in between).
-template <typename T, int V>
-__global__ void __launch_bounds__(kThreads)
-    bn_backward_one_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
-                           const float* __restrict__ gamma, const float* __restrict__ beta,
-                           const float* __restrict__ mean, const float* __restrict__ invstd, bool act, float* partials,
-                           unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate,
-                           T* __restrict__ dx) {
-  unsigned* gens = counters + bn_act_max_counters();
-  const unsigned gen = generation_before_arrival(gens);
-  const bool last = backward_reduce_body<T, V>(dy, x, rows, channels, gamma, beta, mean, invstd, act, partials,
-                                               counters, dsum, dgamma, dbeta, accumulate, false);
-  results_barrier(last, gens, gen);
-  backward_elemt_body<T, V>(dy, x, rows, channels, gamma, beta, mean, invstd, act, dsum, nullptr, false, dx);
 }
 
 // The smallest power of two >= groups, at most `most`.
@@ -546,27 +445,6 @@ int elementwise_row_blocks(int64_t rows, const Grid& g) {
 
 void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Blocks of `kernel` (kThreads each) resident at once on the current device: the most a one-launch
-// grid may have, since its blocks wait for each other. Cached per kernel and device.
-int resident_blocks(const void* kernel) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> cache;
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(kernel, device);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  int per_sm = 0, sms = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0), "occupancy");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "multiprocessors");
-  return cache[key] = per_sm * sms;
-}
-
-// Whether a one-launch kernel takes this launch: asked for, and its grid resident at once.
-bool one_launch_fits(const BnActLaunch& l, const Grid& g, const void* kernel) {
-  return l.one_launch && static_cast<int64_t>(l.row_blocks) * g.channel_blocks <= resident_blocks(kernel);
 }
 
 template <typename Fn>
@@ -647,22 +525,9 @@ void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, con
                     float* running_mean, float* running_var, float momentum, float eps, float* partials,
                     unsigned* counters, float* mean, float* invstd, void* y) {
   check_vec(l, "bn_act_forward");
-  const Grid g = reduce_grid(l);
-  bool done = false;
-  dispatch_launch(l, [&](auto* tag, auto vc) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int V = decltype(vc)::value;
-    const auto kernel = bn_forward_one_kernel<T, V>;
-    if (!one_launch_fits(l, g, reinterpret_cast<const void*>(kernel))) return;
-    kernel<<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-        static_cast<const T*>(x), l.rows, l.channels, partials, counters, mean, invstd, running_mean, running_var,
-        momentum, eps, gamma, beta, l.act, static_cast<T*>(y));
-    done = true;
-  });
-  if (!done) {
-    launch_stats(l, g, x, partials, counters, mean, invstd, running_mean, running_var, momentum, eps, nullptr);
-    launch_apply(l, grid_for(l.channels, l.vec), x, gamma, beta, mean, invstd, y);
-  }
+  launch_stats(l, reduce_grid(l), x, partials, counters, mean, invstd, running_mean, running_var, momentum, eps,
+               nullptr);
+  launch_apply(l, grid_for(l.channels, l.vec), x, gamma, beta, mean, invstd, y);
   check(cudaGetLastError(), "bn_act_forward");
 }
 
@@ -697,43 +562,6 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
         l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
   });
   check(cudaGetLastError(), "bn_act_backward_reduce");
-}
-
-bool bn_act_takes_one_launch(const BnActLaunch& l, bool backward) {
-  const Grid g = reduce_grid(l);
-  bool fits = false;
-  dispatch_launch(l, [&](auto* tag, auto vc) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int V = decltype(vc)::value;
-    const void* k = backward ? reinterpret_cast<const void*>(bn_backward_one_kernel<T, V>)
-                             : reinterpret_cast<const void*>(bn_forward_one_kernel<T, V>);
-    fits = one_launch_fits(l, g, k);
-  });
-  return fits;
-}
-
-void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma, const float* beta,
-                     const float* mean, const float* invstd, float* partials, unsigned* counters, float* dsum,
-                     float* dgamma, float* dbeta, bool accumulate, void* dx) {
-  check_vec(l, "bn_act_backward");
-  if (l.sync_sums) throw std::invalid_argument("bn_act_backward: SyncBN sums are all-reduced between the launches");
-  const Grid g = reduce_grid(l);
-  bool done = false;
-  dispatch_launch(l, [&](auto* tag, auto vc) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    constexpr int V = decltype(vc)::value;
-    const auto kernel = bn_backward_one_kernel<T, V>;
-    if (!one_launch_fits(l, g, reinterpret_cast<const void*>(kernel))) return;
-    kernel<<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act,
-        partials, counters, dsum, dgamma, dbeta, accumulate, static_cast<T*>(dx));
-    done = true;
-  });
-  if (!done) {
-    bn_act_backward_reduce(l, dy, x, gamma, beta, mean, invstd, partials, counters, dsum, dgamma, dbeta, accumulate);
-    bn_act_backward_elemt(l, dy, x, gamma, beta, mean, invstd, dsum, nullptr, dx);
-  }
-  check(cudaGetLastError(), "bn_act_backward");
 }
 
 void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,

@@ -1,6 +1,5 @@
 // Fused training-mode BatchNorm (+ optional SiLU) over NHWC (channels_last) activations, as
-// four CUDA kernels: two for forward, two for backward (SyncBN adds one that merges the processes' statistics;
-// each pair also as one kernel, where its grid is resident at once). Plain pointers and a cudaStream_t only,
+// four CUDA kernels: two for forward, two for backward (SyncBN adds one that merges the processes' statistics). Plain pointers and a cudaStream_t only,
 // so that the .cu file needs no torch headers; src/models/fused_conv.cpp is the torch side.
 //
 // x is an [M, C] row-major matrix (M = N*H*W). Statistics are per channel over the M rows.
@@ -35,10 +34,6 @@ struct BnActLaunch {
   // (bn_act_reduce_block_channels() channels); else a power of two <= 32, clamped to the channel
   // count. row_blocks and the counters must come from the same value.
   int block_groups = 0;
-  // bn_act_forward and bn_act_backward: one launch instead of two where the grid is resident at
-  // once (the blocks wait for the reduction's last block, then do the elementwise pass over their
-  // own rows); the same results as two launches, bit for bit.
-  bool one_launch = false;
 };
 
 constexpr int bn_act_max_vector_width() { return 8; }
@@ -57,9 +52,6 @@ int bn_act_row_blocks(int64_t rows, int channels, int vec, int block_groups = 0,
 // Counters needed for a launch (one per channel block). bn_act_max_counters() bounds it.
 int bn_act_counters(int channels, int vec, int block_groups = 0);
 constexpr int bn_act_max_counters() { return 4096; }
-// Words of the `counters` buffer every launch takes (zeroed once before the first launch): the
-// counters, then the one-launch kernels' generation words (one per channel block).
-constexpr int bn_act_counter_words() { return 2 * bn_act_max_counters(); }
 // Bound on P * C over every launch: P <= max(1, 1024 / channel_blocks) row-blocks of at most 32
 // channel groups of `vec` channels each.
 constexpr long long bn_act_max_partials_per_plane() { return 1024LL * 32 * bn_act_max_vector_width(); }
@@ -84,12 +76,6 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
 void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
                            const float* beta, const float* mean, const float* invstd, const float* dsum,
                            const float* count, void* dx);
-// Whether bn_act_forward (backward: bn_act_backward) runs this launch as one kernel.
-bool bn_act_takes_one_launch(const BnActLaunch& l, bool backward);
-// Both of them (one launch where l.one_launch allows); not for SyncBN (l.sync_sums).
-void bn_act_backward(const BnActLaunch& l, const void* dy, const void* x, const float* gamma, const float* beta,
-                     const float* mean, const float* invstd, float* partials, unsigned* counters, float* dsum,
-                     float* dgamma, float* dbeta, bool accumulate, void* dx);
 
 // ---- SyncBN forward: the same kernels split around a cross-process all-reduce.
 // bn_act_local_stats writes this process's statistics into `row` (2C+1 floats:

@@ -75,7 +75,7 @@ KernelBuffers kernel_buffers(const at::Device& device, int64_t scratch_floats) {
   auto& [counters, scratch] = buffers[index];
   if (!counters) {
     const auto opts = at::TensorOptions().device(device);
-    counters = new at::Tensor(at::zeros({kernels::bn_act_counter_words()}, opts.dtype(at::kInt)));
+    counters = new at::Tensor(at::zeros({kernels::bn_act_max_counters()}, opts.dtype(at::kInt)));
     scratch = new at::Tensor(at::empty({kScratchFloats}, opts.dtype(at::kFloat)));
   }
   return {reinterpret_cast<unsigned*>(counters->data_ptr<int>()), scratch->data_ptr<float>()};
@@ -105,8 +105,6 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
   kernel_dtype(z.scalar_type(), &l.dtype);
   l.act = act;
   l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
-  static const bool one_launch = env_switch_on("LIBREYOLO_BN_ONE_LAUNCH");
-  l.one_launch = one_launch;
   return l;
 }
 #endif
@@ -541,24 +539,20 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       float* dsum = synced ? dsum_t.data_ptr<float>() : partials + 2 * static_cast<int64_t>(l.row_blocks) * l.channels;
       const float* mean = stats.data_ptr<float>();
       const float* invstd = mean + l.channels;
-      float* dgamma = in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr);
-      float* dbeta = in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr);
-      if (!synced && dz.defined()) {
-        kernels::bn_act_backward(l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(),
-                                 mean, invstd, partials, buf.counters, dsum, dgamma, dbeta, in_place, dz.data_ptr());
-      } else {
-        // This process's own weight and bias gradients come from its own sums (before any all-reduce).
-        kernels::bn_act_backward_reduce(l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(),
-                                        beta.data_ptr<float>(), mean, invstd, partials, buf.counters, dsum, dgamma,
-                                        dbeta, in_place);
-      }
-      if (synced && dz.defined()) {  // the input gradient from the global sums
-        const auto sync = bn_stats_sync();
-        TORCH_CHECK(sync, "SyncBN: the statistics sync was removed between forward and backward");
-        sync->all_reduce_sum(dsum_t);
+      // This process's own weight and bias gradients come from its own sums (before any all-reduce).
+      kernels::bn_act_backward_reduce(
+          l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(), mean, invstd, partials,
+          buf.counters, dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr),
+          in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr), in_place);
+      if (dz.defined()) {
+        if (synced) {
+          const auto sync = bn_stats_sync();
+          TORCH_CHECK(sync, "SyncBN: the statistics sync was removed between forward and backward");
+          sync->all_reduce_sum(dsum_t);
+        }
         kernels::bn_act_backward_elemt(l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(),
-                                       beta.data_ptr<float>(), mean, invstd, dsum, mean + 2 * l.channels,
-                                       dz.data_ptr());
+                                       beta.data_ptr<float>(), mean, invstd, dsum,
+                                       synced ? mean + 2 * l.channels : nullptr, dz.data_ptr());
       }
       if (!in_place) {
         if (need_g) accumulate_grad(gamma, dg);
