@@ -144,13 +144,19 @@ void expect_same_run(const std::vector<torch::Tensor>& losses_a, const std::vect
   EXPECT_EQ(count_differences(state_a, state_b, &names), 0) << names;
 }
 
-void expect_bitwise_equal(const char* dtype, bool force_overflow) {
-  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
-  const torch::Device dev(torch::kCUDA, 0);
+// Batch 4, 10 epochs with 1 of warm-up: the runs compared below.
+TrainConfig short_run_config() {
   TrainConfig cfg;
   cfg.batch = 4;
   cfg.epochs = 10;
   cfg.warmup_epochs = 1;
+  return cfg;
+}
+
+void expect_bitwise_equal(const char* dtype, bool force_overflow) {
+  const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
+  const torch::Device dev(torch::kCUDA, 0);
+  TrainConfig cfg = short_run_config();
   // "float32": AMP off (the trainer's amp=false), no loss scaler.
   const bool fp32 = std::string(dtype) == "float32";
   const engine::AmpPlan amp = engine::plan_amp(!fp32, fp32 ? "bfloat16" : dtype, dev);
@@ -220,10 +226,7 @@ TEST(GpuStepGraph, WeightGradientsOnASideStreamEqualOneStream) {
   LY_REQUIRE_CUDA();
   const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
-  TrainConfig cfg;
-  cfg.batch = 4;
-  cfg.epochs = 10;
-  cfg.warmup_epochs = 1;
+  TrainConfig cfg = short_run_config();
   const engine::AmpPlan amp = engine::plan_amp(true, "bfloat16", dev);
   const auto batches = make_batches(30, {4}, 160);
   auto run = [&](bool side, bool graphs) {
@@ -260,11 +263,8 @@ TEST(GpuStepGraph, AccumulationAndAnOddLastBatchEqualEager) {
   LY_REQUIRE_CUDA();
   const test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
-  TrainConfig cfg;
-  cfg.batch = 4;
+  TrainConfig cfg = short_run_config();
   cfg.nbs = 8;
-  cfg.epochs = 10;
-  cfg.warmup_epochs = 1;
   const engine::AmpPlan amp = engine::plan_amp(true, "bfloat16", dev);
   const auto batches = make_batches(30, {4, 4, 4, 4, 3}, 128);
   auto run = [&](bool graphs) {
