@@ -44,7 +44,8 @@ int bn_act_vector_width(int channels);
 // 2-6x faster alone on an H200 (e.g. 256 channels at 40x40, batch 16: statistics 92 -> 15 us),
 // but the graphed v9-t step was no faster with them (batch 16: 27.3 ms against 27.1-27.2 ms;
 // that build's backward reduction also had the unrolling that spilled, see bn_act.cu), so the
-// grid stays the one the other results were measured with.
+// grid stays the one the other results were measured with. LIBREYOLO_BN_BLOCK_CHANNELS and
+// LIBREYOLO_BN_ROWS_PER_THREAD set both for every launch of a training step (models/conv_bn_act.cpp).
 constexpr int bn_act_reduce_block_channels() { return 256; }
 constexpr int bn_act_rows_per_thread() { return 4; }
 // Number of row-blocks for a launch (the size of the partials' P dimension); 0 = the defaults.

@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -91,6 +92,30 @@ bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
          z.size(1) <= kMaxChannels;
 }
 
+// The reductions' grid, for measurements in the step (bench_bn_act sweeps it one shape at a time):
+// LIBREYOLO_BN_BLOCK_CHANNELS = channels per block (a power of two, 1..256) and
+// LIBREYOLO_BN_ROWS_PER_THREAD = rows per thread (1..64); unset or out of range: the kernels'
+// defaults (kernels/bn_act.hpp).
+struct ReduceGridChoice {
+  int block_channels = 0, rows_per_thread = 0;
+};
+
+const ReduceGridChoice& reduce_grid_choice() {
+  static const ReduceGridChoice choice = [] {
+    const auto read = [](const char* name, int lo, int hi) {
+      const char* v = std::getenv(name);
+      const int n = v ? std::atoi(v) : 0;
+      return n >= lo && n <= hi ? n : 0;
+    };
+    ReduceGridChoice c;
+    c.block_channels = read("LIBREYOLO_BN_BLOCK_CHANNELS", 1, 256);
+    if ((c.block_channels & (c.block_channels - 1)) != 0) c.block_channels = 0;
+    c.rows_per_thread = read("LIBREYOLO_BN_ROWS_PER_THREAD", 1, 64);
+    return c;
+  }();
+  return choice;
+}
+
 // `tensors`: every activation the launch reads or writes; vector accesses only when all of them
 // are aligned for it.
 kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_list<const at::Tensor*> tensors) {
@@ -101,7 +126,13 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
   const auto bytes = static_cast<uintptr_t>(l.vec) * z.element_size();
   for (const at::Tensor* t : tensors)
     if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % bytes != 0) l.vec = 1;
-  l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels, l.vec);
+  const ReduceGridChoice& grid = reduce_grid_choice();
+  if (grid.block_channels > 0) {
+    l.block_groups = std::max(1, grid.block_channels / l.vec);  // in groups of vec channels
+    if (kernels::bn_act_counters(l.channels, l.vec, l.block_groups) > kernels::bn_act_max_counters())
+      l.block_groups = 0;
+  }
+  l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels, l.vec, l.block_groups, grid.rows_per_thread);
   kernel_dtype(z.scalar_type(), &l.dtype);
   l.act = act;
   l.stream = c10::cuda::getCurrentCUDAStream(z.device().index()).stream();
