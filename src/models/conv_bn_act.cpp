@@ -7,8 +7,8 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -379,7 +379,6 @@ class WgradLane {
 };
 
 #endif
-
 
 struct Deferred {
   std::mutex mutex;
