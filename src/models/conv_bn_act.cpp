@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -102,15 +101,10 @@ struct ReduceGridChoice {
 
 const ReduceGridChoice& reduce_grid_choice() {
   static const ReduceGridChoice choice = [] {
-    const auto read = [](const char* name, int lo, int hi) {
-      const char* v = std::getenv(name);
-      const int n = v ? std::atoi(v) : 0;
-      return n >= lo && n <= hi ? n : 0;
-    };
     ReduceGridChoice c;
-    c.block_channels = read("LIBREYOLO_BN_BLOCK_CHANNELS", 1, 256);
+    c.block_channels = env_int("LIBREYOLO_BN_BLOCK_CHANNELS", 1, 256, 0);
     if ((c.block_channels & (c.block_channels - 1)) != 0) c.block_channels = 0;
-    c.rows_per_thread = read("LIBREYOLO_BN_ROWS_PER_THREAD", 1, 64);
+    c.rows_per_thread = env_int("LIBREYOLO_BN_ROWS_PER_THREAD", 1, 64, 0);
     return c;
   }();
   return choice;
@@ -336,11 +330,7 @@ class WgradLane {
   // Side tasks in flight before the backward's stream waits for the oldest: each holds its dz
   // and input a little longer. LIBREYOLO_WGRAD_LAG=n (1..64) sets it, for measurements.
   static int lag() {
-    static const int n = [] {
-      const char* v = std::getenv("LIBREYOLO_WGRAD_LAG");
-      const int k = v ? std::atoi(v) : 0;
-      return k >= 1 && k <= 64 ? k : 4;
-    }();
+    static const int n = env_int("LIBREYOLO_WGRAD_LAG", 1, 64, 4);
     return n;
   }
   struct Pending {
