@@ -68,7 +68,9 @@ std::pair<torch::Tensor, torch::Tensor> make_batch(int64_t b, int64_t s, int nc)
 // top kernels. The answer decides what to optimise (host dispatch vs. GPU work).
 json profile_steps(const std::function<void()>& step, int n) {
   using namespace torch::autograd::profiler;
-  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  // Input shapes: ATen's own kernels (copies, adds, concatenations) are also split by the shapes
+  // their launching op was called with, which tells which layer's tensors they move.
+  torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO, /*report_input_shapes=*/true);
   std::set<torch::profiler::impl::ActivityType> acts{torch::profiler::impl::ActivityType::CPU,
                                                      torch::profiler::impl::ActivityType::CUDA};
   prepareProfiler(cfg, acts);
@@ -76,7 +78,7 @@ json profile_steps(const std::function<void()>& step, int n) {
   for (int i = 0; i < n; ++i) step();
   torch::cuda::synchronize();
   auto result = disableProfiler();
-  std::map<std::string, std::pair<int64_t, double>> cpu, gpu, by_caller;
+  std::map<std::string, std::pair<int64_t, double>> cpu, gpu, by_caller, aten_by_site;
   double kernel_us = 0;
   int64_t kernels = 0;
   uint64_t t_min = UINT64_MAX, t_max = 0;
@@ -104,12 +106,12 @@ json profile_steps(const std::function<void()>& step, int n) {
     open.push_back(ops[k]);
     op_of_correlation[e.correlationId()] = ops[k];
   }
-  auto chain = [&](uint64_t correlation) {
+  auto chain = [&](uint64_t correlation, int levels) {
     auto it = op_of_correlation.find(correlation);
     if (it == op_of_correlation.end()) return std::string("?");
     std::string c = events[it->second].name();
     size_t at = it->second;
-    for (int up = 0; up < 2; ++up) {
+    for (int up = 0; up < levels; ++up) {
       auto p = parent.find(at);
       if (p == parent.end()) break;
       at = p->second;
@@ -125,9 +127,23 @@ json profile_steps(const std::function<void()>& step, int n) {
       auto& g = gpu[e.name().substr(0, 90)];
       g.first++;
       g.second += us;
-      auto& bc = by_caller[e.name().substr(0, 60) + " | " + chain(e.linkedCorrelationId())];
+      auto& bc = by_caller[e.name().substr(0, 60) + " | " + chain(e.linkedCorrelationId(), 2)];
       bc.first++;
       bc.second += us;
+      if (e.name().rfind("void at::native::", 0) == 0) {
+        std::string shapes = "?";
+        if (auto it = op_of_correlation.find(e.linkedCorrelationId()); it != op_of_correlation.end()) {
+          shapes.clear();
+          for (const auto& s : events[it->second].shapes()) {
+            shapes += "[";
+            for (size_t d = 0; d < s.size(); ++d) shapes += (d ? "," : "") + std::to_string(s[d]);
+            shapes += "]";
+          }
+        }
+        auto& site = aten_by_site[e.name().substr(17, 45) + " | " + chain(e.linkedCorrelationId(), 4) + " | " + shapes];
+        site.first++;
+        site.second += us;
+      }
       t_min = std::min(t_min, e.startNs());
       t_max = std::max(t_max, e.endNs());
     } else if (e.deviceType() == c10::DeviceType::CPU && e.activityType() == 0) {
@@ -146,7 +162,8 @@ json profile_steps(const std::function<void()>& step, int n) {
   };
   return {{"steps", n}, {"kernels_per_step", kernels / n}, {"kernel_busy_ms_per_step", kernel_us / n / 1000.0},
           {"gpu_span_ms_per_step", (t_max - t_min) / 1e6 / n}, {"cpu_ops_top", top(cpu, 40)},
-          {"kernels_top", top(gpu, 15)}, {"kernels_by_caller_top", top(by_caller, 30)}};
+          {"kernels_top", top(gpu, 15)}, {"kernels_by_caller_top", top(by_caller, 30)},
+          {"aten_kernels_by_site_top", top(aten_by_site, 60)}};
 }
 
 int64_t count_kernels(const std::function<void()>& step) {
