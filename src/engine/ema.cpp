@@ -1,10 +1,32 @@
 #include "engine/ema.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstring>
 
 #include <libreyolo/errors.hpp>
 
+#include "core/env.hpp"
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "kernels/lerp_list.hpp"
+#endif
+
 namespace libreyolo::engine {
+
+namespace {
+std::atomic<bool>& ema_kernel_flag() {
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_EMA_KERNEL")};
+  return on;
+}
+}  // namespace
+
+void set_ema_kernel(bool on) { ema_kernel_flag().store(on); }
 
 std::vector<torch::Tensor> ModelEMA::float_state(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
@@ -45,13 +67,57 @@ void ModelEMA::apply(const torch::nn::Module& model) {
     // Per tensor lerp with a 0-dim float weight: the CPU kernel computes exactly what the
     // scalar-weight lerp computes with the same float weight.
     at::_foreach_lerp_(ema_state_, source_state_, weights_);
-  } else {
+  } else if (!apply_one_launch()) {
     // A tensor weight of another shape takes foreach lerp's slow path (a kernel per tensor) on
     // CUDA: three multi-tensor kernels instead, ema += w * (model - ema).
     auto diff = at::_foreach_sub(source_state_, ema_state_);
     at::_foreach_mul_(diff, weight_);
     at::_foreach_add_(ema_state_, diff);
   }
+}
+
+// The same update in one launch (kernels/lerp_list.hpp) when every tensor is a float32 CUDA tensor
+// on weight_'s device. The work table is built outside captures; a capture that finds it stale
+// (a tensor was replaced since) takes the multi-tensor ops instead. False: not done.
+bool ModelEMA::apply_one_launch() {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  if (!ema_kernel_flag().load() || !weight_.is_cuda()) return false;
+  const auto stream = c10::cuda::getCurrentCUDAStream(weight_.device().index());
+  bool fresh = !items_.defined() || item_addresses_.size() != 2 * ema_state_.size();
+  for (size_t i = 0; !fresh && i < ema_state_.size(); ++i)
+    fresh = item_addresses_[2 * i] != ema_state_[i].data_ptr() || item_addresses_[2 * i + 1] != source_state_[i].data_ptr();
+  if (fresh) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream.stream(), &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
+      return false;
+    std::vector<kernels::LerpItem> items;
+    std::vector<const void*> addresses;
+    for (size_t i = 0; i < ema_state_.size(); ++i) {
+      const torch::Tensor &d = ema_state_[i], &s = source_state_[i];
+      if (d.scalar_type() != torch::kFloat || s.scalar_type() != torch::kFloat || d.device() != weight_.device() ||
+          s.device() != weight_.device() || d.strides() != s.strides() || !d.is_non_overlapping_and_dense())
+        return false;
+      // Dense with the same strides (channels_last weights too): the same element order in memory.
+      for (int64_t at = 0; at < d.numel(); at += kernels::kLerpItemElements)
+        items.push_back({d.data_ptr<float>() + at, s.data_ptr<float>() + at,
+                         std::min(kernels::kLerpItemElements, d.numel() - at)});
+      addresses.push_back(d.data_ptr());
+      addresses.push_back(s.data_ptr());
+    }
+    const auto bytes = static_cast<int64_t>(items.size() * sizeof(kernels::LerpItem));
+    torch::Tensor host = torch::empty({bytes}, torch::kUInt8);
+    std::memcpy(host.data_ptr(), items.data(), static_cast<size_t>(bytes));
+    items_ = host.to(weight_.device());
+    item_addresses_ = std::move(addresses);
+    n_items_ = static_cast<int>(items.size());
+  }
+  c10::cuda::CUDAGuard guard(weight_.device());
+  kernels::lerp_items(reinterpret_cast<const kernels::LerpItem*>(items_.data_ptr()), n_items_,
+                      weight_.data_ptr<float>(), stream.stream());
+  return true;
+#else
+  return false;
+#endif
 }
 
 void ModelEMA::update(const torch::nn::Module& model) {

@@ -38,6 +38,16 @@ class ModelEMA {
   std::vector<torch::Tensor> ema_state_, source_state_;
   torch::Tensor weight_;                // 0-dim float32 on the model's device
   std::vector<torch::Tensor> weights_;  // weight_ once per tensor (the CPU lerp's argument)
+  // CUDA, all float32: the one-launch update's work table (kernels/lerp_list.hpp) in device memory,
+  // and the addresses it was built for (rebuilt when one moves; never while capturing).
+  bool apply_one_launch();
+  torch::Tensor items_;
+  std::vector<const void*> item_addresses_;
+  int n_items_ = 0;
 };
+
+// Whether the CUDA update may use the one-launch kernel (LIBREYOLO_EMA_KERNEL=0: ATen's multi-tensor
+// ops). For tests and measurements; the result is the same bits either way.
+void set_ema_kernel(bool on);
 
 }  // namespace libreyolo::engine
