@@ -298,7 +298,7 @@ __device__ __forceinline__ float bn_out_grad(float dy, float z, bool act) {
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    bn_backward_reduce_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+    bn_backward_reduce_kernel(const T* __restrict__ dy, int64_t ldy, const T* __restrict__ x, int64_t rows, int channels,
                               const float* __restrict__ gamma, const float* __restrict__ beta,
                               const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                               float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
       const int64_t i = r * channels + g * V;
       load_pack<T, V>(x, i, xv);
-      load_pack<T, V>(dy, i, gv);
+      load_pack<T, V>(dy, r * ldy + g * V, gv);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xhat = (xv[j] - mu[j]) * is[j];
@@ -373,7 +373,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
-    bn_backward_elemt_kernel(const T* __restrict__ dy, const T* __restrict__ x, int64_t rows, int channels,
+    bn_backward_elemt_kernel(const T* __restrict__ dy, int64_t ldy, const T* __restrict__ x, int64_t rows, int channels,
                              const float* __restrict__ gamma, const float* __restrict__ beta,
                              const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                              const float* __restrict__ dsum, const float* __restrict__ count, bool sync_sums,
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
     const int64_t i = r * channels + g * V;
     load_pack<T, V>(x, i, xv);
-    load_pack<T, V>(dy, i, gv);
+    load_pack<T, V>(dy, r * ldy + g * V, gv);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float xhat = (xv[j] - mu[j]) * is[j];
@@ -517,7 +517,11 @@ void launch_apply(const BnActLaunch& l, const Grid& g, const void* x, const floa
 
 void check_vec(const BnActLaunch& l, const char* what) {
   if (l.vec != 1 && l.vec != kVec) throw std::invalid_argument(std::string(what) + ": unsupported vector width");
+  if (l.dy_ld != 0 && (l.dy_ld < l.channels || l.dy_ld % l.vec != 0))
+    throw std::invalid_argument(std::string(what) + ": dy's row stride must be >= channels and a multiple of vec");
 }
+
+int64_t dy_stride(const BnActLaunch& l) { return l.dy_ld != 0 ? l.dy_ld : l.channels; }
 
 }  // namespace
 
@@ -558,8 +562,8 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
     using T = std::remove_pointer_t<decltype(tag)>;
     constexpr int V = decltype(vc)::value;
     bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
-        static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
-        l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
+        static_cast<const T*>(dy), dy_stride(l), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean,
+        invstd, l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
   });
   check(cudaGetLastError(), "bn_act_backward_reduce");
 }
@@ -574,8 +578,8 @@ void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, 
     constexpr int V = decltype(vc)::value;
     bn_backward_elemt_kernel<T, V>
         <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-            static_cast<const T*>(dy), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd,
-            l.act, dsum, count, l.sync_sums, static_cast<T*>(dx));
+            static_cast<const T*>(dy), dy_stride(l), static_cast<const T*>(x), l.rows, l.channels, gamma, beta,
+            mean, invstd, l.act, dsum, count, l.sync_sums, static_cast<T*>(dx));
   });
   check(cudaGetLastError(), "bn_act_backward_elemt");
 }

@@ -34,6 +34,10 @@ struct BnActLaunch {
   // (bn_act_reduce_block_channels() channels); else a power of two <= 32, clamped to the channel
   // count. row_blocks and the counters must come from the same value.
   int block_groups = 0;
+  // Backward only: dy's row stride in elements (0 = channels). A channel slice of a wider NHWC
+  // tensor (the gradient a concatenation hands each of its inputs) is read where it lies instead of
+  // being copied first; with vec > 1 it must be a multiple of vec.
+  int64_t dy_ld = 0;
 };
 
 constexpr int bn_act_max_vector_width() { return 8; }

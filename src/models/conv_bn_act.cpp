@@ -112,7 +112,9 @@ const ReduceGridChoice& reduce_grid_choice() {
 
 // `tensors`: every activation the launch reads or writes; vector accesses only when all of them
 // are aligned for it.
-kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_list<const at::Tensor*> tensors) {
+// `dy_ld`: the backward's dy row stride (0: packed).
+kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_list<const at::Tensor*> tensors,
+                                int64_t dy_ld = 0) {
   kernels::BnActLaunch l;
   l.channels = static_cast<int>(z.size(1));
   l.rows = z.numel() / z.size(1);
@@ -120,6 +122,8 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
   const auto bytes = static_cast<uintptr_t>(l.vec) * z.element_size();
   for (const at::Tensor* t : tensors)
     if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % bytes != 0) l.vec = 1;
+  l.dy_ld = dy_ld;
+  if (dy_ld % l.vec != 0) l.vec = 1;
   const ReduceGridChoice& grid = reduce_grid_choice();
   if (grid.block_channels > 0) {
     l.block_groups = std::max(1, grid.block_channels / l.vec);  // in groups of vec channels
@@ -138,6 +142,20 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
 at::Tensor as_rows(const at::Tensor& t) {
   return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)});
 }
+
+}  // namespace
+
+int64_t nhwc_row_stride(const at::Tensor& t) {
+  if (t.dim() != 4) return 0;
+  if (t.is_contiguous(at::MemoryFormat::ChannelsLast)) return t.size(1);
+  const int64_t C = t.size(1), H = t.size(2), W = t.size(3), ld = t.stride(3);
+  if (W < 2 || t.stride(1) != 1 || ld < C) return 0;
+  if (H > 1 && t.stride(2) != W * ld) return 0;
+  if (t.size(0) > 1 && t.stride(0) != H * W * ld) return 0;
+  return ld;
+}
+
+namespace {
 
 // Channels_last CUDA convolutions in a dtype cuDNN takes, small enough for one cuDNN call (ATen
 // splits larger batches itself): call cuDNN's operator directly.
@@ -536,9 +554,14 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     if (path == kPathKernels || path == kPathKernelsSync) {
       const bool synced = path == kPathKernelsSync;
       c10::cuda::CUDAGuard guard(z.device());
-      dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
+      // A channel slice of a wider NHWC gradient (what a concatenation hands back) is read in place.
+      int64_t dy_ld = dy.sizes() == z.sizes() ? nhwc_row_stride(dy) : 0;
+      if (dy_ld == 0) {
+        dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
+        dy_ld = z.size(1);
+      }
       dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
-      auto l = launch_for(z, act, {&z, &dy, &dz});
+      auto l = launch_for(z, act, {&z, &dy, &dz}, dy_ld == z.size(1) ? 0 : dy_ld);
       l.sync_sums = synced;
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       const KernelBuffers buf =
@@ -758,7 +781,8 @@ int64_t fused_dense_groups(const torch::Tensor& x, int64_t groups, at::ScalarTyp
 }
 
 bool conv1x1_gemm_applies(const torch::Tensor& x) {
-  return x.is_cuda() && x.is_contiguous(at::MemoryFormat::ChannelsLast);
+  // Packed NHWC, or a channel slice of it (the GEMM reads rows with a leading dimension).
+  return x.is_cuda() && nhwc_row_stride(x) > 0;
 }
 
 torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight) {

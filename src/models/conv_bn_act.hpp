@@ -54,6 +54,9 @@ torch::Tensor finish_output(torch::Tensor z, const ConvOutput& o);
 // [N*H*W, Cin] x [Cin, Cout] on views: same result, but cuBLAS costs the host a fraction of
 // cuDNN's per-call overhead, forward and backward. conv1x1_gemm_applies() says whether x allows it.
 bool conv1x1_gemm_applies(const torch::Tensor& x);
+// The row stride (elements) of x seen as an [N*H*W, C] matrix when x is NHWC memory read as rows:
+// C when packed, more for a channel slice of a wider NHWC tensor; 0 when it is neither.
+int64_t nhwc_row_stride(const torch::Tensor& x);
 torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight);
 
 // The inference forward of a BatchNorm-folded block (models/common/fold.hpp): act(conv(x, weight)
