@@ -7,7 +7,8 @@
 //
 // Each timing replays a CUDA graph of `launches` back-to-back launches (as the captured training
 // step runs them: no host launch cost) `reps` times and keeps the fastest replay. --grids sweeps
-// the reductions' grid: "auto" = the defaults (bn_act_row_blocks() with 0s); "old" = 32 channel
+// the reductions' grid: "rule" = the training step's choice for the shape (bn_act_reduce_grid_for());
+// "auto" = the kernels' fallback (bn_act_row_blocks() with 0s); "old" = 32 channel
 // groups per block, 4 rows per thread (the defaults as of 2026-12-01); "c<G>r<R>" = G channel groups per block, R rows per
 // thread; "c<G>p<P>" = G groups, P row-blocks (clamped to the bound of 1024 / channel blocks).
 // CUDA only.
@@ -153,13 +154,17 @@ nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
   for (const std::string& grid : o.grids) {
     l.block_groups = 0;
     l.row_blocks = auto_blocks;
-    if (grid == "old") {
+    if (grid == "rule") {  // what a training step uses for this shape
+      const auto g = libreyolo::kernels::bn_act_reduce_grid_for(rows, l.channels, l.vec);
+      l.block_groups = g.block_groups;
+      l.row_blocks = libreyolo::kernels::bn_act_row_blocks(rows, l.channels, l.vec, g.block_groups, g.rows_per_thread);
+    } else if (grid == "old") {
       l.block_groups = 32;
       l.row_blocks = libreyolo::kernels::bn_act_row_blocks(rows, l.channels, l.vec, 32, 4);
     } else if (grid != "auto") {
       const size_t at = grid.find_first_of("rp", 1);
       if (grid.empty() || grid[0] != 'c' || at == std::string::npos)
-        throw std::invalid_argument("--grids: auto, old, c<G>r<R> or c<G>p<P>, not " + grid);
+        throw std::invalid_argument("--grids: rule, auto, old, c<G>r<R> or c<G>p<P>, not " + grid);
       l.block_groups = std::stoi(grid.substr(1, at - 1));
       const int v = std::stoi(grid.substr(at + 1));
       const int cb = libreyolo::kernels::bn_act_counters(l.channels, l.vec, l.block_groups);

@@ -484,6 +484,21 @@ int bn_act_row_blocks(int64_t rows, int channels, int vec, int block_groups, int
   return static_cast<int>(std::max<int64_t>(1, std::min(want, cap)));
 }
 
+BnActGrid bn_act_reduce_grid_for(int64_t rows, int channels, int vec) {
+  const int64_t elements = rows * channels;
+  int block_channels = 64, rows_per_thread = 4;
+  if (elements >= (int64_t{1} << 21) && elements < 5 * (int64_t{1} << 20)) {
+    rows_per_thread = 8;
+  } else if (elements >= 5 * (int64_t{1} << 20) && elements < 20 * (int64_t{1} << 20)) {
+    block_channels = 32;
+    rows_per_thread = 16;
+  }
+  BnActGrid g;
+  g.block_groups = std::max(1, std::min(32, block_channels / std::max(1, vec)));
+  g.rows_per_thread = rows_per_thread;
+  return g;
+}
+
 int bn_act_counters(int channels, int vec, int block_groups) {
   return reduce_grid(channels, vec, block_groups).channel_blocks;
 }

@@ -43,15 +43,24 @@ struct BnActLaunch {
 constexpr int bn_act_max_vector_width() { return 8; }
 // The widest vector the channel count allows (the caller still checks pointer alignment).
 int bn_act_vector_width(int channels);
-// Defaults of the reductions' grid: channels per block and rows per thread (bench_bn_act sweeps
-// both). Narrower blocks and more rows per thread made the medium activations' reductions up to
-// 2-6x faster alone on an H200 (e.g. 256 channels at 40x40, batch 16: statistics 92 -> 15 us),
-// but the graphed v9-t step was no faster with them (batch 16: 27.3 ms against 27.1-27.2 ms;
-// that build's backward reduction also had the unrolling that spilled, see bn_act.cu), so the
-// grid stays the one the other results were measured with. LIBREYOLO_BN_BLOCK_CHANNELS and
-// LIBREYOLO_BN_ROWS_PER_THREAD set both for every launch of a training step (models/conv_bn_act.cpp).
+// The kernels' fallback grid when a launch names none (block_groups 0): channels per block and
+// rows per thread. Training steps name theirs (bn_act_reduce_grid_for below);
+// LIBREYOLO_BN_BLOCK_CHANNELS and LIBREYOLO_BN_ROWS_PER_THREAD set one grid for every launch of a
+// step instead (models/conv_bn_act.cpp), for measurements.
 constexpr int bn_act_reduce_block_channels() { return 256; }
 constexpr int bn_act_rows_per_thread() { return 4; }
+// The reductions' grid a training step uses for an [rows, channels] activation, by its size
+// (elements = rows * channels), from bench_bn_act's sweep on an H200 (bf16, batch 8 and 32, 16-256
+// channels, 20-320 px; statistics + backward sums per launch, summed over the 25 shapes: 2.61 ms with
+// 256 channels x 4 rows, 2.02 ms with the best grid of each shape):
+//   < 2^21 elements: 64 channels per block, 4 rows per thread (a short merge: few row-blocks);
+//   < 5 * 2^20: 64 x 8; < 20 * 2^20: 32 x 16 (fewer partials to merge); larger: 64 x 4 (the
+//   1,024-block cap binds, more rows per thread only lengthens each block).
+struct BnActGrid {
+  int block_groups = 0;     // channel groups of `vec` channels per block (BnActLaunch::block_groups)
+  int rows_per_thread = 0;  // for bn_act_row_blocks()
+};
+BnActGrid bn_act_reduce_grid_for(int64_t rows, int channels, int vec);
 // Number of row-blocks for a launch (the size of the partials' P dimension); 0 = the defaults.
 int bn_act_row_blocks(int64_t rows, int channels, int vec, int block_groups = 0, int rows_per_thread = 0);
 // Counters needed for a launch (one per channel block). bn_act_max_counters() bounds it.

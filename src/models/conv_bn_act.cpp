@@ -91,10 +91,10 @@ bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
          z.size(1) <= kMaxChannels;
 }
 
-// The reductions' grid, for measurements in the step (bench_bn_act sweeps it one shape at a time):
-// LIBREYOLO_BN_BLOCK_CHANNELS = channels per block (a power of two, 1..256) and
-// LIBREYOLO_BN_ROWS_PER_THREAD = rows per thread (1..64); unset or out of range: the kernels'
-// defaults (kernels/bn_act.hpp).
+// One reductions' grid for every launch, for measurements in the step (bench_bn_act sweeps it one
+// shape at a time): LIBREYOLO_BN_BLOCK_CHANNELS = channels per block (a power of two, 1..256) and
+// LIBREYOLO_BN_ROWS_PER_THREAD = rows per thread (1..64); unset or out of range: the grid chosen by
+// the activation's size (kernels::bn_act_reduce_grid_for).
 struct ReduceGridChoice {
   int block_channels = 0, rows_per_thread = 0;
 };
@@ -124,12 +124,13 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
     if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % bytes != 0) l.vec = 1;
   l.dy_ld = dy_ld;
   if (dy_ld % l.vec != 0) l.vec = 1;
-  const ReduceGridChoice& grid = reduce_grid_choice();
-  if (grid.block_channels > 0) {
-    l.block_groups = std::max(1, grid.block_channels / l.vec);  // in groups of vec channels
-    if (kernels::bn_act_counters(l.channels, l.vec, l.block_groups) > kernels::bn_act_max_counters())
-      l.block_groups = 0;
-  }
+  // The grid for this activation's size (kernels/bn_act.hpp), unless the environment fixes one.
+  const ReduceGridChoice& fixed = reduce_grid_choice();
+  kernels::BnActGrid grid = kernels::bn_act_reduce_grid_for(l.rows, l.channels, l.vec);
+  if (fixed.block_channels > 0) grid.block_groups = std::max(1, fixed.block_channels / l.vec);  // groups of vec channels
+  if (fixed.rows_per_thread > 0) grid.rows_per_thread = fixed.rows_per_thread;
+  l.block_groups = grid.block_groups;
+  if (kernels::bn_act_counters(l.channels, l.vec, l.block_groups) > kernels::bn_act_max_counters()) l.block_groups = 0;
   l.row_blocks = kernels::bn_act_row_blocks(l.rows, l.channels, l.vec, l.block_groups, grid.rows_per_thread);
   kernel_dtype(z.scalar_type(), &l.dtype);
   l.act = act;
