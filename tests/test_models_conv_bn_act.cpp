@@ -4,6 +4,10 @@
 #include "conv_bn_act_check.hpp"
 #include "support.hpp"
 
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include "kernels/bn_act.hpp"
+#endif
+
 namespace {
 
 using libreyolo::test::ConvCase;
@@ -247,5 +251,57 @@ TEST(ConvBnAct, StatsSyncNormalisesWithTheGlobalBatch) {
     EXPECT_LT(rel_err(conv->bn->running_var, ref->bn->running_var), 1e-5);
   }
 }
+
+
+// Which tensors the training step reads as [N*H*W, C] rows in place (the 1x1 GEMM's input, the
+// BatchNorm backward's dy): packed NHWC and channel slices of it, with their row stride; nothing
+// whose rows would overlap or whose pixels are not evenly spaced.
+TEST(ConvBnAct, RowStrideViewsOfNhwcMemory) {
+  using libreyolo::models::nhwc_row_stride;
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  const auto whole = torch::zeros({2, 24, 5, 7}).contiguous(cl);
+  EXPECT_EQ(nhwc_row_stride(whole), 24);
+  EXPECT_EQ(nhwc_row_stride(whole.narrow(1, 8, 16)), 24);  // a concatenation's part: rows 24 apart
+  EXPECT_EQ(nhwc_row_stride(whole.narrow(1, 0, 8)), 24);
+  EXPECT_EQ(nhwc_row_stride(torch::zeros({2, 24, 5, 7})), 0);      // NCHW
+  EXPECT_EQ(nhwc_row_stride(whole.narrow(3, 1, 4)), 0);            // a spatial slice: rows not evenly spaced
+  EXPECT_EQ(nhwc_row_stride(whole.narrow(2, 0, 3)), 0);
+  EXPECT_EQ(nhwc_row_stride(whole.narrow(0, 1, 1).narrow(1, 4, 4)), 24);  // one image of the batch
+  EXPECT_EQ(nhwc_row_stride(torch::zeros({24, 35})), 0);           // not 4-d
+  EXPECT_EQ(nhwc_row_stride(torch::zeros({2, 8, 1, 1})), 8);       // 1x1: both layouts are packed rows
+  // A view as rows exists and has that leading dimension.
+  const auto part = whole.narrow(1, 8, 16);
+  const auto rows = part.permute({0, 2, 3, 1}).reshape({-1, 16});
+  EXPECT_EQ(rows.data_ptr(), part.data_ptr());
+  EXPECT_EQ(rows.stride(0), 24);
+  // The GEMM path is CUDA only.
+  EXPECT_FALSE(libreyolo::models::conv1x1_gemm_applies(whole));
+}
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// The fused BatchNorm reductions' grid by activation size (kernels::bn_act_reduce_grid_for): the
+// measured bands, and for every shape a grid the kernels' buffers hold (counters, partials).
+TEST(ConvBnAct, ReductionGridBySizeFitsTheKernelsBuffers) {
+  namespace k = libreyolo::kernels;
+  auto channels_per_block = [](const k::BnActGrid& g, int vec) { return g.block_groups * vec; };
+  EXPECT_EQ(channels_per_block(k::bn_act_reduce_grid_for(8 * 20 * 20, 64, 8), 8), 64);
+  EXPECT_EQ(k::bn_act_reduce_grid_for(8 * 20 * 20, 64, 8).rows_per_thread, 4);        // 0.2 M elements
+  EXPECT_EQ(k::bn_act_reduce_grid_for(8 * 80 * 80, 64, 8).rows_per_thread, 8);        // 3.3 M
+  EXPECT_EQ(channels_per_block(k::bn_act_reduce_grid_for(8 * 160 * 160, 64, 8), 8), 32);  // 13 M
+  EXPECT_EQ(k::bn_act_reduce_grid_for(8 * 160 * 160, 64, 8).rows_per_thread, 16);
+  EXPECT_EQ(k::bn_act_reduce_grid_for(32 * 160 * 160, 128, 8).rows_per_thread, 4);    // 105 M
+  for (int64_t rows : {1, 7, 3200, 51200, 204800, 819200, 3276800})
+    for (int c : {1, 3, 8, 16, 24, 48, 64, 128, 256, 1000, 4096}) {
+      const int vec = k::bn_act_vector_width(c);
+      const k::BnActGrid g = k::bn_act_reduce_grid_for(rows, c, vec);
+      ASSERT_GE(g.block_groups, 1);
+      ASSERT_LE(g.block_groups, 32);
+      ASSERT_LE(k::bn_act_counters(c, vec, g.block_groups), k::bn_act_max_counters()) << rows << " x " << c;
+      const int p = k::bn_act_row_blocks(rows, c, vec, g.block_groups, g.rows_per_thread);
+      ASSERT_GE(p, 1);
+      ASSERT_LE(static_cast<long long>(p) * c, k::bn_act_max_partials_per_plane()) << rows << " x " << c;
+    }
+}
+#endif
 
 }  // namespace
