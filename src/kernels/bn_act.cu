@@ -485,11 +485,12 @@ int bn_act_row_blocks(int64_t rows, int channels, int vec, int block_groups, int
 }
 
 BnActGrid bn_act_reduce_grid_for(int64_t rows, int channels, int vec) {
+  constexpr int64_t kMi = int64_t{1} << 20;
   const int64_t elements = rows * channels;
-  int block_channels = 64, rows_per_thread = 4;
-  if (elements >= (int64_t{1} << 21) && elements < 5 * (int64_t{1} << 20)) {
+  int block_channels = 64, rows_per_thread = 4;  // below 2 Mi elements, and above 20 Mi
+  if (elements >= 2 * kMi && elements < 5 * kMi) {
     rows_per_thread = 8;
-  } else if (elements >= 5 * (int64_t{1} << 20) && elements < 20 * (int64_t{1} << 20)) {
+  } else if (elements >= 5 * kMi && elements < 20 * kMi) {
     block_channels = 32;
     rows_per_thread = 16;
   }

@@ -112,7 +112,7 @@ const ReduceGridChoice& reduce_grid_choice() {
 
 // `tensors`: every activation the launch reads or writes; vector accesses only when all of them
 // are aligned for it.
-// `dy_ld`: the backward's dy row stride (0: packed).
+// `dy_ld`: the backward's dy row stride (0 or the channel count: packed).
 kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_list<const at::Tensor*> tensors,
                                 int64_t dy_ld = 0) {
   kernels::BnActLaunch l;
@@ -556,13 +556,13 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       const bool synced = path == kPathKernelsSync;
       c10::cuda::CUDAGuard guard(z.device());
       // A channel slice of a wider NHWC gradient (what a concatenation hands back) is read in place.
-      int64_t dy_ld = dy.sizes() == z.sizes() ? nhwc_row_stride(dy) : 0;
+      int64_t dy_ld = nhwc_row_stride(dy);
       if (dy_ld == 0) {
         dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
         dy_ld = z.size(1);
       }
       dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
-      auto l = launch_for(z, act, {&z, &dy, &dz}, dy_ld == z.size(1) ? 0 : dy_ld);
+      auto l = launch_for(z, act, {&z, &dy, &dz}, dy_ld);
       l.sync_sums = synced;
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       const KernelBuffers buf =
