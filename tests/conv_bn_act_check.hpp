@@ -130,6 +130,67 @@ std::pair<double, std::string> compare_module(MakeFn make, std::vector<int64_t> 
   return worst;
 }
 
+// A block with an addend (ConvBnActParams::addend): `after_act` false: silu(bn(conv(x)) + a) through
+// forward_sum_silu (RepConvN's sum); true: act(bn(conv(x))) + a through a residual output. Runs
+// the fused node and the composed ops (the switch off) from the same weights and inputs, and
+// returns the worst relative error over the output, the gradients of x, a, the convolution weight
+// and BatchNorm's affine parameters, and the running statistics, with the worst entry's name.
+inline std::pair<double, std::string> compare_addend(const torch::Device& device, bool after_act, bool act,
+                                                     std::vector<int64_t> input, int64_t c2,
+                                                     c10::optional<c10::ScalarType> autocast = c10::nullopt) {
+  std::map<std::string, torch::Tensor> got[2];
+  std::string node[2];
+  const bool was = models::fused_conv_training();
+  for (int fused = 0; fused < 2; ++fused) {
+    models::set_fused_conv_training(fused == 1);
+    torch::manual_seed(31);
+    models::yolo9::Conv conv(input[1], c2, 3, 1, 1, after_act ? act : false);
+    {
+      torch::NoGradGuard ng;
+      conv->bn->weight.uniform_(0.5, 1.5);
+      conv->bn->bias.uniform_(-0.5, 0.5);
+    }
+    conv->to(device);
+    engine::to_channels_last(*conv);
+    conv->train();
+    torch::manual_seed(32);
+    auto x = torch::randn(input).to(device).contiguous(at::MemoryFormat::ChannelsLast).set_requires_grad(true);
+    auto a = torch::randn({input[0], c2, input[2], input[3]})
+                 .to(device, autocast ? *autocast : torch::kFloat)
+                 .contiguous(at::MemoryFormat::ChannelsLast)
+                 .set_requires_grad(true);
+    if (autocast) {
+      at::autocast::set_autocast_dtype(device.type(), *autocast);
+      at::autocast::set_autocast_enabled(device.type(), true);
+    }
+    auto y = after_act ? conv->forward(x, models::ConvOutput{nullptr, &a}) : conv->forward_sum_silu(x, a);
+    if (autocast) {
+      at::autocast::set_autocast_enabled(device.type(), false);
+      at::autocast::clear_cache();
+    }
+    node[fused] = y.grad_fn() ? y.grad_fn()->name() : "";
+    torch::manual_seed(33);
+    (y.to(torch::kFloat) * torch::randn(y.sizes()).to(device)).sum().backward();
+    got[fused]["output"] = y.detach().to(torch::kCPU, torch::kFloat);
+    got[fused]["x.grad"] = x.grad().to(torch::kCPU, torch::kFloat);
+    got[fused]["addend.grad"] = a.grad().to(torch::kCPU, torch::kFloat);
+    got[fused]["conv.weight.grad"] = conv->conv->weight.grad().to(torch::kCPU, torch::kFloat);
+    got[fused]["bn.weight.grad"] = conv->bn->weight.grad().to(torch::kCPU);
+    got[fused]["bn.bias.grad"] = conv->bn->bias.grad().to(torch::kCPU);
+    got[fused]["bn.running_mean"] = conv->bn->running_mean.to(torch::kCPU);
+    got[fused]["bn.running_var"] = conv->bn->running_var.to(torch::kCPU);
+  }
+  models::set_fused_conv_training(was);
+  if (node[1].find("ConvBnActFn") == std::string::npos) return {1e9, "fused run's node: " + node[1]};
+  if (node[0].find("ConvBnActFn") != std::string::npos) return {1e9, "composed run's node: " + node[0]};
+  std::pair<double, std::string> worst{0.0, ""};
+  for (const auto& [name, t] : got[0]) {
+    const double e = rel_err(got[1][name], t);
+    if (e > worst.first) worst = {e, name};
+  }
+  return worst;
+}
+
 // Each YOLOv9 block type in training: output, input gradient, every parameter gradient and
 // running statistic equal with the fused node and with the composed ops.
 inline void check_blocks(const torch::Device& device, bool channels_last, double tol) {

@@ -77,6 +77,30 @@ std::vector<std::pair<std::string, ConvCase>> cases() {
   return out;
 }
 
+// The kernels' addend (RepConvN's sum before SiLU, a residual after it): fp32 with 8-channel
+// vectors and with odd channel counts (one channel per thread), and under bf16 autocast.
+TEST(ConvBnActGpu, AddendInsideTheKernelsMatchesComposedOps) {
+  LY_REQUIRE_CUDA();
+  struct Case {
+    std::vector<int64_t> input;
+    int64_t c2;
+    c10::optional<c10::ScalarType> amp;
+    double tol;
+  };
+  const std::vector<Case> cases = {{{4, 16, 20, 20}, 32, c10::nullopt, 1e-4},
+                                   {{2, 3, 17, 19}, 5, c10::nullopt, 1e-4},
+                                   {{8, 32, 40, 40}, 64, at::kBFloat16, 3e-2}};
+  for (const auto& c : cases) {
+    for (bool after_act : {false, true}) {
+      const libreyolo::test::CudnnSettings fp32(false, false, false);
+      auto [err, where] = libreyolo::test::compare_addend(torch::kCUDA, after_act, true, c.input, c.c2, c.amp);
+      std::cout << "[ REPORT   ] addend " << (after_act ? "after" : "before") << " SiLU, " << c.input[1] << "->"
+                << c.c2 << (c.amp ? " bf16" : " fp32") << ": worst " << err << " (" << where << ")\n";
+      EXPECT_LE(err, c.tol) << where;
+    }
+  }
+}
+
 TEST(ConvBnActGpu, Float32KernelsMatchComposedOps) {
   LY_REQUIRE_CUDA();
   for (const auto& [label, cc] : cases()) compare("fp32 " + label, cc, c10::nullopt, {1e-4, 1e-3});

@@ -103,6 +103,45 @@ TEST(ConvBnAct, EveryBlockTypeMatchesComposedOps) {
   libreyolo::test::check_blocks(torch::kCPU, true, 1e-5);
 }
 
+// An addend inside the node (RepConvN's sum before SiLU, a residual after it), with and without
+// an activation: output and every gradient, the addend's included, equal the composed ops'.
+TEST(ConvBnAct, AddendInsideTheNodeMatchesComposedOps) {
+  for (bool after_act : {false, true}) {
+    for (bool act : {true, false}) {
+      if (!after_act && !act) continue;  // forward_sum_silu always applies SiLU
+      auto [err, where] = libreyolo::test::compare_addend(torch::kCPU, after_act, act, {2, 8, 9, 7}, 16);
+      EXPECT_LE(err, 1e-5) << (after_act ? "after" : "before") << " act " << act << ": " << where;
+    }
+  }
+}
+
+// RepConvN's sum and SiLU, and a bottleneck's residual, belong to the last convolution's node.
+TEST(ConvBnAct, RepConvNAndResidualEndInTheFusedNode) {
+  using namespace libreyolo::models::yolo9;
+  const bool was = libreyolo::models::fused_conv_training();
+  libreyolo::models::set_fused_conv_training(true);
+  torch::manual_seed(3);
+  RepNBottleneck b(8);
+  b->train();
+  auto x = torch::randn({2, 8, 6, 6}).set_requires_grad(true);
+  auto inner = b->cv1->forward(x);
+  auto y = b->forward(x);
+  libreyolo::models::set_fused_conv_training(was);
+  EXPECT_NE(inner.grad_fn()->name().find("ConvBnActFn"), std::string::npos) << inner.grad_fn()->name();
+  EXPECT_NE(y.grad_fn()->name().find("ConvBnActFn"), std::string::npos) << y.grad_fn()->name();
+  // An addend of other sizes is refused with a clear error.
+  libreyolo::models::set_fused_conv_training(true);
+  auto wrong = torch::zeros({2, 8, 5, 6});
+  EXPECT_THROW(b->cv1->conv2->forward_sum_silu(x, wrong), c10::Error);
+  // Switched off, the addend is added outside the node, with the same result.
+  libreyolo::models::set_fused_addend(false);
+  auto y_off = b->forward(x);
+  libreyolo::models::set_fused_addend(true);
+  libreyolo::models::set_fused_conv_training(was);
+  EXPECT_EQ(y_off.grad_fn()->name().find("ConvBnActFn"), std::string::npos) << y_off.grad_fn()->name();
+  EXPECT_LT(rel_err(y_off.detach(), b->forward(x).detach()), 1e-5);
+}
+
 // StepRunner's DeferredWeightGrads scope: weight gradients collected in backward and written
 // after it (taken as they are in float32, converted under autocast, added when accumulating)
 // equal autograd's own accumulation.

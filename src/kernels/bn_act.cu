@@ -266,10 +266,11 @@ template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     bn_apply_act_kernel(const T* __restrict__ x, int64_t rows, int channels, const float* __restrict__ gamma,
                         const float* __restrict__ beta, const float* __restrict__ mean,
-                        const float* __restrict__ invstd, bool act, T* __restrict__ y) {
+                        const float* __restrict__ invstd, bool act, const T* __restrict__ addend, bool after_act,
+                        T* __restrict__ y) {
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
-  float scale[V], shift[V], v[V];
+  float scale[V], shift[V], v[V], a[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int c = g * V + j;
@@ -280,10 +281,16 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
     const int64_t i = r * channels + g * V;
     load_pack<T, V>(x, i, v);
+    if (addend) {
+      load_pack<T, V>(addend, i, a);
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) a[j] = 0.f;
+    }
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float z = v[j] * scale[j] + shift[j];
-      v[j] = act ? z * sigmoid(z) : z;
+      const float z = v[j] * scale[j] + shift[j] + (after_act ? 0.f : a[j]);
+      v[j] = (act ? z * sigmoid(z) : z) + (after_act ? a[j] : 0.f);
     }
     store_pack<T, V>(y, i, v);
   }
@@ -301,8 +308,8 @@ __global__ void __launch_bounds__(kThreads)
     bn_backward_reduce_kernel(const T* __restrict__ dy, int64_t ldy, const T* __restrict__ x, int64_t rows, int channels,
                               const float* __restrict__ gamma, const float* __restrict__ beta,
                               const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
-                              float* partials, unsigned* counters, float* dsum, float* dgamma, float* dbeta,
-                              bool accumulate, bool sync_sums) {
+                              const T* __restrict__ addend, float* partials, unsigned* counters, float* dsum,
+                              float* dgamma, float* dbeta, bool accumulate, bool sync_sums) {
   __shared__ float sa[V * kThreads], sb[V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
@@ -311,7 +318,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int j = 0; j < V; ++j) sum_g[j] = sum_gx[j] = 0.f;
   if (mine) {
-    float mu[V], is[V], ga[V], be[V], xv[V], gv[V];
+    float mu[V], is[V], ga[V], be[V], xv[V], gv[V], av[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int c = g * V + j;
@@ -319,16 +326,18 @@ __global__ void __launch_bounds__(kThreads)
       is[j] = invstd[c];
       ga[j] = gamma[c];
       be[j] = beta[c];
+      av[j] = 0.f;
     }
     const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
     for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
       const int64_t i = r * channels + g * V;
       load_pack<T, V>(x, i, xv);
       load_pack<T, V>(dy, r * ldy + g * V, gv);
+      if (addend) load_pack<T, V>(addend, i, av);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const float xhat = (xv[j] - mu[j]) * is[j];
-        const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j], act);
+        const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j] + av[j], act);
         sum_g[j] += gr;
         sum_gx[j] += gr * xhat;
       }
@@ -377,14 +386,15 @@ __global__ void __launch_bounds__(kThreads)
                              const float* __restrict__ gamma, const float* __restrict__ beta,
                              const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                              const float* __restrict__ dsum, const float* __restrict__ count, bool sync_sums,
-                             T* __restrict__ dx) {
+                             const T* __restrict__ addend, T* __restrict__ daddend, T* __restrict__ dx) {
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
   const float inv_m = 1.f / (count ? *count : static_cast<float>(rows));
-  float mu[V], is[V], ga[V], be[V], mean_g[V], mean_gx[V], xv[V], gv[V];
+  float mu[V], is[V], ga[V], be[V], mean_g[V], mean_gx[V], xv[V], gv[V], av[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int c = g * V + j;
+    av[j] = 0.f;
     mu[j] = mean[c];
     is[j] = invstd[c];
     ga[j] = gamma[c];
@@ -398,13 +408,16 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t i = r * channels + g * V;
     load_pack<T, V>(x, i, xv);
     load_pack<T, V>(dy, r * ldy + g * V, gv);
+    if (addend) load_pack<T, V>(addend, i, av);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float xhat = (xv[j] - mu[j]) * is[j];
-      const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j], act);
+      const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j] + av[j], act);
       xv[j] = ga[j] * is[j] * (gr - mean_g[j] - xhat * mean_gx[j]);
+      gv[j] = gr;
     }
-    store_pack<T, V>(dx, i, xv);
+    if (daddend) store_pack<T, V>(daddend, i, gv);
+    if (dx) store_pack<T, V>(dx, i, xv);
   }
 }
 
@@ -527,7 +540,8 @@ void launch_apply(const BnActLaunch& l, const Grid& g, const void* x, const floa
     constexpr int V = decltype(vc)::value;
     bn_apply_act_kernel<T, V>
         <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
-            static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act, static_cast<T*>(y));
+            static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean, invstd, l.act,
+            static_cast<const T*>(l.addend), l.addend_after_act, static_cast<T*>(y));
   });
 }
 
@@ -538,6 +552,9 @@ void check_vec(const BnActLaunch& l, const char* what) {
 }
 
 int64_t dy_stride(const BnActLaunch& l) { return l.dy_ld != 0 ? l.dy_ld : l.channels; }
+
+// What the backward reads of the addend: only one added before the activation changes SiLU's input.
+const void* backward_addend(const BnActLaunch& l) { return l.addend_after_act ? nullptr : l.addend; }
 
 }  // namespace
 
@@ -579,7 +596,8 @@ void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x,
     constexpr int V = decltype(vc)::value;
     bn_backward_reduce_kernel<T, V><<<dim3(l.row_blocks, g.channel_blocks), g.block, 0, l.stream>>>(
         static_cast<const T*>(dy), dy_stride(l), static_cast<const T*>(x), l.rows, l.channels, gamma, beta, mean,
-        invstd, l.act, partials, counters, dsum, dgamma, dbeta, accumulate, l.sync_sums);
+        invstd, l.act, static_cast<const T*>(backward_addend(l)), partials, counters, dsum, dgamma, dbeta, accumulate,
+        l.sync_sums);
   });
   check(cudaGetLastError(), "bn_act_backward_reduce");
 }
@@ -595,7 +613,8 @@ void bn_act_backward_elemt(const BnActLaunch& l, const void* dy, const void* x, 
     bn_backward_elemt_kernel<T, V>
         <<<dim3(elementwise_row_blocks(l.rows, g), g.channel_blocks), g.block, 0, l.stream>>>(
             static_cast<const T*>(dy), dy_stride(l), static_cast<const T*>(x), l.rows, l.channels, gamma, beta,
-            mean, invstd, l.act, dsum, count, l.sync_sums, static_cast<T*>(dx));
+            mean, invstd, l.act, dsum, count, l.sync_sums, static_cast<const T*>(backward_addend(l)),
+            static_cast<T*>(backward_addend(l) ? l.daddend : nullptr), static_cast<T*>(dx));
   });
   check(cudaGetLastError(), "bn_act_backward_elemt");
 }

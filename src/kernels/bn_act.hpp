@@ -38,6 +38,16 @@ struct BnActLaunch {
   // tensor (the gradient a concatenation hands each of its inputs) is read where it lies instead of
   // being copied first; with vec > 1 it must be a multiple of vec.
   int64_t dy_ld = 0;
+  // An [M, C] tensor of dtype (packed, row stride C) added in the forward's apply, or nullptr:
+  //  - addend_after_act false: to the BatchNorm output before the activation, y = act(bn(x) + a)
+  //    (RepConvN's two branches summed, then SiLU). The backward reads it too (SiLU's input is
+  //    recomputed), and the elementwise launch writes the gradient at the sum to `daddend` (null:
+  //    not wanted), which is the addend's gradient;
+  //  - addend_after_act true: after the activation, y = act(bn(x)) + a (a residual). The backward
+  //    does not read it: its gradient is dy itself.
+  const void* addend = nullptr;
+  bool addend_after_act = false;
+  void* daddend = nullptr;
 };
 
 constexpr int bn_act_max_vector_width() { return 8; }
@@ -81,9 +91,10 @@ void bn_act_forward(const BnActLaunch& l, const void* x, const float* gamma, con
 // dy, x: [M, C] of dtype. partials: 2*P*C floats (scratch). dgamma/dbeta: C floats, written
 // (accumulate=false) or added to (accumulate=true); either may be null (not wanted). dsum: 2*C
 // floats, [sum g, sum g * xhat] (g: the gradient at BatchNorm's output), written by the reduction
-// and read by the elementwise launch. dx: [M, C] of dtype. With l.sync_sums (SyncBN) the second
-// half of dsum is sum(g * (x - mean)), the form every process can add up: the caller all-reduces
-// dsum in between, and `count` (a device float; null: l.rows) is the global row count.
+// and read by the elementwise launch. dx: [M, C] of dtype, or null when only l.daddend is wanted.
+// With l.sync_sums (SyncBN) the second half of dsum is sum(g * (x - mean)), the form every process
+// can add up: the caller all-reduces dsum in between, and `count` (a device float; null: l.rows) is
+// the global row count.
 void bn_act_backward_reduce(const BnActLaunch& l, const void* dy, const void* x, const float* gamma,
                             const float* beta, const float* mean, const float* invstd, float* partials,
                             unsigned* counters, float* dsum, float* dgamma, float* dbeta, bool accumulate);

@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <optional>
 
 #include "models/cudnn_fusion.hpp"
 
@@ -29,6 +30,11 @@ namespace {
 
 std::atomic<bool>& fused_flag() {
   static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_CONV")};
+  return on;
+}
+
+std::atomic<bool>& addend_flag() {
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_ADDEND")};
   return on;
 }
 
@@ -259,6 +265,30 @@ constexpr int64_t kPathAtenSync = 1;     // SyncBN through ATen's kernels (synce
 constexpr int64_t kPathKernels = 2;      // the fused kernels (kernels/bn_act)
 constexpr int64_t kPathKernelsSync = 3;  // SyncBN in the fused kernels
 
+// Where the node adds ConvBnActParams::addend (saved_data "addend").
+constexpr int64_t kAddendNone = 0;
+constexpr int64_t kAddendBeforeAct = 1;
+constexpr int64_t kAddendAfterAct = 2;
+
+// The addend as the node computes with it: z's sizes (checked), z's dtype, and on the kernels'
+// path z's packed NHWC layout (they read it as [M, C] rows).
+at::Tensor addend_for(const at::Tensor& addend, const at::Tensor& z, bool packed_nhwc) {
+  TORCH_CHECK(addend.sizes() == z.sizes(), "fused Conv+BN: the addend's sizes ", addend.sizes(),
+              " differ from the block output's ", z.sizes());
+  at::Tensor a = addend.scalar_type() == z.scalar_type() ? addend : addend.to(z.scalar_type());
+  return packed_nhwc ? a.contiguous(at::MemoryFormat::ChannelsLast) : a;
+}
+
+// The ATen paths' tail: y = act(bn_out [+ addend]) [+ addend], and the activation's input (what
+// SiLU's backward needs; undefined without activation).
+std::pair<at::Tensor, at::Tensor> aten_act_addend(const at::Tensor& bn_out, const at::Tensor& add, int64_t mode,
+                                                  bool act) {
+  const at::Tensor s = mode == kAddendBeforeAct ? bn_out + add : bn_out;
+  at::Tensor y = act ? at::silu(s) : s;
+  if (mode == kAddendAfterAct) y = y + add;
+  return {y, act ? s : at::Tensor()};
+}
+
 // ---------------------------------------------------------------- deferred weight gradients
 std::atomic<bool>& wgrad_stream_flag() {
   static std::atomic<bool> on{env_switch_on("LIBREYOLO_WGRAD_STREAM")};
@@ -441,7 +471,8 @@ bool defer_weight_grad(const at::Tensor& param, const at::Tensor& grad) {
 class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
-                               const torch::Tensor& weight, const ConvBnActParams* p) {
+                               const torch::Tensor& weight, const std::optional<torch::Tensor>& addend,
+                               const ConvBnActParams* p) {
     // Asked before BelowAutograd: with autocast's keys excluded it reports autocast as off.
     const auto device_type = x.device().type();
     const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
@@ -477,13 +508,20 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                 z.sizes());
     auto& saved = ctx->saved_data;
     saved["p"] = c10::IValue(std::vector<int64_t>{p->stride, p->padding, p->groups, gemm ? 1 : 0, p->act ? 1 : 0});
+    const int64_t add_mode = !addend.has_value() || !addend->defined() ? kAddendNone
+                             : p->addend_after_act                      ? kAddendAfterAct
+                                                                        : kAddendBeforeAct;
+    saved["addend"] = add_mode;
     at::Tensor y;
     const std::shared_ptr<BnStatsSync> sync = bn_stats_sync();
 #ifdef LIBREYOLO_CUDA_KERNELS
     if (use_kernels(z, *p)) {
       c10::cuda::CUDAGuard guard(z.device());
       y = at::empty_like(z);
-      const auto l = launch_for(z, p->act, {&z, &y});
+      const at::Tensor add = add_mode != kAddendNone ? addend_for(*addend, z, true) : at::Tensor();
+      auto l = launch_for(z, p->act, {&z, &y, &add});
+      l.addend = add.defined() ? add.data_ptr() : nullptr;
+      l.addend_after_act = add_mode == kAddendAfterAct;
       const int64_t C = l.channels;
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       // [mean, invstd] of the batch; under SyncBN [mean, invstd, count] of the global batch.
@@ -510,28 +548,30 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                                 eps, buf.scratch, buf.counters, mean, mean + C, y.data_ptr());
         saved["path"] = int64_t{kPathKernels};
       }
-      ctx->save_for_backward({xc, wc, z, stats, *p->gamma, *p->beta, weight});
+      // An addend before the activation is read again by the backward (SiLU's input).
+      ctx->save_for_backward(
+          {xc, wc, z, stats, *p->gamma, *p->beta, weight, add_mode == kAddendBeforeAct ? add : at::Tensor()});
       return y;
     }
 #endif
     saved["eps"] = p->eps;  // for native_batch_norm_backward
+    const at::Tensor add = add_mode != kAddendNone ? addend_for(*addend, z, false) : at::Tensor();
     if (sync) {  // SyncBN: the statistics of the global batch (BnStatsSync)
       SyncedBn bn = synced_batch_norm(z, *p, *sync);
-      y = p->act ? at::silu(bn.out) : bn.out;
+      auto [out, act_in] = aten_act_addend(bn.out, add, add_mode, p->act);
       saved["path"] = int64_t{kPathAtenSync};
-      ctx->save_for_backward({xc, wc, z, at::stack({bn.mean, bn.invstd}), *p->gamma, *p->beta, weight,
-                              p->act ? bn.out : at::Tensor(), bn.count});
-      return y;
+      ctx->save_for_backward(
+          {xc, wc, z, at::stack({bn.mean, bn.invstd}), *p->gamma, *p->beta, weight, act_in, bn.count});
+      return out;
     }
     auto bn = at::native_batch_norm(z, *p->gamma, *p->beta, *p->running_mean, *p->running_var, true,
                                     p->momentum, p->eps);
-    const at::Tensor& bn_out = std::get<0>(bn);
-    y = p->act ? at::silu(bn_out) : bn_out;
+    auto [out, act_in] = aten_act_addend(std::get<0>(bn), add, add_mode, p->act);
     saved["path"] = int64_t{kPathAten};
-    // The ATen path keeps BatchNorm's output for SiLU's backward, as the composed ops do.
-    ctx->save_for_backward({xc, wc, z, at::stack({std::get<1>(bn), std::get<2>(bn)}), *p->gamma,
-                            *p->beta, weight, p->act ? bn_out : at::Tensor()});
-    return y;
+    // The ATen path keeps SiLU's input for its backward, as the composed ops do.
+    ctx->save_for_backward(
+        {xc, wc, z, at::stack({std::get<1>(bn), std::get<2>(bn)}), *p->gamma, *p->beta, weight, act_in});
+    return out;
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -545,10 +585,15 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     const int64_t path = ctx->saved_data["path"].toInt();
     const bool need_x = ctx->needs_input_grad(0), need_w = ctx->needs_input_grad(1);
     const bool need_g = gamma.requires_grad(), need_b = beta.requires_grad();
+    const int64_t add_mode = ctx->saved_data["addend"].toInt();
+    const bool need_a = add_mode != kAddendNone && ctx->needs_input_grad(2);
     at::Tensor dy = grads[0];
-    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor()};
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
     BelowAutograd below;
     if (dy.scalar_type() != z.scalar_type()) dy = dy.to(z.scalar_type());
+    // The addend's gradient: after the activation, dy itself; before it, the gradient at the sum
+    // (the BatchNorm output's), written below by whichever path runs.
+    at::Tensor da = need_a && add_mode == kAddendAfterAct ? dy : at::Tensor();
     at::Tensor dz;
     bool done = false;
 #ifdef LIBREYOLO_CUDA_KERNELS
@@ -562,8 +607,13 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
         dy_ld = z.size(1);
       }
       dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
-      auto l = launch_for(z, act, {&z, &dy, &dz}, dy_ld);
+      const at::Tensor& pre = saved[7];  // the addend before the activation, if any (packed NHWC)
+      if (need_a && add_mode == kAddendBeforeAct) da = at::empty_like(z);
+      const bool da_here = need_a && add_mode == kAddendBeforeAct;
+      auto l = launch_for(z, act, {&z, &dy, &dz, &pre, da_here ? &da : &dz}, dy_ld);
       l.sync_sums = synced;
+      l.addend = pre.defined() ? pre.data_ptr() : nullptr;
+      l.daddend = da_here ? da.data_ptr() : nullptr;
       auto f32 = z.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous);
       const KernelBuffers buf =
           kernel_buffers(z.device(), 2 * static_cast<int64_t>(l.row_blocks) * l.channels + 2 * l.channels);
@@ -588,7 +638,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
           l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(), mean, invstd, partials,
           buf.counters, dsum, in_place ? g_grad.data_ptr<float>() : (need_g ? dg.data_ptr<float>() : nullptr),
           in_place ? b_grad.data_ptr<float>() : (need_b ? db.data_ptr<float>() : nullptr), in_place);
-      if (dz.defined()) {
+      if (dz.defined() || da_here) {
         if (synced) {
           const auto sync = bn_stats_sync();
           TORCH_CHECK(sync, "SyncBN: the statistics sync was removed between forward and backward");
@@ -596,7 +646,8 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
         }
         kernels::bn_act_backward_elemt(l, dy.data_ptr(), z.data_ptr(), gamma.data_ptr<float>(),
                                        beta.data_ptr<float>(), mean, invstd, dsum,
-                                       synced ? mean + 2 * l.channels : nullptr, dz.data_ptr());
+                                       synced ? mean + 2 * l.channels : nullptr,
+                                       dz.defined() ? dz.data_ptr() : nullptr);
       }
       if (!in_place) {
         if (need_g) accumulate_grad(gamma, dg);
@@ -606,13 +657,14 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     }
 #endif
     if (!done && path == kPathAtenSync) {  // forward used synchronised statistics
-      const at::Tensor& bn_out = saved[7];
+      const at::Tensor& act_in = saved[7];  // SiLU's input
       const at::Tensor& count = saved[8];
       const at::Tensor mean = stats[0], invstd = stats[1];
       const int64_t C = z.size(1);
       const auto sync = bn_stats_sync();
       if (z.is_cuda()) {
-        const at::Tensor dbn = act ? at::silu_backward(dy, bn_out) : dy;
+        const at::Tensor dbn = act ? at::silu_backward(dy, act_in) : dy;
+        if (need_a && add_mode == kAddendBeforeAct) da = dbn;
         // This process's sums (and from them its own weight and bias gradients) in one kernel.
         auto red = at::batch_norm_backward_reduce(dbn, z, mean, invstd, gamma, need_x || need_w, need_g, need_b);
         if (need_g) accumulate_grad(gamma, std::get<2>(red));
@@ -624,7 +676,8 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                                              count.to(at::kInt));
         }
       } else {
-        const at::Tensor dbn = (act ? at::silu_backward(dy, bn_out) : dy).to(at::kFloat);
+        const at::Tensor dbn = (act ? at::silu_backward(dy, act_in) : dy).to(at::kFloat);
+        if (need_a && add_mode == kAddendBeforeAct) da = dbn;
         const at::Tensor xmu = z.to(at::kFloat) - per_channel(mean);
         at::Tensor sums = at::cat({dbn.sum({0, 2, 3}), (dbn * xmu).sum({0, 2, 3})});
         // This process's own weight and bias gradients, from the sums before the all-reduce.
@@ -641,8 +694,9 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       done = true;
     }
     if (!done) {
-      const at::Tensor& bn_out = saved[7];
-      const at::Tensor dbn = act ? at::silu_backward(dy, bn_out) : dy;
+      const at::Tensor& act_in = saved[7];  // SiLU's input
+      const at::Tensor dbn = act ? at::silu_backward(dy, act_in) : dy;
+      if (need_a && add_mode == kAddendBeforeAct) da = dbn;
       auto r = at::native_batch_norm_backward(dbn, z, gamma, {}, {}, stats[0], stats[1], true,
                                               ctx->saved_data["eps"].toDouble(),
                                               {need_x || need_w, need_g, need_b});
@@ -700,7 +754,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     // backward with multi-tensor ops; otherwise autograd casts dx and dw to the input's and the
     // weight's dtype and accumulates dw.
     if (dw.defined() && defer_weight_grad(saved[6], dw)) dw = at::Tensor();
-    return {dx, dw, at::Tensor()};
+    return {dx, dw, da, at::Tensor()};
   }
 };
 
@@ -884,6 +938,9 @@ bool fused_conv_training() { return fused_flag().load(); }
 
 void set_fused_conv_kernels(bool on) { kernels_flag().store(on); }
 
+void set_fused_addend(bool on) { addend_flag().store(on); }
+bool fused_addend() { return addend_flag().load(); }
+
 void set_wgrad_stream(bool on) { wgrad_stream_flag().store(on); }
 int64_t wgrad_side_tasks() { return wgrad_task_count().load(); }
 
@@ -902,7 +959,7 @@ bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p) {
 }
 
 torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p) {
-  return ConvBnActFn::apply(x, *p.weight, &p);
+  return ConvBnActFn::apply(x, *p.weight, p.addend ? std::optional<torch::Tensor>(*p.addend) : std::nullopt, &p);
 }
 
 }  // namespace libreyolo::models

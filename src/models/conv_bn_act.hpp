@@ -36,6 +36,12 @@ struct ConvBnActParams {
   double momentum = 0.1;
   double eps = 1e-5;
   bool act = true;
+  // Optional tensor of the block's output sizes added inside the node, where the BatchNorm+SiLU
+  // kernels add it in their elementwise pass: before the activation, y = act(bn(conv(x)) + addend)
+  // (RepConvN's two branches summed, then SiLU), or with addend_after_act after it,
+  // y = act(bn(conv(x))) + addend (a residual). Its gradient flows back through the node.
+  const torch::Tensor* addend = nullptr;
+  bool addend_after_act = false;
 };
 
 // Where a block's result goes: `residual`, when set, is added to it after the activation;
@@ -142,6 +148,10 @@ bool fused_conv_cuda_kernels();
 // Use the CUDA kernels where they apply (default on; LIBREYOLO_FUSED_CONV_KERNELS=0 turns them
 // off, leaving the node on ATen's ops: for comparisons).
 void set_fused_conv_kernels(bool on);
+// A block's addend (RepConvN's second branch, a residual) added inside the fused node (default on;
+// LIBREYOLO_FUSED_ADDEND=0 adds it outside, as separate ops: for comparisons).
+void set_fused_addend(bool on);
+bool fused_addend();
 // Deferred weight gradients on CUDA run on a side stream of the backward (default on;
 // LIBREYOLO_WGRAD_STREAM=0 turns it off: everything on the backward's stream, the same bits).
 // wgrad_side_tasks() counts the weight gradients queued there so far (tests, benchmarks).

@@ -49,10 +49,32 @@ torch::Tensor run_folded(FoldedConv& fold, c10::ArrayRef<FoldSource> sources, co
 torch::Tensor ConvBnActImpl::forward(const torch::Tensor& x, const ConvOutput& o) {
   if (!bn->is_training() && takes_fold(x))
     return run_folded(fold_, {fold_source()}, x, {stride_, padding_, groups_, act_}, o);
+  // A residual alone (training): added inside the block's node.
+  if (o.residual && !o.into && bn->is_training()) return forward_unfolded(x, o.residual, true, act_);
   return finish_output(forward_unfolded(x), o);
 }
 
-torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x) {
+namespace {
+
+// y [+ addend], then SiLU when act, [+ addend]: the addend before the activation, or after it with
+// after_act. In place on y (a BatchNorm output or a fused node's: neither backward reads it) and on
+// SiLU's output; SiLU itself in place only when no graph is recorded (its backward needs its input).
+torch::Tensor finish_sum(torch::Tensor y, const torch::Tensor* addend, bool after_act, bool act) {
+  if (addend && !after_act) y.add_(*addend);
+  if (act) y = torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
+  if (addend && after_act) y.add_(*addend);
+  return y;
+}
+
+}  // namespace
+
+torch::Tensor ConvBnActImpl::forward_sum_silu(const torch::Tensor& x, const torch::Tensor& addend) {
+  TORCH_CHECK(!act_, "forward_sum_silu: the block's own activation must be off");
+  return forward_unfolded(x, &addend, false, true);
+}
+
+torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x, const torch::Tensor* addend, bool after_act,
+                                              bool act) {
   if (bn->is_training()) {
     ++fold_epoch_;  // the running statistics change (the fused kernels write them through raw pointers)
     // Training with autograd: one fused node (models/conv_bn_act.hpp).
@@ -69,8 +91,15 @@ torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x) {
     p.running_var = &bn->running_var;
     p.momentum = bn->options.momentum().value();
     p.eps = bn->options.eps();
-    p.act = act_;
-    if (conv_bn_act_applicable(x, p)) return conv_bn_act_train(x, p);
+    // The addend inside the node unless switched off (then added by finish_sum below).
+    const bool inside = addend && fused_addend();
+    p.addend = inside ? addend : nullptr;
+    p.addend_after_act = after_act;
+    p.act = act && (inside || !addend || after_act);
+    if (conv_bn_act_applicable(x, p)) {
+      torch::Tensor y = conv_bn_act_train(x, p);
+      return inside ? y : finish_sum(y, addend, after_act, act && !p.act);
+    }
   }
   torch::Tensor y;
   if (pointwise_ && conv1x1_gemm_applies(x)) {
@@ -81,9 +110,7 @@ torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x) {
   y = torch::batch_norm(y, bn->weight, bn->bias, bn->running_mean, bn->running_var, bn->is_training(),
                         bn->options.momentum().value(), bn->options.eps(),
                         at::globalContext().userEnabledCuDNN());
-  if (!act_) return y;
-  // In place only when no graph is recorded: SiLU's backward needs its input.
-  return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
+  return finish_sum(y, addend, after_act, act);
 }
 
 BatchedLayerState::Scope::~Scope() {

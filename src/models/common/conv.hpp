@@ -37,7 +37,12 @@ class ConvBnActImpl : public torch::nn::Module, public Foldable {
   // else as an in-place add and a copy.
   torch::Tensor forward(const torch::Tensor& x, const ConvOutput& o);
   // The unfolded forward (convolution, BatchNorm, SiLU), whatever the fold switch says.
-  torch::Tensor forward_unfolded(const torch::Tensor& x);
+  torch::Tensor forward_unfolded(const torch::Tensor& x) { return forward_unfolded(x, nullptr, false, act_); }
+  // silu(bn(conv(x)) + addend): the sum of RepConvN's two branches and its SiLU, with this block
+  // (whose own activation must be off) as the second branch. In training one fused node (the sum
+  // and SiLU inside the BatchNorm kernels' elementwise pass); otherwise composed, or folded
+  // elsewhere (RepConvN folds both branches into one convolution).
+  torch::Tensor forward_sum_silu(const torch::Tensor& x, const torch::Tensor& addend);
   void train(bool on = true) override;  // marks the folds stale
   bool refresh_folds() override { return fold_.refresh({fold_source()}); }
   FoldSource fold_source() const { return {conv.get(), bn.get(), &fold_epoch_}; }
@@ -52,6 +57,9 @@ class ConvBnActImpl : public torch::nn::Module, public Foldable {
   torch::nn::BatchNorm2d bn{nullptr};
 
  private:
+  // act(bn(conv(x)) [+ addend]) [+ addend]: the addend (when given) before the activation or, with
+  // after_act, after it (a residual); the fused node in training where it applies.
+  torch::Tensor forward_unfolded(const torch::Tensor& x, const torch::Tensor* addend, bool after_act, bool act);
   bool act_;
   bool pointwise_;
   int64_t stride_, padding_, groups_;

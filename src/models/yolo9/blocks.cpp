@@ -15,12 +15,11 @@ RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
   conv2 = register_module("conv2", Conv(c1, c2, 1, 1, 1, false));
 }
 
-// The sums are formed in place: neither BatchNorm nor SiLU keeps its output for backward.
+// silu(conv1(x) + conv2(x)): in training the sum and SiLU happen inside conv2's node.
 torch::Tensor RepConvNImpl::forward(const torch::Tensor& x) {
   const auto sources = fold_sources();
   if (common::fold_allowed(x, sources)) return common::run_folded(fold_, sources, x, {1, 1, 1, true});  // conv1's 3x3
-  auto y = conv1->forward(x).add_(conv2->forward(x));
-  return torch::GradMode::is_enabled() ? torch::silu(y) : torch::silu_(y);
+  return conv2->forward_sum_silu(x, conv1->forward(x));
 }
 
 RepNBottleneckImpl::RepNBottleneckImpl(int64_t c) {
