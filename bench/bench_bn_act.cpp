@@ -3,7 +3,8 @@
 // device-to-device copy of the same activation (the memory system's pace for these bytes).
 //
 //   bench_bn_act [--batch 16] [--channels 16,32,64,128,256] [--sides 320,160,80,40,20]
-//                [--dtype bf16|fp16|fp32] [--grids auto,old,c8r16,c32p256] [--launches 20] [--reps 5]
+//                [--dtype bf16|fp16|fp32] [--grids auto,old,c8r16,c32p256] [--vecs 4,8]
+//                [--launches 20] [--reps 5]
 //
 // Each timing replays a CUDA graph of `launches` back-to-back launches (as the captured training
 // step runs them: no host launch cost) `reps` times and keeps the fastest replay. --grids sweeps
@@ -40,6 +41,7 @@ struct Options {
   std::vector<int64_t> sides = {320, 160, 80, 40, 20};
   std::string dtype = "bf16";
   std::vector<std::string> grids = {"auto"};
+  std::vector<int64_t> vecs;  // empty: the kernels' own choice
   int launches = 20;
   int reps = 5;
 };
@@ -71,6 +73,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--sides") o.sides = split_ints(next());
     else if (a == "--dtype") o.dtype = next();
     else if (a == "--grids") o.grids = split(next());
+    else if (a == "--vecs") o.vecs = split_ints(next());
     else if (a == "--launches") o.launches = std::stoi(next());
     else if (a == "--reps") o.reps = std::stoi(next());
     else throw std::invalid_argument("unknown argument " + a);
@@ -151,9 +154,14 @@ nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
       },
       o);
   out["copy_gbps"] = 2 * mb / 1e3 / (out["copy_us"].get<double>() / 1e6);
+  std::vector<int64_t> vecs = o.vecs;
+  if (vecs.empty()) vecs.push_back(l.vec);
+  for (const int64_t vec : vecs) {
   for (const std::string& grid : o.grids) {
+    if (vec != 1 && c % vec != 0) continue;
+    l.vec = static_cast<int>(vec);
     l.block_groups = 0;
-    l.row_blocks = auto_blocks;
+    l.row_blocks = libreyolo::kernels::bn_act_row_blocks(rows, l.channels, l.vec);
     if (grid == "rule") {  // what a training step uses for this shape
       const auto g = libreyolo::kernels::bn_act_reduce_grid_for(rows, l.channels, l.vec);
       l.block_groups = g.block_groups;
@@ -210,6 +218,7 @@ nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
         },
         o);
     out["runs"].push_back({{"grid", grid},
+                           {"vec", l.vec},
                            {"block_groups", l.block_groups},
                            {"channel_blocks", libreyolo::kernels::bn_act_counters(l.channels, l.vec, l.block_groups)},
                            {"row_blocks", l.row_blocks},
@@ -221,6 +230,7 @@ nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
                            {"stats_gbps", mb / 1e3 / (stats_only / 1e6)},
                            {"backward_reduce_gbps", 2 * mb / 1e3 / (red / 1e6)},
                            {"backward_elemt_gbps", 3 * mb / 1e3 / (elemt / 1e6)}});
+  }
   }
   return out;
 }

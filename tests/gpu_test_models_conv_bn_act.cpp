@@ -6,6 +6,12 @@
 #include "conv_bn_act_check.hpp"
 #include "support.hpp"
 
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/bn_act.hpp"
+#endif
+
 namespace {
 
 using libreyolo::test::ConvCase;
@@ -98,6 +104,117 @@ TEST(ConvBnActGpu, AddendInsideTheKernelsMatchesComposedOps) {
                 << c.c2 << (c.amp ? " bf16" : " fp32") << ": worst " << err << " (" << where << ")\n";
       EXPECT_LE(err, c.tol) << where;
     }
+  }
+}
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// The kernels with 4 channels per thread (the default) and with 8: the same BatchNorm in float32 up
+// to the order of the sums (their grids differ), with an addend before SiLU.
+TEST(ConvBnActGpu, VectorWidthsFourAndEightAgree) {
+  LY_REQUIRE_CUDA();
+  namespace k = libreyolo::kernels;
+  const auto f32 = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kFloat);
+  EXPECT_EQ(k::bn_act_vector_width(48), 4);
+  EXPECT_EQ(k::bn_act_vector_width(6), 1);
+  for (const int64_t rows : {int64_t{1000}, int64_t{40 * 40 * 32 + 3}}) {
+    torch::manual_seed(5);
+    const int64_t c = 48;
+    auto x = torch::randn({rows, c}, f32) * 2 + 0.5, a = torch::randn({rows, c}, f32), dy = torch::randn({rows, c}, f32);
+    auto gamma = torch::rand({c}, f32) + 0.5, beta = torch::randn({c}, f32);
+    auto counters = torch::zeros({k::bn_act_max_counters()}, f32.dtype(torch::kInt));
+    auto partials = torch::empty({3 * k::bn_act_max_partials_per_plane() + 3 * c}, f32);
+    std::vector<torch::Tensor> ref;
+    for (const int vec : {4, 8}) {
+      k::BnActLaunch l;
+      l.rows = rows;
+      l.channels = static_cast<int>(c);
+      l.dtype = k::DType::Float32;
+      l.vec = vec;
+      const auto g = k::bn_act_reduce_grid_for(rows, l.channels, vec);
+      l.block_groups = g.block_groups;
+      l.row_blocks = k::bn_act_row_blocks(rows, l.channels, vec, g.block_groups, g.rows_per_thread);
+      l.stream = c10::cuda::getCurrentCUDAStream().stream();
+      l.addend = a.data_ptr();
+      auto rmean = torch::zeros({c}, f32), rvar = torch::ones({c}, f32), stats = torch::empty({2 * c}, f32);
+      auto y = torch::empty_like(x), dx = torch::empty_like(x), da = torch::empty_like(x);
+      auto dsum = torch::empty({2 * c}, f32), dg = torch::empty({c}, f32), db = torch::empty({c}, f32);
+      float* mean = stats.data_ptr<float>();
+      auto* cnt = reinterpret_cast<unsigned*>(counters.data_ptr<int>());
+      k::bn_act_forward(l, x.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(), rmean.data_ptr<float>(),
+                        rvar.data_ptr<float>(), 0.03f, 1e-3f, partials.data_ptr<float>(), cnt, mean, mean + c,
+                        y.data_ptr());
+      l.daddend = da.data_ptr();
+      k::bn_act_backward_reduce(l, dy.data_ptr(), x.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(), mean,
+                                mean + c, partials.data_ptr<float>(), cnt, dsum.data_ptr<float>(),
+                                dg.data_ptr<float>(), db.data_ptr<float>(), false);
+      k::bn_act_backward_elemt(l, dy.data_ptr(), x.data_ptr(), gamma.data_ptr<float>(), beta.data_ptr<float>(), mean,
+                               mean + c, dsum.data_ptr<float>(), nullptr, dx.data_ptr());
+      std::vector<torch::Tensor> got = {y, dx, da, dsum, dg, db, stats, rmean, rvar};
+      if (ref.empty()) {
+        ref = got;
+        continue;
+      }
+      for (size_t i = 0; i < got.size(); ++i)
+        EXPECT_LT(rel_err(got[i].cpu(), ref[i].cpu()), 1e-5) << "rows " << rows << " output " << i;
+    }
+  }
+}
+#endif
+
+// RepConvN as one node (both BatchNorms and the sum in the dual kernels) against its two-node form
+// (conv2's node with conv1's output as the addend): output, input gradient, every parameter
+// gradient and running statistic; fp32 (8 channels and an odd count) and bf16 autocast.
+TEST(ConvBnActGpu, RepConvNOneNodeMatchesTwoNodes) {
+  LY_REQUIRE_CUDA();
+  using libreyolo::models::yolo9::RepConvN;
+  const libreyolo::test::CudnnSettings fp32(false, false, false);
+  struct Case {
+    int64_t c;
+    std::vector<int64_t> input;
+    c10::optional<c10::ScalarType> amp;
+    double tol;
+  };
+  for (const auto& k : std::vector<Case>{{32, {4, 32, 20, 20}, c10::nullopt, 1e-4},
+                                         {5, {2, 5, 17, 19}, c10::nullopt, 1e-4},
+                                         {64, {8, 64, 40, 40}, at::kBFloat16, 3e-2}}) {
+    std::map<std::string, torch::Tensor> got[2];
+    std::string node[2];
+    for (int one = 0; one < 2; ++one) {
+      libreyolo::models::set_fused_repconvn(one == 1);
+      torch::manual_seed(41);
+      RepConvN m(k.c, k.c);
+      m->to(torch::kCUDA);
+      libreyolo::engine::to_channels_last(*m);
+      m->train();
+      torch::manual_seed(42);
+      auto x = torch::randn(k.input).to(torch::kCUDA).contiguous(at::MemoryFormat::ChannelsLast).set_requires_grad(true);
+      torch::Tensor y;
+      if (k.amp) {
+        y = autocast_forward(*k.amp, [&] { return m->forward(x); });
+      } else {
+        y = m->forward(x);
+      }
+      node[one] = y.grad_fn()->name();
+      torch::manual_seed(43);
+      (y.to(torch::kFloat) * torch::randn(y.sizes()).to(torch::kCUDA)).sum().backward();
+      got[one]["output"] = cpu(y);
+      got[one]["x.grad"] = cpu(x.grad());
+      for (const auto& p : m->named_parameters()) got[one][p.key() + ".grad"] = cpu(p.value().grad());
+      for (const auto& b : m->named_buffers())
+        if (b.value().is_floating_point()) got[one][b.key()] = cpu(b.value());
+    }
+    libreyolo::models::set_fused_repconvn(true);
+    EXPECT_NE(node[1].find("RepConvNFn"), std::string::npos) << node[1];
+    EXPECT_EQ(node[0].find("RepConvNFn"), std::string::npos) << node[0];
+    double worst = 0;
+    std::string where;
+    for (const auto& [name, t] : got[0]) {
+      const double e = rel_err(got[1][name], t);
+      if (e > worst) worst = e, where = name;
+    }
+    std::cout << "[ REPORT   ] RepConvN one node vs two, " << k.c << " channels" << (k.amp ? " bf16" : " fp32")
+              << ": worst " << worst << " (" << where << ")\n";
+    EXPECT_LE(worst, k.tol) << where;
   }
 }
 

@@ -7,6 +7,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -30,6 +31,11 @@ namespace {
 
 std::atomic<bool>& fused_flag() {
   static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_CONV")};
+  return on;
+}
+
+std::atomic<bool>& repconvn_flag() {
+  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_REPCONVN")};
   return on;
 }
 
@@ -100,9 +106,11 @@ bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
 // One reductions' grid for every launch, for measurements in the step (bench_bn_act sweeps it one
 // shape at a time): LIBREYOLO_BN_BLOCK_CHANNELS = channels per block (a power of two, 1..256) and
 // LIBREYOLO_BN_ROWS_PER_THREAD = rows per thread (1..64); unset or out of range: the grid chosen by
-// the activation's size (kernels::bn_act_reduce_grid_for).
+// the activation's size (kernels::bn_act_reduce_grid_for). Likewise LIBREYOLO_BN_VEC=4 (channels
+// per thread, where the channel count allows: 4, the default, or 8).
 struct ReduceGridChoice {
   int block_channels = 0, rows_per_thread = 0;
+  int vec = 0;  // LIBREYOLO_BN_VEC (4 or 8); 0: the default
 };
 
 const ReduceGridChoice& reduce_grid_choice() {
@@ -111,6 +119,8 @@ const ReduceGridChoice& reduce_grid_choice() {
     c.block_channels = env_int("LIBREYOLO_BN_BLOCK_CHANNELS", 1, 256, 0);
     if ((c.block_channels & (c.block_channels - 1)) != 0) c.block_channels = 0;
     c.rows_per_thread = env_int("LIBREYOLO_BN_ROWS_PER_THREAD", 1, 64, 0);
+    c.vec = env_int("LIBREYOLO_BN_VEC", 4, 8, 0);
+    if (c.vec != 4 && c.vec != 8) c.vec = 0;
     return c;
   }();
   return choice;
@@ -119,19 +129,21 @@ const ReduceGridChoice& reduce_grid_choice() {
 // `tensors`: every activation the launch reads or writes; vector accesses only when all of them
 // are aligned for it.
 // `dy_ld`: the backward's dy row stride (0 or the channel count: packed).
+// `max_vec`: the widest vector the kernels to be launched take (the dual ones: 4).
 kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_list<const at::Tensor*> tensors,
-                                int64_t dy_ld = 0) {
+                                int64_t dy_ld = 0, int max_vec = kernels::bn_act_max_vector_width()) {
   kernels::BnActLaunch l;
   l.channels = static_cast<int>(z.size(1));
   l.rows = z.numel() / z.size(1);
   l.vec = kernels::bn_act_vector_width(l.channels);
+  const ReduceGridChoice& fixed = reduce_grid_choice();
+  if (fixed.vec == 8 && max_vec >= 8 && l.channels % 8 == 0) l.vec = 8;
   const auto bytes = static_cast<uintptr_t>(l.vec) * z.element_size();
   for (const at::Tensor* t : tensors)
     if (t->defined() && reinterpret_cast<uintptr_t>(t->data_ptr()) % bytes != 0) l.vec = 1;
   l.dy_ld = dy_ld;
   if (dy_ld % l.vec != 0) l.vec = 1;
   // The grid for this activation's size (kernels/bn_act.hpp), unless the environment fixes one.
-  const ReduceGridChoice& fixed = reduce_grid_choice();
   kernels::BnActGrid grid = kernels::bn_act_reduce_grid_for(l.rows, l.channels, l.vec);
   if (fixed.block_channels > 0) grid.block_groups = std::max(1, fixed.block_channels / l.vec);  // groups of vec channels
   if (fixed.rows_per_thread > 0) grid.rows_per_thread = fixed.rows_per_thread;
@@ -468,6 +480,97 @@ bool defer_weight_grad(const at::Tensor& param, const at::Tensor& grad) {
   return true;
 }
 
+// A fused node's convolution: geometry and whether it runs as one GEMM over NHWC rows.
+struct ConvGeom {
+  int64_t stride = 1, padding = 0, groups = 1;
+  bool gemm = false;
+};
+
+// The node's convolution forward (below autograd, operands already in the compute dtype).
+at::Tensor conv_forward(const at::Tensor& xc, const at::Tensor& wc, const ConvGeom& g) {
+  if (g.gemm) return conv1x1_gemm(xc, wc);
+  if (direct_cudnn(xc, wc, g.groups)) {
+    // A cached cuDNN plan (models/cudnn_fusion.hpp: chosen once per machine, kept on disk), else
+    // what at::convolution would pick, without its dispatch layers and parameter checks.
+    const auto fmt = at::MemoryFormat::ChannelsLast;
+    const at::Tensor xl = xc.contiguous(fmt), wl = wc.contiguous(fmt);
+    at::Tensor z = cudnn_conv_train(TrainConvOp::Forward, xl, wl, conv_output_sizes(xl, wl, g.stride, g.padding),
+                                    g.stride, g.padding);
+    if (z.defined()) return z;
+    auto& ctx = at::globalContext();
+    return at::cudnn_convolution(xl, wl, {g.padding, g.padding}, {g.stride, g.stride}, {1, 1}, g.groups,
+                                 ctx.benchmarkCuDNN(), ctx.deterministicCuDNN(), ctx.allowTF32CuDNN(at::Float32Op::CONV));
+  }
+  return at::convolution(xc, wc, {}, {g.stride, g.stride}, {g.padding, g.padding}, {1, 1}, false, {0, 0}, g.groups);
+}
+
+// The node's convolution gradients from dz: {dx (need_x), dw (need_w)}. dw is computed on the
+// weight-gradient lane's side stream in captured steps (WgradLane) and, inside a
+// DeferredWeightGrads scope, collected for the flush instead of returned (then undefined); `weight`
+// is the parameter it belongs to. With `dx_into` (a packed NHWC tensor of x's sizes and dz's dtype)
+// dx is added into it and it is returned: by the GEMM itself (beta = 1) where the convolution is one.
+std::pair<at::Tensor, at::Tensor> conv_backward(const at::Tensor& dz, const at::Tensor& xc, const at::Tensor& wc,
+                                                const at::Tensor& weight, const ConvGeom& g, bool need_x, bool need_w,
+                                                const at::Tensor& dx_into = {}) {
+  at::Tensor dx, dw;
+  if (!need_x && !need_w) return {dx, dw};
+  const auto fmt = at::MemoryFormat::ChannelsLast;
+  const int64_t stride = g.stride, padding = g.padding, groups = g.groups;
+  // dz as the convolution gradients read it (NHWC, packed) where a plan or the GEMM takes it.
+  const at::Tensor dzl = (g.gemm || (groups == 1 && dz.is_cuda())) ? dz.contiguous(fmt) : dz;
+  // The weight gradient; with the lane, on its side stream (see WgradLane).
+  const auto weight_grad = [&] {
+    if (g.gemm) {
+      dw = at::mm(as_rows(dzl).t(), as_rows(xc)).view(wc.sizes());
+      return;
+    }
+    // Cached cuDNN plans where they apply (groups 1, packed channels-last operands), else ATen.
+    if (groups == 1 && dz.is_cuda() && xc.is_contiguous(fmt))
+      dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wc.sizes(), stride, padding);
+    if (!dw.defined()) {
+      dw = std::get<1>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
+                                                {1, 1}, false, {0, 0}, groups, {false, true, false}));
+    }
+  };
+#ifdef LIBREYOLO_CUDA_KERNELS
+  const cudaStream_t main = dz.is_cuda() ? c10::cuda::getCurrentCUDAStream(dz.device().index()).stream() : nullptr;
+  WgradLane* lane = need_w ? wgrad_lane(dz, main) : nullptr;
+  const WgradLane::Fork fork = lane ? lane->fork(main) : WgradLane::Fork{};
+#endif
+  if (need_x) {
+    if (g.gemm) {
+      const at::Tensor w2 = wc.view({wc.size(0), wc.size(1)});
+      if (dx_into.defined() && dx_into.is_contiguous(fmt) && dx_into.scalar_type() == dzl.scalar_type()) {
+        as_rows(dx_into).addmm_(as_rows(dzl), w2);  // one GEMM with beta = 1
+        dx = dx_into;
+      } else {
+        dx = at::mm(as_rows(dzl), w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
+      }
+    } else {
+      if (groups == 1 && dz.is_cuda() && wc.is_contiguous(fmt))
+        dx = cudnn_conv_train(TrainConvOp::InputGrad, dzl, wc, xc.sizes(), stride, padding);
+      if (!dx.defined()) {
+        dx = std::get<0>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
+                                                  {1, 1}, false, {0, 0}, groups, {true, false, false}));
+      }
+    }
+    if (dx_into.defined() && !dx.is_same(dx_into)) dx = dx_into.add_(dx);
+  }
+  if (need_w) {
+#ifdef LIBREYOLO_CUDA_KERNELS
+    if (lane)
+      lane->run(fork, main, {dz, dzl, xc, wc}, weight_grad);
+    else
+#endif
+      weight_grad();
+  }
+  // Inside a DeferredWeightGrads scope the weight gradient is collected and written after
+  // backward with multi-tensor ops; otherwise autograd casts it to the weight's dtype and
+  // accumulates it.
+  if (dw.defined() && defer_weight_grad(weight, dw)) dw = at::Tensor();
+  return {dx, dw};
+}
+
 class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
@@ -484,26 +587,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
                           : (p->weight_cast && p->weight_cast->scalar_type() == ct) ? *p->weight_cast
                                                                                     : weight.to(ct);
     const bool gemm = p->pointwise && conv1x1_gemm_applies(xc);
-    at::Tensor z;
-    if (gemm) {
-      z = conv1x1_gemm(xc, wc);
-    } else if (direct_cudnn(xc, wc, p->groups)) {
-      // A cached cuDNN plan (models/cudnn_fusion.hpp: chosen once per machine, kept on disk), else
-      // what at::convolution would pick, without its dispatch layers and parameter checks.
-      const auto fmt = at::MemoryFormat::ChannelsLast;
-      const at::Tensor xl = xc.contiguous(fmt), wl = wc.contiguous(fmt);
-      z = cudnn_conv_train(TrainConvOp::Forward, xl, wl, conv_output_sizes(xl, wl, p->stride, p->padding), p->stride,
-                           p->padding);
-      if (!z.defined()) {
-        auto& ctx_ = at::globalContext();
-        z = at::cudnn_convolution(xl, wl, {p->padding, p->padding}, {p->stride, p->stride}, {1, 1}, p->groups,
-                                  ctx_.benchmarkCuDNN(), ctx_.deterministicCuDNN(),
-                                  ctx_.allowTF32CuDNN(at::Float32Op::CONV));
-      }
-    } else {
-      z = at::convolution(xc, wc, {}, {p->stride, p->stride}, {p->padding, p->padding}, {1, 1}, false,
-                          {0, 0}, p->groups);
-    }
+    const at::Tensor z = conv_forward(xc, wc, {p->stride, p->padding, p->groups, gemm});
     TORCH_CHECK(z.numel() / z.size(1) > 1, "Expected more than 1 value per channel when training, got input size ",
                 z.sizes());
     auto& saved = ctx->saved_data;
@@ -704,59 +788,134 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
       if (need_g) accumulate_grad(gamma, std::get<1>(r));
       if (need_b) accumulate_grad(beta, std::get<2>(r));
     }
-    at::Tensor dx, dw;
-    if (need_x || need_w) {
-      const auto fmt = at::MemoryFormat::ChannelsLast;
-      // dz as the convolution gradients read it (NHWC, packed) where a plan or the GEMM takes it.
-      const at::Tensor dzl = (gemm || (groups == 1 && dz.is_cuda())) ? dz.contiguous(fmt) : dz;
-      // The weight gradient; with the lane, on its side stream (see WgradLane).
-      const auto weight_grad = [&] {
-        if (gemm) {
-          dw = at::mm(as_rows(dzl).t(), as_rows(xc)).view(wc.sizes());
-          return;
-        }
-        // Cached cuDNN plans where they apply (groups 1, packed channels-last operands), else ATen.
-        if (groups == 1 && dz.is_cuda() && xc.is_contiguous(fmt))
-          dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wc.sizes(), stride, padding);
-        if (!dw.defined()) {
-          dw = std::get<1>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
-                                                    {1, 1}, false, {0, 0}, groups, {false, true, false}));
-        }
-      };
-#ifdef LIBREYOLO_CUDA_KERNELS
-      const cudaStream_t main = dz.is_cuda() ? c10::cuda::getCurrentCUDAStream(dz.device().index()).stream() : nullptr;
-      WgradLane* lane = need_w ? wgrad_lane(dz, main) : nullptr;
-      const WgradLane::Fork fork = lane ? lane->fork(main) : WgradLane::Fork{};
-#endif
-      if (need_x) {
-        if (gemm) {
-          const at::Tensor w2 = wc.view({wc.size(0), wc.size(1)});
-          dx = at::mm(as_rows(dzl), w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
-        } else {
-          if (groups == 1 && dz.is_cuda() && wc.is_contiguous(fmt))
-            dx = cudnn_conv_train(TrainConvOp::InputGrad, dzl, wc, xc.sizes(), stride, padding);
-          if (!dx.defined()) {
-            dx = std::get<0>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
-                                                      {1, 1}, false, {0, 0}, groups, {true, false, false}));
-          }
-        }
-      }
-      if (need_w) {
-#ifdef LIBREYOLO_CUDA_KERNELS
-        if (lane)
-          lane->run(fork, main, {dz, dzl, xc, wc}, weight_grad);
-        else
-#endif
-          weight_grad();
-      }
-    }
-    // Inside a DeferredWeightGrads scope the weight gradient is collected and written after
-    // backward with multi-tensor ops; otherwise autograd casts dx and dw to the input's and the
-    // weight's dtype and accumulates dw.
-    if (dw.defined() && defer_weight_grad(saved[6], dw)) dw = at::Tensor();
+    auto [dx, dw] = conv_backward(dz, xc, wc, saved[6], {stride, padding, groups, gemm}, need_x, need_w);
     return {dx, dw, da, at::Tensor()};
   }
 };
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// RepConvN in training as one node (repconvn_train below): silu(bn1(conv1(x)) + bn2(conv2(x))), conv1
+// the 3x3 branch, conv2 the 1x1. The two BatchNorms and the sum run in the dual kernels
+// (kernels/bn_act.hpp, BnBranch), and conv2's input gradient is added into conv1's by its GEMM.
+class RepConvNFn : public torch::autograd::Function<RepConvNFn> {
+ public:
+  static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w1,
+                               const torch::Tensor& w2, const ConvBnActParams* p1, const ConvBnActParams* p2) {
+    const auto device_type = x.device().type();
+    const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
+                                  ? at::autocast::get_autocast_dtype(device_type)
+                                  : x.scalar_type();
+    BelowAutograd below;
+    const at::Tensor xc = x.scalar_type() == ct ? x : x.to(ct);
+    const auto cast = [&](const at::Tensor& w, const ConvBnActParams* p) {
+      if (w.scalar_type() == ct) return w;
+      return p->weight_cast && p->weight_cast->scalar_type() == ct ? *p->weight_cast : w.to(ct);
+    };
+    const at::Tensor wc1 = cast(w1, p1), wc2 = cast(w2, p2);
+    const ConvGeom g1{p1->stride, p1->padding, 1, false};
+    const ConvGeom g2{1, 0, 1, conv1x1_gemm_applies(xc)};
+    const at::Tensor z1 = conv_forward(xc, wc1, g1), z2 = conv_forward(xc, wc2, g2);
+    TORCH_CHECK(z1.sizes() == z2.sizes() && z1.scalar_type() == z2.scalar_type(),
+                "RepConvN: the branches' outputs differ: ", z1.sizes(), " and ", z2.sizes());
+    TORCH_CHECK(z1.numel() / z1.size(1) > 1, "Expected more than 1 value per channel when training, got input size ",
+                z1.sizes());
+    TORCH_CHECK(use_kernels(z1, *p1) && use_kernels(z2, *p2), "RepConvN: the fused kernels do not take ", z1.sizes(),
+                " (checked by repconvn_train_applicable)");
+    c10::cuda::CUDAGuard guard(z1.device());
+    at::Tensor y = at::empty_like(z1);
+    const auto l = launch_for(z1, true, {&z1, &z2, &y}, 0, 4);
+    const int64_t C = l.channels;
+    at::Tensor stats = at::empty({4 * C}, z1.options().dtype(at::kFloat).memory_format(at::MemoryFormat::Contiguous));
+    float* st = stats.data_ptr<float>();
+    const auto b1 = branch(z1, *p1, st), b2 = branch(z2, *p2, st + 2 * C);
+    const KernelBuffers buf = kernel_buffers(z1.device(), 3 * static_cast<int64_t>(l.row_blocks) * C);
+    kernels::bn_act_dual_forward(l, b1, b2, static_cast<float>(p1->momentum), static_cast<float>(p1->eps),
+                                 buf.scratch, buf.counters, y.data_ptr());
+    ctx->saved_data["p"] = c10::IValue(std::vector<int64_t>{p1->stride, p1->padding, g2.gemm ? 1 : 0});
+    ctx->save_for_backward({xc, wc1, wc2, z1, z2, stats, *p1->gamma, *p1->beta, *p2->gamma, *p2->beta, w1, w2});
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &xc = saved[0], &wc1 = saved[1], &wc2 = saved[2], &z1 = saved[3], &z2 = saved[4],
+                     &stats = saved[5];
+    const at::Tensor &gamma1 = saved[6], &beta1 = saved[7], &gamma2 = saved[8], &beta2 = saved[9];
+    const auto p = ctx->saved_data["p"].toIntVector();
+    const bool need_x = ctx->needs_input_grad(0), need_w1 = ctx->needs_input_grad(1),
+               need_w2 = ctx->needs_input_grad(2);
+    at::Tensor dy = grads[0];
+    if (!dy.defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    BelowAutograd below;
+    c10::cuda::CUDAGuard guard(z1.device());
+    if (dy.scalar_type() != z1.scalar_type()) dy = dy.to(z1.scalar_type());
+    int64_t dy_ld = nhwc_row_stride(dy);
+    if (dy_ld == 0) {
+      dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
+      dy_ld = z1.size(1);
+    }
+    const at::Tensor dz1 = need_x || need_w1 ? at::empty_like(z1) : at::Tensor();
+    const at::Tensor dz2 = need_x || need_w2 ? at::empty_like(z2) : at::Tensor();
+    const auto l = launch_for(z1, true, {&z1, &z2, &dy, &dz1, &dz2}, dy_ld, 4);
+    const int64_t C = l.channels;
+    const KernelBuffers buf = kernel_buffers(z1.device(), 3 * static_cast<int64_t>(l.row_blocks) * C + 3 * C);
+    float* dsum = buf.scratch + 3 * static_cast<int64_t>(l.row_blocks) * C;
+    float* st = stats.data_ptr<float>();
+    const auto b1 = branch(z1, gamma1, beta1, st), b2 = branch(z2, gamma2, beta2, st + 2 * C);
+    // BatchNorm's weight and bias gradients: added in the kernel where all four exist (every step
+    // after the first), else written to fresh tensors and handed to their .grad.
+    const std::array<const at::Tensor*, 4> params{&gamma1, &beta1, &gamma2, &beta2};
+    bool in_place = true;
+    for (const at::Tensor* t : params) {
+      const at::Tensor& g = t->grad();
+      in_place = in_place && t->requires_grad() && g.defined() && g.scalar_type() == at::kFloat && g.is_contiguous() &&
+                 g.device() == z1.device();
+    }
+    std::array<at::Tensor, 4> fresh;
+    std::array<float*, 4> out{};
+    for (size_t i = 0; i < 4; ++i) {
+      if (!params[i]->requires_grad()) continue;
+      if (in_place) {
+        out[i] = params[i]->grad().data_ptr<float>();
+      } else {
+        fresh[i] = at::empty({C}, stats.options());
+        out[i] = fresh[i].data_ptr<float>();
+      }
+    }
+    kernels::bn_act_dual_backward_reduce(l, dy.data_ptr(), b1, b2, buf.scratch, buf.counters, dsum, out[0], out[1],
+                                         out[2], out[3], in_place);
+    if (dz1.defined() || dz2.defined())
+      kernels::bn_act_dual_backward_elemt(l, dy.data_ptr(), b1, b2, dsum, dz1.defined() ? dz1.data_ptr() : nullptr,
+                                          dz2.defined() ? dz2.data_ptr() : nullptr);
+    if (!in_place)
+      for (size_t i = 0; i < 4; ++i)
+        if (fresh[i].defined()) accumulate_grad(*params[i], fresh[i]);
+    // conv1's gradients, then conv2's with its input gradient added into conv1's.
+    auto [dx1, dw1] = conv_backward(dz1, xc, wc1, saved[10], {p[0], p[1], 1, false}, need_x, need_w1);
+    auto [dx, dw2] = conv_backward(dz2, xc, wc2, saved[11], {1, 0, 1, p[2] != 0}, need_x, need_w2, dx1);
+    return {dx, dw1, dw2, at::Tensor(), at::Tensor()};
+  }
+
+ private:
+  // One branch as the dual kernels read it; stats: [mean C, invstd C] (written by the forward).
+  static kernels::BnBranch branch(const at::Tensor& z, const at::Tensor& gamma, const at::Tensor& beta, float* stats) {
+    kernels::BnBranch b;
+    b.x = z.data_ptr();
+    b.gamma = gamma.data_ptr<float>();
+    b.beta = beta.data_ptr<float>();
+    b.mean = stats;
+    b.invstd = stats + z.size(1);
+    return b;
+  }
+  static kernels::BnBranch branch(const at::Tensor& z, const ConvBnActParams& p, float* stats) {
+    kernels::BnBranch b = branch(z, *p.gamma, *p.beta, stats);
+    b.running_mean = p.running_mean->data_ptr<float>();
+    b.running_var = p.running_var->data_ptr<float>();
+    return b;
+  }
+};
+#endif
 
 }  // namespace
 
@@ -957,6 +1116,41 @@ bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p) {
   if (!x.requires_grad() && !p.weight->requires_grad()) return false;  // no node would be recorded
   return x.dim() == 4;
 }
+
+bool repconvn_train_applicable(const torch::Tensor& x, const ConvBnActParams& p1, const ConvBnActParams& p2) {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  if (!repconvn_flag().load() || !kernels_flag().load() || !conv_bn_act_applicable(x, p1)) return false;
+  if (!x.is_cuda() || !x.is_contiguous(at::MemoryFormat::ChannelsLast) || bn_stats_sync()) return false;
+  if (p1.groups != 1 || !p2.pointwise || p1.act || p2.act || p1.eps != p2.eps || p1.momentum != p2.momentum)
+    return false;
+  const auto device_type = x.device().type();
+  const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
+                                ? at::autocast::get_autocast_dtype(device_type)
+                                : x.scalar_type();
+  kernels::DType dt;
+  if (!kernel_dtype(ct, &dt)) return false;
+  for (const ConvBnActParams* p : {&p1, &p2}) {
+    for (const at::Tensor* t : {p->gamma, p->beta, p->running_mean, p->running_var})
+      if (t->scalar_type() != at::kFloat || !t->is_contiguous() || t->device() != x.device()) return false;
+    if (p->weight->dim() != 4 || p->weight->size(0) > kMaxChannels) return false;
+  }
+  return p1.weight->size(0) == p2.weight->size(0);
+#else
+  (void)x, (void)p1, (void)p2;
+  return false;
+#endif
+}
+
+torch::Tensor repconvn_train(const torch::Tensor& x, const ConvBnActParams& p1, const ConvBnActParams& p2) {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  return RepConvNFn::apply(x, *p1.weight, *p2.weight, &p1, &p2);
+#else
+  (void)x, (void)p1, (void)p2;
+  TORCH_CHECK(false, "repconvn_train: built without the CUDA kernels");
+#endif
+}
+
+void set_fused_repconvn(bool on) { repconvn_flag().store(on); }
 
 torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p) {
   return ConvBnActFn::apply(x, *p.weight, p.addend ? std::optional<torch::Tensor>(*p.addend) : std::nullopt, &p);

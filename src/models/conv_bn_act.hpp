@@ -98,6 +98,18 @@ bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p);
 
 torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p);
 
+// RepConvN in training as one node: silu(bn1(conv1(x)) + bn2(conv2(x))), p1 the 3x3 branch (one
+// group, no activation of its own), p2 the 1x1 one. Both BatchNorms and the sum run in one set of
+// kernel passes (kernels/bn_act.hpp, BnBranch): one apply, one backward reduction and one input
+// gradient pass for the pair, nothing of the 3x3 branch written in between, and the 1x1 branch's
+// input gradient added into the 3x3's by its GEMM. Where it applies: autograd recording, CUDA with
+// this build's kernels, channels-last input, no SyncBN installed, equal eps and momentum, and the
+// switch on (LIBREYOLO_FUSED_REPCONVN=0 turns it off: two nodes, conv2's with conv1's output as its
+// addend). The results equal the two-node form's up to float rounding.
+bool repconvn_train_applicable(const torch::Tensor& x, const ConvBnActParams& p1, const ConvBnActParams& p2);
+torch::Tensor repconvn_train(const torch::Tensor& x, const ConvBnActParams& p1, const ConvBnActParams& p2);
+void set_fused_repconvn(bool on);
+
 // While one of these is alive (on the thread that runs backward and waits for it), the node's
 // backward does not hand its convolution-weight gradient to autograd (which would cast it to
 // float32 and accumulate it, one operator each per block) but collects it; flush(), called after

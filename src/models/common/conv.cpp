@@ -68,6 +68,25 @@ torch::Tensor finish_sum(torch::Tensor y, const torch::Tensor* addend, bool afte
 
 }  // namespace
 
+ConvBnActParams ConvBnActImpl::training_params(bool act) {
+  ++fold_epoch_;  // the running statistics change (the fused kernels write them through raw pointers)
+  ConvBnActParams p;
+  p.weight = &conv->weight;
+  p.weight_cast = weight_cast_;
+  p.stride = stride_;
+  p.padding = padding_;
+  p.groups = groups_;
+  p.pointwise = pointwise_;
+  p.gamma = &bn->weight;
+  p.beta = &bn->bias;
+  p.running_mean = &bn->running_mean;
+  p.running_var = &bn->running_var;
+  p.momentum = bn->options.momentum().value();
+  p.eps = bn->options.eps();
+  p.act = act;
+  return p;
+}
+
 torch::Tensor ConvBnActImpl::forward_sum_silu(const torch::Tensor& x, const torch::Tensor& addend) {
   TORCH_CHECK(!act_, "forward_sum_silu: the block's own activation must be off");
   return forward_unfolded(x, &addend, false, true);
@@ -76,26 +95,12 @@ torch::Tensor ConvBnActImpl::forward_sum_silu(const torch::Tensor& x, const torc
 torch::Tensor ConvBnActImpl::forward_unfolded(const torch::Tensor& x, const torch::Tensor* addend, bool after_act,
                                               bool act) {
   if (bn->is_training()) {
-    ++fold_epoch_;  // the running statistics change (the fused kernels write them through raw pointers)
     // Training with autograd: one fused node (models/conv_bn_act.hpp).
-    ConvBnActParams p;
-    p.weight = &conv->weight;
-    p.weight_cast = weight_cast_;
-    p.stride = stride_;
-    p.padding = padding_;
-    p.groups = groups_;
-    p.pointwise = pointwise_;
-    p.gamma = &bn->weight;
-    p.beta = &bn->bias;
-    p.running_mean = &bn->running_mean;
-    p.running_var = &bn->running_var;
-    p.momentum = bn->options.momentum().value();
-    p.eps = bn->options.eps();
     // The addend inside the node unless switched off (then added by finish_sum below).
     const bool inside = addend && fused_addend();
+    ConvBnActParams p = training_params(act && (inside || !addend || after_act));
     p.addend = inside ? addend : nullptr;
     p.addend_after_act = after_act;
-    p.act = act && (inside || !addend || after_act);
     if (conv_bn_act_applicable(x, p)) {
       torch::Tensor y = conv_bn_act_train(x, p);
       return inside ? y : finish_sum(y, addend, after_act, act && !p.act);

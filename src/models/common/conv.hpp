@@ -43,6 +43,9 @@ class ConvBnActImpl : public torch::nn::Module, public Foldable {
   // and SiLU inside the BatchNorm kernels' elementwise pass); otherwise composed, or folded
   // elsewhere (RepConvN folds both branches into one convolution).
   torch::Tensor forward_sum_silu(const torch::Tensor& x, const torch::Tensor& addend);
+  // This block's parameters for a fused training node (models/conv_bn_act.hpp) with activation
+  // `act`; marks the fold stale (a training forward changes the running statistics).
+  ConvBnActParams training_params(bool act);
   void train(bool on = true) override;  // marks the folds stale
   bool refresh_folds() override { return fold_.refresh({fold_source()}); }
   FoldSource fold_source() const { return {conv.get(), bn.get(), &fold_epoch_}; }

@@ -15,10 +15,15 @@ RepConvNImpl::RepConvNImpl(int64_t c1, int64_t c2) {
   conv2 = register_module("conv2", Conv(c1, c2, 1, 1, 1, false));
 }
 
-// silu(conv1(x) + conv2(x)): in training the sum and SiLU happen inside conv2's node.
+// silu(conv1(x) + conv2(x)). In training one node for both branches where the CUDA kernels take it
+// (models/conv_bn_act.hpp repconvn_train), else the sum and SiLU inside conv2's node.
 torch::Tensor RepConvNImpl::forward(const torch::Tensor& x) {
   const auto sources = fold_sources();
   if (common::fold_allowed(x, sources)) return common::run_folded(fold_, sources, x, {1, 1, 1, true});  // conv1's 3x3
+  if (conv1->bn->is_training() && conv2->bn->is_training()) {
+    const ConvBnActParams p1 = conv1->training_params(false), p2 = conv2->training_params(false);
+    if (repconvn_train_applicable(x, p1, p2)) return repconvn_train(x, p1, p2);
+  }
   return conv2->forward_sum_silu(x, conv1->forward(x));
 }
 
