@@ -1,8 +1,8 @@
 // Fused training BatchNorm + SiLU over NHWC memory. See bn_act.hpp for the contract.
 //
-// Block layout (all four kernels): each thread owns a group of V consecutive channels (V = 8 when
-// C is a multiple of 8 and the pointers allow 8-element vector accesses, else 1), read and written
-// as one vector (16 bytes in bf16/fp16). blockDim.x = CX channel groups (32, or the next power of
+// Block layout (all kernels): each thread owns a group of V consecutive channels (V = 4 when C is a
+// multiple of 4 and the pointers allow 4-element vector accesses, else 1; launches may also ask for
+// 8), read and written as one vector (8 bytes in bf16/fp16). blockDim.x = CX channel groups (32, or the next power of
 // two of C/V when smaller), blockDim.y = RY = 256 / CX rows. Thread (tx, ty) of block (bx, by) owns
 // group by*CX + tx and walks rows bx*RY + ty, stepping by gridDim.x*RY. Consecutive lanes read
 // consecutive groups of a row, so a warp's loads are contiguous in NHWC.
@@ -730,7 +730,8 @@ void launch_apply(const BnActLaunch& l, const Grid& g, const void* x, const floa
 }
 
 void check_vec(const BnActLaunch& l, const char* what) {
-  if (l.vec != 1 && l.vec != 4 && l.vec != kVec) throw std::invalid_argument(std::string(what) + ": unsupported vector width");
+  if (l.vec != 1 && l.vec != 4 && l.vec != kVec)
+    throw std::invalid_argument(std::string(what) + ": unsupported vector width");
   if (l.dy_ld != 0 && (l.dy_ld < l.channels || l.dy_ld % l.vec != 0))
     throw std::invalid_argument(std::string(what) + ": dy's row stride must be >= channels and a multiple of vec");
 }

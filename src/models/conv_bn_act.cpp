@@ -106,8 +106,8 @@ bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
 // One reductions' grid for every launch, for measurements in the step (bench_bn_act sweeps it one
 // shape at a time): LIBREYOLO_BN_BLOCK_CHANNELS = channels per block (a power of two, 1..256) and
 // LIBREYOLO_BN_ROWS_PER_THREAD = rows per thread (1..64); unset or out of range: the grid chosen by
-// the activation's size (kernels::bn_act_reduce_grid_for). Likewise LIBREYOLO_BN_VEC=4 (channels
-// per thread, where the channel count allows: 4, the default, or 8).
+// the activation's size (kernels::bn_act_reduce_grid_for). LIBREYOLO_BN_VEC=8: 8 channels per thread
+// where the channel count and the launch allow (the default is kernels::bn_act_vector_width's 4).
 struct ReduceGridChoice {
   int block_channels = 0, rows_per_thread = 0;
   int vec = 0;  // LIBREYOLO_BN_VEC (4 or 8); 0: the default
