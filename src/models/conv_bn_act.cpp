@@ -55,6 +55,21 @@ struct BelowAutograd {
   c10::impl::ExcludeDispatchKeyGuard no_autocast{c10::autocast_dispatch_keyset};
 };
 
+// The dtype a fused node computes in for input x: autocast's when it is on, else x's own. Ask
+// before BelowAutograd: with autocast's keys excluded it reports autocast as off.
+at::ScalarType node_compute_dtype(const at::Tensor& x) {
+  const auto device_type = x.device().type();
+  return at::autocast::is_autocast_enabled(device_type) ? at::autocast::get_autocast_dtype(device_type)
+                                                        : x.scalar_type();
+}
+
+// A convolution weight in the compute dtype ct: itself, or the model's cast of it for this step
+// (BatchedLayerState) when that has ct, else a fresh cast.
+at::Tensor weight_in(const at::Tensor& weight, const at::Tensor* step_cast, at::ScalarType ct) {
+  if (weight.scalar_type() == ct) return weight;
+  return step_cast && step_cast->scalar_type() == ct ? *step_cast : weight.to(ct);
+}
+
 #ifdef LIBREYOLO_CUDA_KERNELS
 // Per device, kept for the life of the process (never freed: a static tensor would be destroyed
 // after the CUDA caching allocator at exit), both allocated once at their largest size, so no
@@ -175,6 +190,17 @@ int64_t nhwc_row_stride(const at::Tensor& t) {
 }
 
 namespace {
+
+#ifdef LIBREYOLO_CUDA_KERNELS
+// The backward kernels read dy as NHWC rows: a channel slice of a wider NHWC gradient (what a
+// concatenation hands back) where it lies, anything else made packed first. Returns the row stride.
+int64_t gradient_rows(at::Tensor& dy) {
+  const int64_t ld = nhwc_row_stride(dy);
+  if (ld > 0) return ld;
+  dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
+  return dy.size(1);
+}
+#endif
 
 // Channels_last CUDA convolutions in a dtype cuDNN takes, small enough for one cuDNN call (ATen
 // splits larger batches itself): call cuDNN's operator directly.
@@ -576,16 +602,10 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x,
                                const torch::Tensor& weight, const std::optional<torch::Tensor>& addend,
                                const ConvBnActParams* p) {
-    // Asked before BelowAutograd: with autocast's keys excluded it reports autocast as off.
-    const auto device_type = x.device().type();
-    const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
-                                  ? at::autocast::get_autocast_dtype(device_type)
-                                  : x.scalar_type();
+    const at::ScalarType ct = node_compute_dtype(x);
     BelowAutograd below;
     const at::Tensor xc = x.scalar_type() == ct ? x : x.to(ct);
-    const at::Tensor wc = weight.scalar_type() == ct                                  ? weight
-                          : (p->weight_cast && p->weight_cast->scalar_type() == ct) ? *p->weight_cast
-                                                                                    : weight.to(ct);
+    const at::Tensor wc = weight_in(weight, p->weight_cast, ct);
     const bool gemm = p->pointwise && conv1x1_gemm_applies(xc);
     const at::Tensor z = conv_forward(xc, wc, {p->stride, p->padding, p->groups, gemm});
     TORCH_CHECK(z.numel() / z.size(1) > 1, "Expected more than 1 value per channel when training, got input size ",
@@ -684,12 +704,7 @@ class ConvBnActFn : public torch::autograd::Function<ConvBnActFn> {
     if (path == kPathKernels || path == kPathKernelsSync) {
       const bool synced = path == kPathKernelsSync;
       c10::cuda::CUDAGuard guard(z.device());
-      // A channel slice of a wider NHWC gradient (what a concatenation hands back) is read in place.
-      int64_t dy_ld = nhwc_row_stride(dy);
-      if (dy_ld == 0) {
-        dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
-        dy_ld = z.size(1);
-      }
+      const int64_t dy_ld = gradient_rows(dy);
       dz = (need_x || need_w) ? at::empty_like(z) : at::Tensor();
       const at::Tensor& pre = saved[7];  // the addend before the activation, if any (packed NHWC)
       if (need_a && add_mode == kAddendBeforeAct) da = at::empty_like(z);
@@ -801,17 +816,10 @@ class RepConvNFn : public torch::autograd::Function<RepConvNFn> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& x, const torch::Tensor& w1,
                                const torch::Tensor& w2, const ConvBnActParams* p1, const ConvBnActParams* p2) {
-    const auto device_type = x.device().type();
-    const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
-                                  ? at::autocast::get_autocast_dtype(device_type)
-                                  : x.scalar_type();
+    const at::ScalarType ct = node_compute_dtype(x);
     BelowAutograd below;
     const at::Tensor xc = x.scalar_type() == ct ? x : x.to(ct);
-    const auto cast = [&](const at::Tensor& w, const ConvBnActParams* p) {
-      if (w.scalar_type() == ct) return w;
-      return p->weight_cast && p->weight_cast->scalar_type() == ct ? *p->weight_cast : w.to(ct);
-    };
-    const at::Tensor wc1 = cast(w1, p1), wc2 = cast(w2, p2);
+    const at::Tensor wc1 = weight_in(w1, p1->weight_cast, ct), wc2 = weight_in(w2, p2->weight_cast, ct);
     const ConvGeom g1{p1->stride, p1->padding, 1, false};
     const ConvGeom g2{1, 0, 1, conv1x1_gemm_applies(xc)};
     const at::Tensor z1 = conv_forward(xc, wc1, g1), z2 = conv_forward(xc, wc2, g2);
@@ -850,11 +858,7 @@ class RepConvNFn : public torch::autograd::Function<RepConvNFn> {
     BelowAutograd below;
     c10::cuda::CUDAGuard guard(z1.device());
     if (dy.scalar_type() != z1.scalar_type()) dy = dy.to(z1.scalar_type());
-    int64_t dy_ld = nhwc_row_stride(dy);
-    if (dy_ld == 0) {
-      dy = dy.contiguous(at::MemoryFormat::ChannelsLast);
-      dy_ld = z1.size(1);
-    }
+    const int64_t dy_ld = gradient_rows(dy);
     const at::Tensor dz1 = need_x || need_w1 ? at::empty_like(z1) : at::Tensor();
     const at::Tensor dz2 = need_x || need_w2 ? at::empty_like(z2) : at::Tensor();
     const auto l = launch_for(z1, true, {&z1, &z2, &dy, &dz1, &dz2}, dy_ld, 4);
@@ -1123,12 +1127,8 @@ bool repconvn_train_applicable(const torch::Tensor& x, const ConvBnActParams& p1
   if (!x.is_cuda() || !x.is_contiguous(at::MemoryFormat::ChannelsLast) || bn_stats_sync()) return false;
   if (p1.groups != 1 || !p2.pointwise || p1.act || p2.act || p1.eps != p2.eps || p1.momentum != p2.momentum)
     return false;
-  const auto device_type = x.device().type();
-  const at::ScalarType ct = at::autocast::is_autocast_enabled(device_type)
-                                ? at::autocast::get_autocast_dtype(device_type)
-                                : x.scalar_type();
   kernels::DType dt;
-  if (!kernel_dtype(ct, &dt)) return false;
+  if (!kernel_dtype(node_compute_dtype(x), &dt)) return false;
   for (const ConvBnActParams* p : {&p1, &p2}) {
     for (const at::Tensor* t : {p->gamma, p->beta, p->running_mean, p->running_var})
       if (t->scalar_type() != at::kFloat || !t->is_contiguous() || t->device() != x.device()) return false;
