@@ -1,7 +1,8 @@
 // models/common/slice_ops.hpp on the GPU: SPPELAN's three max pools in one kernel
 // (kernels/spp_pool.hpp) against ATen's chained
 // max_pool2d bit for bit, NaN included, float32/float16/bfloat16, input and outputs channel
-// slices; 2x upsampling into a slice against upsample_nearest2d.
+// slices; 2x upsampling into a slice against upsample_nearest2d; the training upsampling's dtype
+// under autocast.
 #include "slice_ops_check.hpp"
 #include "support.hpp"
 
@@ -28,4 +29,11 @@ TEST(GpuSliceOps, UpsampleIntoSliceEqualsUpsampleNearest) {
     test::check_upsample_into(torch::TensorOptions().device(torch::kCUDA).dtype(dt), true);
     test::check_upsample_into(torch::TensorOptions().device(torch::kCUDA).dtype(dt), false);
   }
+}
+
+TEST(GpuSliceOps, Upsample2xKeepsDtypeUnderAutocast) {
+  LY_REQUIRE_CUDA();
+  torch::manual_seed(2);
+  for (auto dt : {torch::kBFloat16, torch::kHalf})
+    test::check_upsample2x_autocast(torch::TensorOptions().device(torch::kCUDA).dtype(dt), true);
 }

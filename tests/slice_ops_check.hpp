@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <ATen/autocast_mode.h>
+
 #include "models/common/slice_ops.hpp"
 
 namespace libreyolo::test {
@@ -40,6 +42,29 @@ inline void check_upsample_into(const torch::TensorOptions& opts, bool channels_
   models::common::upsample2x_into(x, out.narrow(1, 4, 6));
   EXPECT_TRUE(torch::equal(out.narrow(1, 4, 6), torch::upsample_nearest2d(x, {10, 14}, 2.0, 2.0)));
   EXPECT_EQ(out.narrow(1, 0, 4).abs().sum().item<double>(), 0.0);
+}
+
+// upsample2x with autocast on for `opts`' device in `dtype`: x's dtype kept, the values of the
+// upsampling, the gradient each pixel's four summed in float and rounded once. `plain_float`:
+// autocast runs upsample_nearest2d itself in float32 there (CUDA).
+inline void check_upsample2x_autocast(const torch::TensorOptions& opts, bool plain_float) {
+  const auto dev = opts.device().type();
+  const auto dtype = opts.dtype().toScalarType();
+  const auto x = torch::randn({2, 5, 3, 4}, opts).contiguous(at::MemoryFormat::ChannelsLast).requires_grad_(true);
+  const auto g = torch::randn({2, 5, 6, 8}, opts);
+  torch::Tensor y, plain;
+  at::autocast::set_autocast_enabled(dev, true);
+  at::autocast::set_autocast_dtype(dev, dtype);
+  y = models::common::upsample2x(x);
+  plain = torch::upsample_nearest2d(x, std::vector<int64_t>{6, 8}, 2.0, 2.0);
+  at::autocast::set_autocast_enabled(dev, false);
+  at::autocast::clear_cache();
+  if (plain_float) EXPECT_EQ(plain.scalar_type(), torch::kFloat);  // what autocast does without the guard
+  EXPECT_EQ(y.scalar_type(), dtype);
+  EXPECT_TRUE(torch::equal(y.to(torch::kFloat), plain.to(torch::kFloat)));
+  y.backward(g);
+  const auto expect = g.to(torch::kFloat).view({2, 5, 3, 2, 4, 2}).sum({3, 5}).to(dtype);
+  EXPECT_TRUE(torch::equal(x.grad(), expect)) << c10::toString(dtype);
 }
 
 }  // namespace libreyolo::test

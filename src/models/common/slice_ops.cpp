@@ -1,5 +1,8 @@
 #include "models/common/slice_ops.hpp"
 
+#include <ATen/autocast_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
 #include "libreyolo/errors.hpp"
 #include "models/common/pixel_stride.hpp"
 #include "models/pool2.hpp"
@@ -45,6 +48,60 @@ void spp_max_pools_into(const torch::Tensor& y0, const torch::Tensor& o5, const 
     y = torch::max_pool2d(y, {5, 5}, {1, 1}, {2, 2});
     o->copy_(y);
   }
+}
+
+namespace {
+
+class ChannelSliceFn : public torch::autograd::Function<ChannelSliceFn> {
+ public:
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& y,
+                                                int64_t start, int64_t len) {
+    ctx->saved_data["at"] = std::vector<int64_t>{start, len};
+    ctx->saved_data["sizes"] = y.sizes().vec();
+    ctx->saved_data["format"] = static_cast<int64_t>(y.suggest_memory_format());
+    ctx->saved_data["dtype"] = static_cast<int64_t>(y.scalar_type());
+    return {y, y.narrow(1, start, len)};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    const auto at = ctx->saved_data["at"].toIntVector();
+    const int64_t start = at[0], len = at[1];
+    const torch::Tensor &whole = grads[0], &part = grads[1];
+    if (!part.defined()) return {whole, torch::Tensor(), torch::Tensor()};
+    const auto sizes = ctx->saved_data["sizes"].toIntVector();
+    const auto fmt = static_cast<at::MemoryFormat>(ctx->saved_data["format"].toInt());
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    torch::Tensor dy = torch::empty(sizes, part.options().dtype(dtype).memory_format(fmt));
+    const int64_t channels = sizes[1], end = start + len;
+    if (!whole.defined()) {
+      if (start > 0) dy.narrow(1, 0, start).zero_();
+      if (end < channels) dy.narrow(1, end, channels - end).zero_();
+      dy.narrow(1, start, len).copy_(part);
+    } else {
+      if (start > 0) dy.narrow(1, 0, start).copy_(whole.narrow(1, 0, start));
+      if (end < channels) dy.narrow(1, end, channels - end).copy_(whole.narrow(1, end, channels - end));
+      auto into = dy.narrow(1, start, len);
+      at::add_out(into, whole.narrow(1, start, len), part);
+    }
+    return {dy, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+}  // namespace
+
+std::pair<torch::Tensor, torch::Tensor> with_channel_slice(const torch::Tensor& y, int64_t start, int64_t len) {
+  if (y.dim() < 2 || start < 0 || len < 1 || start + len > y.size(1))
+    throw UsageError("with_channel_slice: channels [start, start + len) must lie inside y's");
+  if (!torch::GradMode::is_enabled() || !y.requires_grad()) return {y, y.narrow(1, start, len)};
+  auto out = ChannelSliceFn::apply(y, start, len);
+  return {out[0], out[1]};
+}
+
+torch::Tensor upsample2x(const torch::Tensor& x) {
+  if (x.dim() != 4) throw UsageError("upsample2x: x must be [N, C, H, W]");
+  c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+  return torch::upsample_nearest2d(x, std::vector<int64_t>{x.size(2) * 2, x.size(3) * 2}, 2.0, 2.0);
 }
 
 void upsample2x_into(const torch::Tensor& x, const torch::Tensor& out) {

@@ -92,8 +92,8 @@ torch::Tensor elan_forward(const torch::Tensor& x, Conv& cv1, Mid& cv2, Mid& cv3
                            const ConvOutput& o) {
   const int64_t c2 = cv1->conv->weight.size(0), half = (c2 + 1) / 2;
   if (!common::ChannelConcat::applies(x)) {
-    auto y = cv1->forward(x);
-    auto p = cv2->forward(y.narrow(1, half, c2 - half));
+    const auto [y, second] = common::with_channel_slice(cv1->forward(x), half, c2 - half);
+    auto p = cv2->forward(second);
     auto q = cv3->forward(p);
     return cv4->forward(torch::cat({y, p, q}, 1), o);
   }

@@ -42,16 +42,12 @@ RepNCSPELAN make_elan(int64_t c_in, int64_t out, int64_t part, int64_t n) {
   return RepNCSPELAN(c_in, part, part / 2, out, n);
 }
 
-torch::Tensor upsample2x(const torch::Tensor& x) {
-  return torch::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2}, 2.0, 2.0);
-}
-
 // cat[upsample2x(a), b]: the top-down path's concatenations. Without autograd assembled in place
 // (common/concat.hpp): a upsampled by one strided copy into the first slice in its own dtype
 // (autocast would upsample in float32 and the concatenation would follow), b copied after it.
 torch::Tensor upsample_cat(const torch::Tensor& a, const torch::Tensor& b) {
   if (!common::ChannelConcat::applies(b) || a.dim() != 4 || b.size(2) != 2 * a.size(2) || b.size(3) != 2 * a.size(3))
-    return torch::cat({upsample2x(a), b}, 1);
+    return torch::cat({common::upsample2x(a), b}, 1);
   const common::ChannelConcat cat(b.size(0), b.size(2), b.size(3),
                                   b.options().dtype(at::result_type(a, b)).memory_format(b.suggest_memory_format()),
                                   {a.size(1), b.size(1)});

@@ -7,6 +7,7 @@
 
 #include "core/log.hpp"
 #include "libreyolo/errors.hpp"
+#include "models/common/slice_ops.hpp"
 
 namespace libreyolo::models::yolox {
 
@@ -23,10 +24,6 @@ const SizeConfig kConfigs[] = {
   {"x", 1.33, 1.25,  false, 640},
 };
 // clang-format on
-
-torch::Tensor upsample2x(const torch::Tensor& x) {
-  return torch::upsample_nearest2d(x, {x.size(2) * 2, x.size(3) * 2}, 2.0, 2.0);
-}
 
 // A plain container module (the reference's ModuleList / Sequential), children "0", "1", ...
 std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }
@@ -178,9 +175,9 @@ PAFPNImpl::PAFPNImpl(const SizeConfig& cfg) {
 std::array<torch::Tensor, 3> PAFPNImpl::forward(const torch::Tensor& x) {
   const auto [x2, x1, x0] = backbone->forward(x);
   auto f0 = lateral_conv0->forward(x0);
-  auto p4 = C3_p4->forward(torch::cat({upsample2x(f0), x1}, 1));
+  auto p4 = C3_p4->forward(torch::cat({common::upsample2x(f0), x1}, 1));
   auto f1 = reduce_conv1->forward(p4);
-  auto out3 = C3_p3->forward(torch::cat({upsample2x(f1), x2}, 1));
+  auto out3 = C3_p3->forward(torch::cat({common::upsample2x(f1), x2}, 1));
   auto out4 = C3_n3->forward(torch::cat({bu_conv2(out3), f1}, 1));
   auto out5 = C3_n4->forward(torch::cat({bu_conv1(out4), f0}, 1));
   return {out3, out4, out5};
