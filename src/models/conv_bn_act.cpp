@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "models/cudnn_fusion.hpp"
+#include "models/stem_conv.hpp"
 
 #ifdef LIBREYOLO_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -515,6 +516,7 @@ struct ConvGeom {
 // The node's convolution forward (below autograd, operands already in the compute dtype).
 at::Tensor conv_forward(const at::Tensor& xc, const at::Tensor& wc, const ConvGeom& g) {
   if (g.gemm) return conv1x1_gemm(xc, wc);
+  if (stem_conv_applies(xc, wc, g.stride, g.padding, g.groups)) return stem_conv_forward(xc, wc, g.stride, g.padding);
   if (direct_cudnn(xc, wc, g.groups)) {
     // A cached cuDNN plan (models/cudnn_fusion.hpp: chosen once per machine, kept on disk), else
     // what at::convolution would pick, without its dispatch layers and parameter checks.
@@ -938,8 +940,12 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
 #ifdef LIBREYOLO_CUDA_KERNELS
   kernels::DType dt = kernels::DType::Float32;
   if (xc.is_cuda() && kernels_flag().load() && kernel_dtype(xc.scalar_type(), &dt)) {
-    // cuDNN's runtime fusion: the epilogue inside the convolution (cudnn_fusion_takes, NHWC, groups 1).
     static const at::Tensor none;
+    // A 3-channel input: the direct kernel with the bias and SiLU as its epilogue (models/stem_conv.hpp).
+    if (!p.output.residual && stem_conv_applies(xc, w, p.stride, p.padding, p.groups) &&
+        (!p.output.into || stem_conv_writes_into(*p.output.into, xc, w, p.stride, p.padding)))
+      return stem_conv_forward(xc, w, p.stride, p.padding, *p.bias32, p.act, p.output.into ? *p.output.into : none);
+    // cuDNN's runtime fusion: the epilogue inside the convolution (cudnn_fusion_takes, NHWC, groups 1).
     if (at::Tensor y = cudnn_conv_bias_act(xc, w, *p.bias32, p.stride, p.padding, p.act,
                                            p.output.residual ? *p.output.residual : none,
                                            p.output.into ? *p.output.into : none);
