@@ -1,6 +1,7 @@
-// Operations that keep the input's dtype under autocast; the *_into ones (inference) write their
-// result into a given view, typically a channel slice of a concatenation assembled in place
-// (models/common/concat.hpp).
+// The necks' slice, pool and upsampling operations, in the input's dtype (also under autocast).
+// The *_into ones (inference) write their result into a given view, typically a channel slice of
+// a concatenation assembled in place (models/common/concat.hpp); upsample2x and
+// with_channel_slice are for training (autograd).
 #pragma once
 #include <torch/torch.h>
 
@@ -13,8 +14,6 @@ namespace libreyolo::models::common {
 void spp_max_pools_into(const torch::Tensor& y0, const torch::Tensor& o5, const torch::Tensor& o9,
                         const torch::Tensor& o13);
 
-// Nearest-neighbour 2x upsampling of x [N, C, H, W] into out [N, C, 2H, 2W] as one strided copy,
-// in x's dtype (autocast would run upsample_nearest2d in float32: the values are the same).
 // Nearest-neighbour 2x upsampling of x [N, C, H, W] with autograd, in x's dtype. Autocast lists
 // upsample_nearest2d as a float32 op: in a mixed-precision step the neck's upsampling and the
 // concatenation after it would run in float32, the consumer would cast back, and the backward
@@ -31,6 +30,8 @@ torch::Tensor upsample2x(const torch::Tensor& x);
 // plain views.
 std::pair<torch::Tensor, torch::Tensor> with_channel_slice(const torch::Tensor& y, int64_t start, int64_t len);
 
+// Nearest-neighbour 2x upsampling of x [N, C, H, W] into out [N, C, 2H, 2W] as one strided copy,
+// in x's dtype (autocast would run upsample_nearest2d in float32: the values are the same).
 void upsample2x_into(const torch::Tensor& x, const torch::Tensor& out);
 
 }  // namespace libreyolo::models::common
