@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -65,11 +66,18 @@ inline pid_t launch(const std::vector<std::string>& args, const Env& add, const 
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
-  return rc == 0 ? pid : -1;
+  if (rc != 0) {
+    ADD_FAILURE() << "could not start the CLI '" << full[0] << "': " << std::strerror(rc)
+                  << " (on a machine without this build, LIBREYOLO_CLI names the program)";
+    return -1;
+  }
+  return pid;
 }
 
-// Waits at most `seconds`; returns the wait status, or nullopt (the process is then killed).
+// Waits at most `seconds`; returns the wait status, or nullopt (the process is then killed; or
+// there was none: pid <= 0, a launch that failed, which waitpid would take for "any child").
 inline std::optional<int> wait_for(pid_t pid, double seconds) {
+  if (pid <= 0) return std::nullopt;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
   int status = 0;
   while (std::chrono::steady_clock::now() < end) {

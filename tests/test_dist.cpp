@@ -28,6 +28,8 @@
 #include "dist/spawn.hpp"
 #include "io/checkpoint.hpp"
 #include "loss/normalizer.hpp"
+#include <gtest/gtest-spi.h>
+
 #include "dist_check.hpp"
 #include "support.hpp"
 
@@ -450,6 +452,21 @@ TEST(Dist, AWorkerThatWouldSpawnAgainIsRefused) {
   ASSERT_TRUE(st.has_value());
   EXPECT_FALSE(exited_ok(*st));
   EXPECT_NE(err.find("workers must not spawn again"), std::string::npos) << err;
+}
+
+// The harness itself: a CLI that cannot be started is a named failure, and waiting for the
+// launch that failed reports no exit (waitpid(-1) would wait for any child and could report
+// another one's success: a GPU machine without LIBREYOLO_CLI once "passed" every launch that way).
+TEST(Dist, ACliThatCannotStartIsAFailureNotASuccess) {
+  const std::string dir = test::temp_dir("dist_nocli");
+  const char* was = std::getenv("LIBREYOLO_CLI");
+  const std::string saved = was ? was : "";
+  ::setenv("LIBREYOLO_CLI", (dir + "/no_such_program").c_str(), 1);
+  pid_t pid = 0;
+  EXPECT_NONFATAL_FAILURE(pid = launch({"--version"}, {}, dir + "/err.txt"), "could not start the CLI");
+  if (was) ::setenv("LIBREYOLO_CLI", saved.c_str(), 1); else ::unsetenv("LIBREYOLO_CLI");
+  EXPECT_EQ(pid, -1);
+  EXPECT_FALSE(wait_for(pid, 1).has_value());
 }
 
 // SPEC M1 on a machine without CUDA: a list of GPUs is refused, naming the problem.
