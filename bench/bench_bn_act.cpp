@@ -16,7 +16,6 @@
 #include <torch/torch.h>
 
 #ifdef LIBREYOLO_CUDA_KERNELS
-#include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
@@ -33,6 +32,9 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.hpp"
+
+namespace libreyolo {
 namespace {
 
 struct Options {
@@ -46,19 +48,8 @@ struct Options {
   int reps = 5;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  for (std::string item; std::getline(ss, item, ',');)
-    if (!item.empty()) out.push_back(item);
-  return out;
-}
-
-std::vector<int64_t> split_ints(const std::string& s) {
-  std::vector<int64_t> out;
-  for (const auto& t : split(s)) out.push_back(std::stoll(t));
-  return out;
-}
+using bench::split;
+using bench::split_ints;
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -85,35 +76,10 @@ Options parse(int argc, char** argv) {
 }
 
 #ifdef LIBREYOLO_CUDA_KERNELS
-// Microseconds per launch of `body` (one launch per call), from the fastest replay of a graph of
-// `launches` calls.
+// Microseconds per call of `body` (bench::graph_time_us: the fastest replay of a graph of
+// `launches` calls).
 double time_us(const std::function<void()>& body, const Options& o) {
-  auto stream = c10::cuda::getStreamFromPool();
-  c10::cuda::CUDAStreamGuard guard(stream);
-  body();  // outside capture: first-use work (module loading)
-  stream.synchronize();
-  at::cuda::CUDAGraph graph;
-  graph.capture_begin();
-  for (int i = 0; i < o.launches; ++i) body();
-  graph.capture_end();
-  graph.replay();
-  stream.synchronize();
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  float best = 1e30f;
-  for (int r = 0; r < o.reps; ++r) {
-    cudaEventRecord(a, stream.stream());
-    graph.replay();
-    cudaEventRecord(b, stream.stream());
-    cudaEventSynchronize(b);
-    float ms = 0.f;
-    cudaEventElapsedTime(&ms, a, b);
-    best = std::min(best, ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return 1000.0 * best / o.launches;
+  return bench::graph_time_us(body, o.launches, o.reps, /*warm=*/1);
 }
 
 nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
@@ -237,6 +203,9 @@ nlohmann::json bench_shape(const Options& o, int64_t c, int64_t side) {
 #endif
 
 }  // namespace
+}  // namespace libreyolo
+
+using namespace libreyolo;
 
 int main(int argc, char** argv) {
   try {

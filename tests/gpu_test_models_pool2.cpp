@@ -5,14 +5,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/autocast_mode.h>
-
 #include <array>
 
-#include "engine/step.hpp"
-#include "models/detector.hpp"
 #include "models/pool2.hpp"
 #include "support.hpp"
+#include "yolo9_step_check.hpp"
 
 using namespace libreyolo;
 
@@ -112,30 +109,7 @@ TEST(GpuPool2, Yolo9tStepWithTheKernelsEqualsTheStepWithout) {
   const test::CudnnSettings cudnn(/*benchmark=*/false, /*deterministic=*/true, /*allow_tf32=*/false);
   auto step = [&](bool fused) {
     PoolSwitch sw(fused);
-    torch::manual_seed(5);
-    auto model = models::find_family("yolo9")->build("t", 4);
-    model->to(dev);
-    engine::to_channels_last(*model);
-    model->train();
-    for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
-    torch::manual_seed(6);
-    torch::Tensor x = torch::rand({2, 3, 128, 128}, torch::TensorOptions().device(dev))
-                          .contiguous(at::MemoryFormat::ChannelsLast);
-    torch::Tensor loss;
-    {
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      auto outs = model->forward_raw(x);
-      loss = torch::zeros({}, x.options());
-      for (const auto& o : outs) loss = loss + o.to(torch::kFloat).square().mean();
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    }
-    loss.backward();
-    std::vector<torch::Tensor> grads;
-    for (auto& p : model->parameters())
-      if (p.grad().defined()) grads.push_back(p.grad().clone());
-    return std::make_pair(loss.item<double>(), grads);
+    return test::yolo9t_bf16_step(dev);
   };
   const auto off = step(false), on = step(true);
   EXPECT_EQ(off.first, on.first);

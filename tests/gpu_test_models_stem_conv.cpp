@@ -1,17 +1,13 @@
 // The direct 3-channel 3x3 convolution kernel (models/stem_conv.hpp, kernels/stem_conv.cu)
 // against a float64 convolution: plain, with bias and SiLU, into a channel slice; float32,
 // float16, bfloat16; 16/32/64 output channels (16 only in float32); strides 1 and 2, padding 0
-// and 1; odd sizes. And a YOLOv9-t training step with the kernel
-// against the one without.
+// and 1; odd sizes. And a YOLOv9-t training step with the kernel against the one without.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include <ATen/autocast_mode.h>
-
-#include "engine/step.hpp"
-#include "models/detector.hpp"
 #include "models/stem_conv.hpp"
 #include "support.hpp"
+#include "yolo9_step_check.hpp"
 
 using namespace libreyolo;
 
@@ -87,30 +83,9 @@ TEST(GpuStemConv, Yolo9tStepWithTheKernelsMatchesTheStepWithout) {
   auto step = [&](bool stem) {
     StemSwitch sw(stem);
     const int64_t launched = models::stem_conv_launches();
-    torch::manual_seed(5);
-    auto model = models::find_family("yolo9")->build("t", 4);
-    model->to(dev);
-    engine::to_channels_last(*model);
-    model->train();
-    torch::manual_seed(6);
-    torch::Tensor x = torch::rand({2, 3, 128, 128}, torch::TensorOptions().device(dev))
-                          .contiguous(at::MemoryFormat::ChannelsLast);
-    torch::Tensor loss;
-    {
-      at::autocast::set_autocast_enabled(at::kCUDA, true);
-      at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
-      auto outs = model->forward_raw(x);
-      loss = torch::zeros({}, x.options());
-      for (const auto& o : outs) loss = loss + o.to(torch::kFloat).square().mean();
-      at::autocast::set_autocast_enabled(at::kCUDA, false);
-      at::autocast::clear_cache();
-    }
-    loss.backward();
+    auto r = test::yolo9t_bf16_step(dev);
     EXPECT_EQ(models::stem_conv_launches() - launched, stem ? 1 : 0) << "the stem's forward took the kernel: " << stem;
-    std::vector<torch::Tensor> grads;
-    for (auto& p : model->parameters())
-      if (p.grad().defined()) grads.push_back(p.grad().clone());
-    return std::make_pair(loss.item<double>(), grads);
+    return r;
   };
   const auto off = step(false), on = step(true);
   ASSERT_EQ(off.second.size(), on.second.size());
