@@ -2,7 +2,7 @@
 //
 //   bench_forward [--family yolo9] [--device cpu|cuda] [--dtype fp32|bf16|fp16] [--channels-last]
 //                 [--sizes t,s] [--batches 1,8,32] [--imgsz 640] [--iters 20] [--warmup 5]
-//                 [--cuda-graph off,on] [--fold on,off] [--cudnn-benchmark off,on] [--kernels]
+//                 [--cuda-graph off,on] [--fold on,off] [--cudnn-benchmark off,on] [--kernels] [--verbose]
 //
 // --cuda-graph: each configuration through the model's inference path instead (uint8 NHWC images
 // on the device -> input conversion, forward, decode; models::ForwardGraphs), once per listed mode:
@@ -15,6 +15,7 @@
 // --kernels (CUDA): instead of timing, count the GPU kernels of one forward (eager: one
 // predict_tensor or ForwardGraphs call after the warm-up; graph on: one replay) with the Kineto
 // profiler, their summed busy time and the kernels that took most of it. A run of its own: the profiler slows later launches.
+// --verbose: debug log lines (e.g. each cuDNN fused plan candidate's engine and time).
 //
 // Each configuration runs the eval-mode forward plus decode (Detector::predict_tensor) under
 // inference mode; bf16/fp16 run under autocast, as validation does. Each timed iteration is
@@ -41,6 +42,7 @@
 
 #include "libreyolo/errors.hpp"
 #include "core/device.hpp"
+#include "core/log.hpp"
 #include "models/common/fold.hpp"
 #include "models/cudnn_fusion.hpp"
 #include "models/detector.hpp"
@@ -109,6 +111,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--fold") o.folds = split(value());
     else if (a == "--cudnn-benchmark") o.autotune = split(value());
     else if (a == "--kernels") o.kernels = true;
+    else if (a == "--verbose") libreyolo::set_log_level(libreyolo::LogLevel::Debug);
     else throw UsageError("unknown flag " + a);
   }
   if (o.device != "cpu" && o.device.rfind("cuda", 0) != 0) {

@@ -196,8 +196,9 @@ TEST(GpuCudnnFusion, PlansComeBackFromDiskAndCorruptFilesAreIgnored) {
 
 // Concatenations assembled in place (models/common/concat.hpp) rest on three things the fused
 // operation must do: read its input from a channel slice of a wider channels_last tensor, write
-// its result into one, and add a residual after the activation (each against float64, fp16 and
-// bf16); and it must write nothing outside its slice.
+// its result into one, and add a residual after the activation (each against float64, fp16, bf16
+// and float32); and it must write nothing outside its slice. Also the detection head's 1x1
+// convolution without activation into a slice.
 TEST(GpuCudnnFusion, ChannelSlicesInAndOutAndResidual) {
   LY_REQUIRE_FUSION();
   torch::manual_seed(3);
@@ -240,6 +241,20 @@ TEST(GpuCudnnFusion, ChannelSlicesInAndOutAndResidual) {
     EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual.narrow(1, 0, 16)).defined());
     const auto other = dt == torch::kFloat ? torch::kHalf : torch::kFloat;
     EXPECT_FALSE(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true, residual.to(other)).defined());
+    // A detection head's last convolution: 1x1, bias, no activation, into channels 64..143 of a
+    // 144-channel output (float32 adds an identity op to its graph for cuDNN's fused engines).
+    auto wide_head = torch::full({2, 144, 20, 24}, 7.0, opts).contiguous(cl);
+    const auto head_out = wide_head.narrow(1, 64, 80);
+    auto w1 = (torch::randn({80, 32, 1, 1}, opts) * 0.2).contiguous(cl);
+    auto b1 = torch::randn({80}, torch::TensorOptions().device(torch::kCUDA));
+    const auto y3 = models::cudnn_conv_bias_act(x, w1, b1, 1, 0, false, {}, head_out);
+    ASSERT_TRUE(y3.defined()) << "a 1x1 convolution without activation into a slice must fuse (" << c10::toString(dt)
+                              << ")";
+    EXPECT_EQ(y3.data_ptr(), head_out.data_ptr());
+    const double e3 = rel_err(y3, reference(x, w1, b1, {"1x1 32->80 no act", 32, 80, 1, 1, false}));
+    std::cout << "[ REPORT   ] fusion 1x1 no act into a slice " << c10::toString(dt) << ": rel err " << e3 << "\n";
+    EXPECT_LE(e3, tol);
+    EXPECT_TRUE((wide_head.narrow(1, 0, 64) == 7.0).all().item<bool>()) << "written outside its slice";
   }
 }
 

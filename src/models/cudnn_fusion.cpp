@@ -182,6 +182,12 @@ std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Sh
   auto Y = g->pointwise(conv, B, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD));
   if (s.act)
     Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.f));
+  // Float32 without an activation: an identity after the bias. For conv + bias alone cuDNN lists
+  // only precompiled engines in float32, which write a channel-slice output through a packed copy
+  // (a second kernel); with a second pointwise op it lists its runtime-fused ones, which write the
+  // slice directly. H200, v9-t's six detection-head convolutions at batch 1: 7-11 us -> 2.4-4.4 us.
+  if (!s.act && s.io == fe::DataType_t::FLOAT)
+    Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY));
   if (s.pixel[2] > 0) {
     auto R = g->tensor(fe::graph::Tensor_attributes().set_name("residual").set_uid(kR).set_dim(s.y).set_stride(
         nhwc_strides(s.y, s.pixel[2])));
@@ -194,16 +200,19 @@ std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Sh
   return g;
 }
 
-// Candidates to build and time per configuration: 4 while cuDNN autotuning is on (ForwardGraphs'
-// first run of a shape to be captured, training and its validation), else 1 (the heuristics'
-// first plan that builds); LIBREYOLO_CUDNN_FUSION_CANDIDATES=N overrides. H200, v9-t graphed bf16
-// (one call, timing each candidate in a CUDA graph): batch 1 2.09-2.11 ms with 1 candidate,
-// 1.53-1.54 with 4, 1.44-1.64 with 10; batch 32 6.49-6.54 / 6.21-6.24 / 6.48-6.58; compilation at
-// the first call of a shape 3-6 s / 11-15 s / 20-21 s (then read from disk: under 1 s).
-constexpr int64_t kAutotuneCandidates = 4;
-
-int64_t candidates() {
-  int64_t n = at::globalContext().benchmarkCuDNN() ? kAutotuneCandidates : 1;
+// Candidates to build and time per configuration while cuDNN autotuning is on (ForwardGraphs'
+// first run of a shape to be captured, training and its validation): 4, and 6 for float32 fused
+// convolutions; else 1 (the heuristics' first plan that builds); LIBREYOLO_CUDNN_FUSION_CANDIDATES=N
+// overrides. H200, v9-t graphed bf16 (one call, timing each candidate in a CUDA graph): batch 1
+// 2.09-2.11 ms with 1 candidate, 1.53-1.54 with 4, 1.44-1.64 with 10; batch 32 6.49-6.54 /
+// 6.21-6.24 / 6.48-6.58; compilation at the first call of a shape 3-6 s / 11-15 s / 20-21 s (then
+// read from disk: under 1 s). Float32 (TF32) at batch 1 (all 10-12 listed plans timed): the
+// fastest was the heuristics' fifth or sixth for 16 of v9-t's 62 configurations and a later one
+// for 1 (summed fastest times 0.323 ms among 4, 0.305 among 6 or all), for 8% more compilation
+// (17.2 -> 18.6 s); bfloat16 gained nothing measurable from 6 (summed 1.533 -> 1.528 ms at
+// batches 1 and 32) for 2.3x the compilation (21 -> 52 s).
+int64_t candidates(const Shapes& s) {
+  int64_t n = !at::globalContext().benchmarkCuDNN() ? 1 : s.op < 0 && s.io == fe::DataType_t::FLOAT ? 6 : 4;
   if (const char* v = std::getenv("LIBREYOLO_CUDNN_FUSION_CANDIDATES")) n = std::max(1, std::atoi(v));
   return n;
 }
@@ -272,17 +281,29 @@ uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ULL) 
   return h;
 }
 
+// The configuration in words, for plan keys and logs.
+std::string describe(const Shapes& s) {
+  std::ostringstream d;
+  d << "io " << static_cast<int>(s.io) << " x";
+  for (auto v : s.x) d << ' ' << v;
+  d << " w";
+  for (auto v : s.w) d << ' ' << v;
+  d << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " pixel " << s.pixel[0] << ' '
+    << s.pixel[1] << ' ' << s.pixel[2];
+  if (s.op >= 0) d << " training op " << s.op;
+  return d.str();
+}
+
+// Bumped when operation_graph() builds a configuration differently (2: float32's identity op), so
+// that plans kept on disk from an older build are not taken for the new graph.
+constexpr int kGraphVersion = 2;
+
 std::string plan_key(const Shapes& s, int device) {
   const auto* prop = at::cuda::getDeviceProperties(device);
   std::ostringstream k;
   k << "cudnn " << fe::detail::get_backend_version() << " fe " << CUDNN_FRONTEND_VERSION << " gpu " << prop->name
-    << " sm " << prop->major << prop->minor << " io " << static_cast<int>(s.io) << " x";
-  for (auto v : s.x) k << ' ' << v;
-  k << " w";
-  for (auto v : s.w) k << ' ' << v;
-  k << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " pixel " << s.pixel[0] << ' '
-    << s.pixel[1] << ' ' << s.pixel[2] << " candidates " << candidates();
-  if (s.op >= 0) k << " training op " << s.op;
+    << " sm " << prop->major << prop->minor << ' ' << describe(s) << " candidates " << candidates(s)
+    << " graph " << kGraphVersion;
   return k.str();
 }
 
@@ -375,7 +396,7 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
                       : "cuDNN: timing training convolution plans for new shapes (once per machine: " + where + ")");
   });
   const int64_t total = g->get_execution_plan_count();
-  const int64_t count = std::min(total, candidates());
+  const int64_t count = std::min(total, candidates(s));
   std::shared_ptr<fe::graph::Graph> best_graph;
   int64_t best = -1;
   if (count <= 1) {  // the heuristics' first plan that builds
@@ -413,12 +434,21 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
       for (int64_t i = start; i < end; ++i) built += graphs[i] ? 1 : 0;
     }
     float best_ms = -1;
+    std::string timings;  // for the debug log: each candidate's engine and time
     for (int64_t i = 0, timed = 0; i < total && timed < count; ++i) {
       if (!graphs[i]) continue;
       ++timed;
       const float ms = time_plan(handle, *graphs[i], i, ptrs, x);
       if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_graph = graphs[i];
+      if (log_level() <= LogLevel::Debug) {
+        std::string name;
+        if (!graphs[i]->get_plan_name_at_index(i, name).is_good()) name = "?";
+        timings += strfmt(" [%lld] %s %.4f ms;", static_cast<long long>(i), name.c_str(), ms);
+      }
     }
+    if (log_level() <= LogLevel::Debug)
+      log_debug(strfmt("cuDNN plans for %s: %lld listed, chose [%lld]:", describe(s).c_str(),
+                       static_cast<long long>(total), static_cast<long long>(best)) + timings);
   }
   if (best < 0 || !best_graph->get_workspace_size(plan->workspace).is_good()) return plan;
   if (!dir.empty()) {

@@ -27,7 +27,7 @@ bool cudnn_fusion_takes(at::ScalarType dtype);
 // overlap x or the residual). Returns an undefined tensor when the fusion is off or cuDNN has no engine for
 // this configuration (remembered per configuration: asked once); then nothing was written. Plans are cached
 // per configuration, chosen by its first run: with cuDNN autotuning on (at::globalContext().benchmarkCuDNN(),
-// e.g. under CudnnAutotuneScope) the fastest of the heuristics' first 4, each timed in a CUDA graph, else the
+// e.g. under CudnnAutotuneScope) the fastest of the heuristics' first 4 (6 in float32), each timed in a CUDA graph, else the
 // first that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: N). cuDNN compiles a plan's kernel when it is built
 // (~0.1 s; candidates build in parallel threads); chosen plans are kept on disk (LIBREYOLO_CUDNN_PLAN_CACHE,
 // default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later process loads them instead. Never builds
