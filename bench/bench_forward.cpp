@@ -40,6 +40,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #endif
 
+#include "bench_util.hpp"
 #include "libreyolo/errors.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
@@ -68,15 +69,7 @@ struct Options {
   bool kernels = false;
 };
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    if (!item.empty()) out.push_back(item);
-  }
-  return out;
-}
+using libreyolo::bench::split;
 
 int64_t to_int(const std::string& flag, const std::string& v, int64_t min) {
   try {

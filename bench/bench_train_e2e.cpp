@@ -20,6 +20,7 @@
 
 #include <libreyolo/libreyolo.hpp>
 
+#include "bench_util.hpp"
 #include "data/synthetic.hpp"
 #include "models/cudnn_fusion.hpp"
 
@@ -83,13 +84,7 @@ int main(int argc, char** argv) {
   nlohmann::json out = {{"benchmark", "train_e2e"}, {"device", device}, {"model", model}, {"images", images},
                         {"image_size", "810x1080"}, {"batch", batch}, {"imgsz", imgsz}, {"epochs", epochs},
                         {"amp_dtype", amp_dtype}, {"dataset_generation_s", gen_s}, {"runs", nlohmann::json::array()}};
-  auto split = [](const std::string& list) {
-    std::vector<std::string> items;
-    std::stringstream ss(list);
-    std::string item;
-    while (std::getline(ss, item, ',')) items.push_back(item);
-    return items;
-  };
+  using libreyolo::bench::split;
   int run_i = 0;
   for (const std::string& w : split(workers)) {
     for (const std::string& gm : split(graphs))

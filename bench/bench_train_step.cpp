@@ -25,6 +25,7 @@
 #include <torch/csrc/autograd/profiler_kineto.h>
 #endif
 
+#include "bench_util.hpp"
 #include "engine/step.hpp"
 #include "core/device.hpp"
 #include "models/conv_bn_act.hpp"
@@ -35,15 +36,7 @@ using json = nlohmann::json;
 
 namespace {
 
-std::vector<std::string> split(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string p;
-  while (std::getline(ss, p, ','))
-    if (!p.empty()) out.push_back(p);
-  return out;
-}
-
+using bench::split;
 
 // A batch that looks like training data: mosaic-like random images and 2-20 boxes per image.
 std::pair<torch::Tensor, torch::Tensor> make_batch(int64_t b, int64_t s, int nc) {
