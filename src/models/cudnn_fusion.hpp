@@ -27,11 +27,11 @@ bool cudnn_fusion_takes(at::ScalarType dtype);
 // overlap x or the residual). Returns an undefined tensor when the fusion is off or cuDNN has no engine for
 // this configuration (remembered per configuration: asked once); then nothing was written. Plans are cached
 // per configuration, chosen by its first run: with cuDNN autotuning on (at::globalContext().benchmarkCuDNN(),
-// e.g. under CudnnAutotuneScope) the fastest of the heuristics' first 4 (6 in float32), each timed in a CUDA graph, else the
-// first that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: N). cuDNN compiles a plan's kernel when it is built
-// (~0.1 s; candidates build in parallel threads); chosen plans are kept on disk (LIBREYOLO_CUDNN_PLAN_CACHE,
-// default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later process loads them instead. Never builds
-// inside a CUDA graph capture (declines instead).
+// e.g. under CudnnAutotuneScope) the fastest of the heuristics' first 4 (6 in float32), each timed in a CUDA
+// graph, else the first that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: N). cuDNN compiles a plan's kernel
+// when it is built (~0.1 s; candidates build in parallel threads); chosen plans are kept on disk
+// (LIBREYOLO_CUDNN_PLAN_CACHE, default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later process loads
+// them instead. Never builds inside a CUDA graph capture (declines instead).
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
                                   int64_t stride, int64_t padding, bool act, const torch::Tensor& residual = {},
                                   const torch::Tensor& out = {});
