@@ -15,6 +15,7 @@
 #include <map>
 #include <thread>
 
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 #include <libreyolo/errors.hpp>
 
@@ -28,7 +29,6 @@
 #include "dist/spawn.hpp"
 #include "io/checkpoint.hpp"
 #include "loss/normalizer.hpp"
-#include <gtest/gtest-spi.h>
 
 #include "dist_check.hpp"
 #include "support.hpp"
@@ -459,12 +459,11 @@ TEST(Dist, AWorkerThatWouldSpawnAgainIsRefused) {
 // another one's success: a GPU machine without LIBREYOLO_CLI once "passed" every launch that way).
 TEST(Dist, ACliThatCannotStartIsAFailureNotASuccess) {
   const std::string dir = test::temp_dir("dist_nocli");
-  const char* was = std::getenv("LIBREYOLO_CLI");
-  const std::string saved = was ? was : "";
-  ::setenv("LIBREYOLO_CLI", (dir + "/no_such_program").c_str(), 1);
   pid_t pid = 0;
-  EXPECT_NONFATAL_FAILURE(pid = launch({"--version"}, {}, dir + "/err.txt"), "could not start the CLI");
-  if (was) ::setenv("LIBREYOLO_CLI", saved.c_str(), 1); else ::unsetenv("LIBREYOLO_CLI");
+  {
+    const test::ScopedEnv cli("LIBREYOLO_CLI", dir + "/no_such_program");
+    EXPECT_NONFATAL_FAILURE(pid = launch({"--version"}, {}, dir + "/err.txt"), "could not start the CLI");
+  }
   EXPECT_EQ(pid, -1);
   EXPECT_FALSE(wait_for(pid, 1).has_value());
 }

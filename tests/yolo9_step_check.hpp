@@ -5,11 +5,10 @@
 #pragma once
 #include <torch/torch.h>
 
-#include <ATen/autocast_mode.h>
-
 #include <utility>
 #include <vector>
 
+#include "core/autocast.hpp"
 #include "engine/step.hpp"
 #include "models/detector.hpp"
 
@@ -22,19 +21,15 @@ inline std::pair<double, std::vector<torch::Tensor>> yolo9t_bf16_step(const torc
   model->to(dev);
   engine::to_channels_last(*model);
   model->train();
-  for (auto& p : model->parameters()) p.mutable_grad() = torch::Tensor();
   torch::manual_seed(6);
   torch::Tensor x =
       torch::rand({2, 3, 128, 128}, torch::TensorOptions().device(dev)).contiguous(at::MemoryFormat::ChannelsLast);
   torch::Tensor loss;
   {
-    at::autocast::set_autocast_enabled(at::kCUDA, true);
-    at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16);
+    const AutocastGuard autocast(dev, true, torch::kBFloat16);
     auto outs = model->forward_raw(x);
     loss = torch::zeros({}, x.options());
     for (const auto& o : outs) loss = loss + o.to(torch::kFloat).square().mean();
-    at::autocast::set_autocast_enabled(at::kCUDA, false);
-    at::autocast::clear_cache();
   }
   loss.backward();
   std::vector<torch::Tensor> grads;
