@@ -179,39 +179,45 @@ TEST(Yolo9GpuParity, TrainModeAutocastPrecisionReport) {
 // The one-kernel decode (ops::dfl_decode_kernel, kernels/dfl_decode.hpp) against the ATen decode
 // (Yolo9Model::decode while autograd records, which never takes the kernel): float32, float16
 // and bfloat16 channels_last level maps of a 640x640 and a 480x640 input, logits spread like a
-// trained head's. Boxes within 1e-3 px, scores within 1e-6; NCHW maps are declined.
+// trained head's; 80 classes (five whole groups of 16) and 20 (a partial group); batch 2 (the
+// kernel splits each anchor's work over threads) and 16 (too many anchors to split: one thread
+// per anchor). Boxes within 1e-3 px, scores within 1e-6; NCHW maps are declined.
 TEST(GpuYolo9, DecodeKernelMatchesAtenDecode) {
   LY_REQUIRE_CUDA();
-  models::yolo9::Yolo9Model model("t", 80);
-  model.to(torch::kCUDA);
-  model.eval();
   torch::manual_seed(5);
   const std::vector<int64_t> strides = {8, 16, 32};
-  for (auto dt : {torch::kFloat, torch::kHalf, torch::kBFloat16}) {
-    for (const auto& hw : std::vector<std::array<int64_t, 2>>{{640, 640}, {480, 640}}) {
-      std::vector<torch::Tensor> raw;
-      for (int64_t s : strides)
-        raw.push_back((torch::randn({2, 144, hw[0] / s, hw[1] / s}, torch::TensorOptions().device(torch::kCUDA)) * 4)
-                          .to(dt)
-                          .contiguous(at::MemoryFormat::ChannelsLast));
-      const torch::Tensor want = model.decode(raw);  // autograd on: the ATen form
-      torch::Tensor got;
-      {
-        torch::NoGradGuard ng;
-        got = libreyolo::ops::dfl_decode_kernel(raw, strides, 16, 80);
-      }
-      ASSERT_TRUE(got.defined()) << c10::toString(dt);
-      ASSERT_EQ(got.sizes(), want.sizes());
-      const double box = (got.narrow(1, 0, 4) - want.narrow(1, 0, 4)).abs().max().item<double>();
-      const double cls = (got.narrow(1, 4, 80) - want.narrow(1, 4, 80)).abs().max().item<double>();
-      std::cout << "[ REPORT   ] decode kernel vs ATen " << c10::toString(dt) << " " << hw[0] << "x" << hw[1]
-                << ": boxes max diff " << box << " px, scores " << cls << "\n";
-      EXPECT_LE(box, 1e-3);
-      EXPECT_LE(cls, 1e-6);
-      torch::NoGradGuard ng;
-      std::vector<torch::Tensor> nchw;
-      for (const auto& r : raw) nchw.push_back(r.contiguous());
-      EXPECT_FALSE(libreyolo::ops::dfl_decode_kernel(nchw, strides, 16, 80).defined());
-    }
+  const auto on_gpu = torch::TensorOptions().device(torch::kCUDA);
+  for (const int nc : {80, 20}) {
+    models::yolo9::Yolo9Model model("t", nc);
+    model.to(torch::kCUDA);
+    model.eval();
+    for (const int64_t batch : {2, 16})
+      for (auto dt : {torch::kFloat, torch::kHalf, torch::kBFloat16})
+        for (const auto& hw : std::vector<std::array<int64_t, 2>>{{640, 640}, {480, 640}}) {
+          std::vector<torch::Tensor> raw;
+          for (int64_t s : strides)
+            raw.push_back((torch::randn({batch, 64 + nc, hw[0] / s, hw[1] / s}, on_gpu) * 4)
+                              .to(dt)
+                              .contiguous(at::MemoryFormat::ChannelsLast));
+          const torch::Tensor want = model.decode(raw);  // autograd on: the ATen form
+          torch::Tensor got;
+          {
+            torch::NoGradGuard ng;
+            got = libreyolo::ops::dfl_decode_kernel(raw, strides, 16, nc);
+          }
+          ASSERT_TRUE(got.defined()) << c10::toString(dt);
+          ASSERT_EQ(got.sizes(), want.sizes());
+          const double box = (got.narrow(1, 0, 4) - want.narrow(1, 0, 4)).abs().max().item<double>();
+          const double cls = (got.narrow(1, 4, nc) - want.narrow(1, 4, nc)).abs().max().item<double>();
+          std::cout << "[ REPORT   ] decode kernel vs ATen " << c10::toString(dt) << ", " << nc
+                    << " classes, batch " << batch << ", " << hw[0] << "x" << hw[1] << ": boxes max diff " << box
+                    << " px, scores " << cls << "\n";
+          EXPECT_LE(box, 1e-3);
+          EXPECT_LE(cls, 1e-6);
+          torch::NoGradGuard ng;
+          std::vector<torch::Tensor> nchw;
+          for (const auto& r : raw) nchw.push_back(r.contiguous());
+          EXPECT_FALSE(libreyolo::ops::dfl_decode_kernel(nchw, strides, 16, nc).defined());
+        }
   }
 }
