@@ -116,13 +116,13 @@ void dfl_decode(const DflDecodeLaunch& l, float* out) {
     lv.stride[i] = d.stride;
     lv.first[i + 1] = lv.first[i] + static_cast<int64_t>(d.height) * d.width;
   }
-  const int64_t total = l.batch * lv.first[l.levels];
-  if (total == 0) return;
+  const int64_t anchors = l.batch * lv.first[l.levels];
+  if (anchors == 0) return;
   const int tasks = 4 + (l.classes + kClassGroup - 1) / kClassGroup;
   // Split while the split grid fits in two waves of resident threads (counted once, on the
   // device current at the first call: the GPUs of one host are alike).
-  const bool split = static_cast<int64_t>(tasks) * total <= 2 * static_cast<int64_t>(resident_threads());
-  const int64_t threads = split ? total * tasks : total;
+  const bool split = static_cast<int64_t>(tasks) * anchors <= 2 * static_cast<int64_t>(resident_threads());
+  const int64_t threads = split ? anchors * tasks : anchors;
   const int blocks = static_cast<int>(std::min<int64_t>((threads + kThreads - 1) / kThreads, 65535));
   switch (l.dtype) {
     case DType::Float32:
