@@ -10,10 +10,9 @@
 //
 // --stages adds "stages": one pass over the epoch on the calling thread alone (workers = 0) with
 // the pipeline's stage timers on (data/stage_timer.hpp), reported as mean milliseconds per
-// training sample for each stage (decode, resize, mosaic placement, mosaic downscale,
-// letterbox/HSV/flip, mixup, collate, pin; see stage_timer.hpp for what each covers: mosaic4 no
-// longer builds the 2S canvas, so composing its rows counts as downscale), their calls per
-// sample, the measured wall time per
+// training sample for each stage (decode, resize, mosaic placement, mosaic drawing,
+// letterbox/HSV/flip, mixup, collate, pin; see stage_timer.hpp for what each covers), their
+// calls per sample, the measured wall time per
 // sample, what the stages leave unaccounted ("other": labels, RNG, bookkeeping) and a hash of
 // the batches (to check that a faster build makes the same samples). The timed functions are
 // the production ones, called by the loader as in training.

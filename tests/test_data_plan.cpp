@@ -83,7 +83,7 @@ TEST(DataPlan, TrainPlansDrawTheCpuSamplesBitForBit) {
           EXPECT_EQ(tc, tp) << "S " << S << " sample " << i << " mosaic " << mosaic << " seed " << seed;
           EXPECT_EQ(rc.uniform(), rp.uniform()) << "the same number of draws";
           EXPECT_EQ(draw(*ds, plan, S), cpu) << "S " << S << " sample " << i << " mosaic " << mosaic;
-          mosaics += plan.factor == 2;
+          mosaics += plan.warp;
           flips += plan.flip;
           hsvs += plan.hsv;
         }

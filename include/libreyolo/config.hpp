@@ -47,9 +47,13 @@ struct TrainConfig {
   double mixup_prob = 0.0;
   double hsv_prob = 1.0;
   double flip_prob = 0.5;
-  double degrees = 0.0;   // stored for compatibility; the YOLOv9 recipe ignores it
-  double translate = 0.1; // idem
-  double shear = 0.0;     // idem
+  // The mosaic's random affine (rotation, translation as a fraction of imgsz, shear, scale
+  // range "lo,hi") and YOLOX's mixup partner scale range.
+  double degrees = 0.0;
+  double translate = 0.1;
+  double shear = 0.0;
+  std::string mosaic_scale = "0.5,1.5";
+  std::string mixup_scale = "0.5,1.5";
 
   // EMA, validation, checkpoints.
   bool ema = true;

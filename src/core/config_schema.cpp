@@ -43,9 +43,11 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("mixup_prob", &C::mixup_prob, "mixup probability")
         .add("hsv_prob", &C::hsv_prob, "HSV augmentation probability")
         .add("flip_prob", &C::flip_prob, "horizontal flip probability")
-        .add("degrees", &C::degrees, "random affine rotation range after mosaic (YOLOX; unused by YOLOv9)")
-        .add("translate", &C::translate, "random affine translation, fraction of imgsz (YOLOX; unused by YOLOv9)")
-        .add("shear", &C::shear, "random affine shear range in degrees (YOLOX; unused by YOLOv9)")
+        .add("degrees", &C::degrees, "mosaic affine: rotation range in degrees (+-)")
+        .add("translate", &C::translate, "mosaic affine: translation range, fraction of imgsz (+-)")
+        .add("shear", &C::shear, "mosaic affine: shear range in degrees (+-)")
+        .add("mosaic_scale", &C::mosaic_scale, "mosaic affine: scale range 'lo,hi' (or x: 1-x,1+x)")
+        .add("mixup_scale", &C::mixup_scale, "YOLOX mixup: partner scale range 'lo,hi' (or x: 1-x,1+x)")
         .add("ema", &C::ema, "keep an exponential moving average of the weights")
         .add("ema_decay", &C::ema_decay, "EMA decay")
         .add("ema_tau", &C::ema_tau, "EMA warm-up constant (updates)")
@@ -139,6 +141,28 @@ void check_unit(const std::string& key, double v) {
 }
 }  // namespace
 
+std::pair<double, double> parse_scale_range(const std::string& key, const std::string& value) {
+  std::string v;
+  for (char ch : value)
+    if (ch != '(' && ch != ')' && ch != '[' && ch != ']' && ch != ' ') v += ch;
+  const size_t comma = v.find(',');
+  double lo = 0, hi = 0;
+  try {
+    if (comma == std::string::npos) {
+      const double x = parse_float(key, v);
+      lo = 1.0 - x, hi = 1.0 + x;
+    } else {
+      if (v.find(',', comma + 1) != std::string::npos) throw UsageError("three values");
+      lo = parse_float(key, v.substr(0, comma));
+      hi = parse_float(key, v.substr(comma + 1));
+    }
+  } catch (const UsageError&) {
+    range_error(key, "'" + value + "' is not a range 'lo,hi' (or one number x for 1-x,1+x)");
+  }
+  if (!(lo > 0 && lo <= hi && hi < 1e3)) range_error(key, "'" + value + "' needs 0 < lo <= hi");
+  return {lo, hi};
+}
+
 void validate(const TrainConfig& c) {
   if (c.epochs < 1) range_error("epochs", "must be at least 1");
   if (c.batch == 0 || c.batch < -1) range_error("batch", "must be positive, or -1 for autobatch");
@@ -164,6 +188,11 @@ void validate(const TrainConfig& c) {
   check_unit("mixup_prob", c.mixup_prob);
   check_unit("hsv_prob", c.hsv_prob);
   check_unit("flip_prob", c.flip_prob);
+  if (!(c.degrees >= 0 && c.degrees <= 180)) range_error("degrees", "must be within [0, 180]");
+  if (!(c.translate >= 0 && c.translate < 1)) range_error("translate", "must be within [0, 1)");
+  if (!(c.shear >= 0 && c.shear < 90)) range_error("shear", "must be within [0, 90)");
+  parse_scale_range("mosaic_scale", c.mosaic_scale);
+  parse_scale_range("mixup_scale", c.mixup_scale);
   if (c.ema_decay < 0 || c.ema_decay >= 1) range_error("ema_decay", "must be within [0, 1)");
   if (c.save_period < 0) range_error("save_period", "must be >= 0");
   if (c.patience < 0) range_error("patience", "must be >= 0");

@@ -1,7 +1,7 @@
-// Training augmentation and validation preprocessing of LibreYOLO's YOLOv9 recipe
-// (../shared/reference/yolo9.md §4.4-4.9): mosaic, HSV, horizontal flip, top-left letterbox, box
-// filters, normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on
-// the same picture in BGR order.
+// Training augmentation and validation preprocessing of the YOLOv9 and YOLOX recipes: mosaic
+// through a random affine, HSV, horizontal flip, top-left letterbox, box filters, mixup,
+// normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on the
+// same picture in BGR order (data/hsv.hpp).
 //
 // Every function writes one sample straight into caller-provided memory: an S x S x 3 uint8
 // image and a [max_labels, 5] float target block (rows class, x1, y1, x2, y2 in [0, 1];
@@ -9,18 +9,22 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "data/dataset.hpp"
+#include "data/hsv.hpp"
 #include "data/rng.hpp"
 
 namespace libreyolo::data {
 
-// The mosaic/mixup pipeline of a family. Yolo9: the 2S mosaic canvas resized to S; mixup blends
-// with a Beta(32, 32) weight and keeps the mosaic's labels only. Yolox (yolox.md §5.9): the 2S
-// canvas goes through a random affine (rotation, scale, shear, translation about the canvas
-// origin) to S x S; mixup pastes a scaled, maybe flipped partner at a fixed 0.5 weight and keeps
-// its labels; HSV and flip come after the mixup.
+// The two recipes share the mosaic: four tiles on a 2S canvas, which a random affine (rotation,
+// scale, shear, translation about the canvas origin) takes to S x S, so that the output is a
+// window of the canvas at about the tiles' own scale. They differ after it. Yolo9: boxes of
+// at most 2 x 2 pixels dropped, then HSV and flip (also on images without boxes), then mixup
+// with a Beta(32, 32) weight keeping both label sets. Yolox: mixup pastes a scaled, maybe
+// flipped partner at a fixed 0.5 weight and keeps its labels; HSV and flip come after the
+// mixup and leave an image without boxes as it is.
 enum class AugmentStyle { Yolo9, Yolox };
 
 struct AugmentOptions {
@@ -32,122 +36,134 @@ struct AugmentOptions {
   double flip_prob = 0.5;
   double hgain = 5.0, sgain = 30.0, vgain = 30.0;
   AugmentStyle style = AugmentStyle::Yolo9;
-  // Yolox only: random affine ranges (degrees, fraction of S, degrees) and the scale ranges.
-  double degrees = 10.0, translate = 0.1, shear = 2.0;
-  double mosaic_scale_lo = 0.1, mosaic_scale_hi = 2.0;
+  // The mosaic's random affine: rotation (+-degrees), translation (+- fraction of S), shear
+  // (+-degrees), scale range; YOLOv9's values. The mixup partner's scale range (YOLOX).
+  double degrees = 0.0, translate = 0.1, shear = 0.0;
+  double mosaic_scale_lo = 0.5, mosaic_scale_hi = 1.5;
   double mixup_scale_lo = 0.5, mixup_scale_hi = 1.5;
 };
 
-// ---- HSV in OpenCV's uint8 space (H in [0, 180), S and V in [0, 255]) -----------------------
-struct HsvGains {
-  int h = 0, s = 0, v = 0;
-};
-
-// Per-pixel conversions over n pixels of interleaved RGB / HSV (usable in place).
-void rgb_to_hsv(const uint8_t* rgb, uint8_t* hsv, int64_t n);
-void hsv_to_rgb(const uint8_t* hsv, uint8_t* rgb, int64_t n);
-// Shifts H (mod 180) and clamps S and V, through HSV and back: the reference's augment_hsv.
-// `src` may equal `dst`; with `reverse` the source pixels are read right to left (a fused
-// horizontal flip; then src must not equal dst).
-void shift_hsv(const uint8_t* src, uint8_t* dst, int64_t n, HsvGains gains, bool reverse = false);
 // The reference's draw: U(-1,1) x gain, each zeroed with p = 0.5, truncated toward zero.
 HsvGains draw_hsv_gains(Rng& rng, const AugmentOptions& opt);
 
-// ---- Mosaic ---------------------------------------------------------------------------------
+// ---- Mosaic and affine ----------------------------------------------------------------------
 struct MosaicParams {
   int xc = 0, yc = 0;                 // centre on the 2S canvas, in [0.5S, 1.5S)
   std::array<int64_t, 3> others{};    // dataset indices of tiles 1..3
 };
-MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size);
-// Places four tiles (top-left, top-right, bottom-left, bottom-right) around (xc, yc) on a 2S
-// canvas of 114, shifts and clips their boxes, resizes the canvas to S x S and keeps boxes with
-// w > 2 and h > 2. Deterministic: all random choices are in the arguments.
-Sample mosaic4(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
-// The same from dataset tiles (YoloDataset::load_mosaic_tile): exactly the above when every
-// tile's pixels are at imgsz scale; else (a reduced decode) each tile is sampled once, straight
-// into the output at its scale: the same boxes, pixels within interpolation of the above.
-Sample mosaic4(const std::array<const Tile*, 4>& tiles, int imgsz, int xc, int yc);
+// Draws the centre, then each partner tile uniformly, drawing again (up to 20 draws) while the
+// drawn image has no labels (`labels(i)`: the number of boxes of image i; empty: any image).
+MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size,
+                         const std::function<int64_t(int64_t)>& labels = {});
+MosaicParams draw_mosaic(Rng& rng, int imgsz, const YoloDataset& ds);
+// One partner index as draw_mosaic draws them (also the YOLOv9 mixup's partner).
+int64_t draw_partner(Rng& rng, int64_t dataset_size, const std::function<int64_t(int64_t)>& labels);
 
-// The 2S x 2S mosaic canvas itself (tiles placed as mosaic4 places them), boxes clipped to it.
-Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
-
-// ---- YOLOX random affine and mixup (yolox.md §5.9) -----------------------------------------
-// The 2x3 matrix taking source pixels to output pixels: m = {a, b, tx, c, d, ty}.
+// The 2x3 matrix taking canvas pixels to output pixels: m = {a, b, tx, c, d, ty}.
 struct AffineParams {
   std::array<double, 6> m{1, 0, 0, 0, 1, 0};
 };
+// Rotation by `degrees` (counter-clockwise) and scaling about the origin, the shears (degrees)
+// mixed in, then the translation (pixels): OpenCV's rotation matrix with the reference's shear.
+AffineParams make_affine(double degrees, double scale, double shear_x, double shear_y, double tx, double ty);
 // Draw order: angle, scale, shear x, shear y, translation x, y (as the reference).
 AffineParams draw_affine(Rng& rng, const AugmentOptions& opt, int imgsz);
-// Warps the image to S x S (bilinear, border 114): output pixel p samples the source at M^-1 p.
-// Boxes: the four corners transformed, their hull clipped to [0, S]; none dropped here.
-Sample warp_affine(const Sample& in, const AffineParams& p, int imgsz);
-// YOLOX mixup of `base` (S x S) with `partner` (any size): the partner letterboxed top-left
-// into S x S, resized by `scale`, mirrored when `flip`, cropped S x S at (off_x, off_y) of its
-// max(scale S, S) canvas, blended 0.5 / 0.5 (truncated), its boxes moved alike and appended.
-void mixup_yolox(Sample& base, const Sample& partner, double scale, bool flip, int off_x, int off_y, int imgsz);
 
-// ---- Per-sample transform (../shared/reference/yolo9.md §4.5) -------------------------------
-struct TransformParams {
-  bool hsv = false;
-  HsvGains gains;
-  bool flip = false;
-};
-TransformParams draw_transform(Rng& rng, const AugmentOptions& opt);
-// HSV, flip, top-left letterbox to S, keep boxes with w > 1 and h > 1 (falling back to the
-// un-augmented image and all its boxes when none is left), normalise, clip, pad.
-void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int max_labels,
-                     uint8_t* image_out, float* targets_out);
-
-// ---- Samples as drawing plans (the GPU loader's path, data/gpu_batch.hpp) -------------------
+// ---- Samples as drawing plans ---------------------------------------------------------------
 // A sample described by where its pictures go instead of by its pixels, so that the pixels can
-// be made elsewhere (the GPU) from full-size decodes. The plan reproduces the exact (not the
-// reduced-decode) CPU pipeline: each tile's picture is the source image resized to tile_w x
-// tile_h (resize_bilinear's arithmetic), placed on a canvas at (offset_x, offset_y), cut to its
-// canvas rectangle; the canvas is `factor` times the output size and every output pixel is the
-// rounded mean of its factor x factor canvas pixels (2 for the mosaic, 1 for a letterbox); the
-// canvas is 114 outside the rectangles. Inside content_w x content_h output pixels the image is
-// mirrored (flip) and HSV-shifted (hsv); outside it stays 114.
+// be made on the CPU (render_sample) or the GPU (kernels/render.hpp) from decodes of any
+// resolution. Each tile's picture is its source image resized to tile_w x tile_h
+// (resize_bilinear's arithmetic), placed on a canvas_w x canvas_h canvas at (offset_x,
+// offset_y), cut to its canvas rectangle; the canvas is 114 outside the rectangles and its
+// borders. Output pixel p takes canvas pixel p, or with `warp` the canvas sampled bilinearly at
+// the point `map` gives for p (OpenCV warpAffine's geometry, 114 beyond the canvas). Inside
+// content_w x content_h output pixels the image is mirrored (flip) and HSV-shifted (hsv);
+// outside it stays 114.
 struct TileDraw {
   int64_t index = -1;               // dataset index of the source image
   int tile_w = 0, tile_h = 0;       // the picture's size at canvas scale
   int offset_x = 0, offset_y = 0;   // canvas position of the picture's pixel (0, 0)
   int x1 = 0, y1 = 0, x2 = 0, y2 = 0;  // canvas rectangle [x1, x2) x [y1, y2) it covers
 };
+// Canvas point of output pixel (x, y): (r00 dx + r01 dy, r10 dx + r11 dy) with dx = x - tx,
+// dy = y - ty, in double precision, in that order of operations.
+struct CanvasMap {
+  double r00 = 1, r01 = 0, r10 = 0, r11 = 1, tx = 0, ty = 0;
+};
 struct SampleDraw {
-  int factor = 1;
   int num_tiles = 0;
   std::array<TileDraw, 4> tiles{};
+  int canvas_w = 0, canvas_h = 0;
+  bool warp = false;
+  CanvasMap map;
   int content_w = 0, content_h = 0;
   bool hsv = false, flip = false;
   HsvGains gains;
 };
 
-// make_train_sample's random draws, boxes and targets (written to targets_out) for the YOLOv9
-// recipe without mixup, with every tile's geometry taken from the image headers: what
-// make_train_sample produces with DatasetOptions::reduced_decode = false (or a cache), pixels
-// included once the plan is drawn by render_sample. Images already found corrupt are replaced
-// by their next readable neighbour as load_resized does. Throws UsageError for a recipe it
-// cannot plan (plannable() says which).
+// The four tiles (their geometry: index, height x width at imgsz scale, boxes) around (xc, yc)
+// on a 2S canvas, as the reference places them; a tile larger than S is shrunk to fit. The
+// plan draws the canvas itself (2S x 2S, no warp); the boxes, shifted and clipped to the
+// canvas, are appended to *boxes.
+SampleDraw mosaic_plan(const std::array<const Tile*, 4>& tiles, int imgsz, int xc, int yc, std::vector<Box>* boxes);
+// Sends a plan's canvas through the affine to an S x S output (content S x S) and the boxes
+// with it: the hull of each box's four transformed corners, clipped to [0, S]; none dropped.
+void warp_plan(SampleDraw& plan, const AffineParams& affine, int imgsz, std::vector<Box>* boxes);
+// Draws a plan into an S x S x 3 output from the tiles' source images (sources[k] for
+// tiles[k]: HWC uint8 at any resolution; a source of exactly tile_w x tile_h is taken as is).
+void render_sample(const SampleDraw& plan, const std::array<const torch::Tensor*, 4>& sources, int S,
+                   uint8_t* out);
+
+// The mosaic of four tiles for given draws (centre, affine): a plan of the S x S window of the
+// canvas, without HSV or flip, and its boxes (YOLOv9: those of at most 2 x 2 pixels dropped).
+SampleDraw mosaic_sample_plan(const std::array<const Tile*, 4>& tiles, int xc, int yc, const AffineParams& affine,
+                              const AugmentOptions& opt, std::vector<Box>* boxes);
+
+// Sample-level forms of the above (tests, the YOLOX mixup path): the 2S x 2S canvas of four
+// samples, boxes clipped to it; an image warped to S x S (bilinear, border 114) with its boxes.
+Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
+Sample warp_affine(const Sample& in, const AffineParams& p, int imgsz);
+
+// YOLOX mixup of `base` (S x S) with `partner` (any size): the partner letterboxed top-left
+// into S x S, resized by `scale`, mirrored when `flip`, cropped S x S at (off_x, off_y) of its
+// max(scale S, S) canvas, blended 0.5 / 0.5 (truncated), its boxes moved alike and appended.
+void mixup_yolox(Sample& base, const Sample& partner, double scale, bool flip, int off_x, int off_y, int imgsz);
+
+// ---- Per-sample transform -------------------------------------------------------------------
+struct TransformParams {
+  bool hsv = false;
+  HsvGains gains;
+  bool flip = false;
+  bool augment_empty = true;  // an image without boxes is still shifted and flipped (YOLOv9)
+};
+TransformParams draw_transform(Rng& rng, const AugmentOptions& opt);
+// The transform of an h x w picture's plan (its boxes given): the plan's HSV and flip, and the
+// targets (boxes filtered, or all boxes and no augmentation when none is left).
+void transform_plan(SampleDraw& plan, const std::vector<Box>& boxes, int h, int w, const TransformParams& p,
+                    int imgsz, int max_labels, float* targets_out);
+// HSV, flip, top-left letterbox to S, keep boxes with w > 1 and h > 1 (falling back to the
+// un-augmented image and all its boxes when none is left), normalise, clip, pad.
+void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int max_labels,
+                     uint8_t* image_out, float* targets_out);
+
+// ---- Whole samples --------------------------------------------------------------------------
+// A training sample's random draws, boxes and targets (written to targets_out) for the YOLOv9
+// recipe without mixup, with every tile's geometry taken from the image headers: the plan of
+// what make_train_sample draws. Images already found corrupt are replaced by their next
+// readable neighbour as the loads do. Throws UsageError for a recipe it cannot plan
+// (plannable() says which).
 SampleDraw plan_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
                              Rng& rng, float* targets_out);
 // Whether plan_train_sample covers `opt` (no mixup, YOLOv9 style); else the reason.
 bool plannable(const AugmentOptions& opt, std::string* why = nullptr);
 // make_val_sample as a plan.
 SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out);
-// Draws a plan on the CPU into an S x S x 3 output from the tiles' source images (full-size
-// HWC uint8, sources[k] for tiles[k]): the arithmetic the GPU kernel (kernels/render.hpp) must
-// match bit for bit.
-void render_sample(const SampleDraw& plan, const std::array<const torch::Tensor*, 4>& sources, int S,
-                   uint8_t* out);
 
-// ---- Whole samples ---------------------------------------------------------------------------
-// One training sample: mosaic (when enabled, with probability mosaic_prob) then the transform;
-// with mixup_prob > 0 a mosaic sample is blended with a non-mosaic one, lambda ~ Beta(32, 32),
-// and, as in the reference, keeps only the mosaic's targets.
+// One training sample: the mosaic (when enabled, with probability mosaic_prob) or the plain
+// image, then the recipe's transform and mixup.
 void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
                        Rng& rng, uint8_t* image_out, float* targets_out);
-// Validation preprocessing (../shared/reference/yolo9.md §4.9): the resized image letterboxed
-// top-left, targets normalised.
+// Validation preprocessing: the resized image letterboxed top-left, targets normalised.
 void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8_t* image_out,
                      float* targets_out);
 

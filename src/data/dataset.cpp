@@ -440,28 +440,20 @@ Tile YoloDataset::load_tile_record(int64_t i, int slot) const {
   const Record& r = records_[static_cast<size_t>(i)];
   const int S = options_.imgsz;
   const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, S);
-  if (cache_.empty() && !disk_cache_ && options_.reduced_decode) {
-    // The mosaic shows this tile at half of imgsz: decode at the DCT scale that covers that and
-    // let the mosaic sample it once, instead of a full decode, a resize to imgsz and a 2x2
-    // reduction.
+  if (cache_.empty() && !disk_cache_) {
+    // The decode (at the DCT scale covering imgsz when reduced_decode is on) is not resized:
+    // the mosaic samples it with resize_bilinear's taps, which is what resizing it first and
+    // copying would give, in one pass instead of two.
     thread_local io::DecodeScratch scratch[kTileSlots];
-    torch::Tensor img;
+    Tile t;
     {
       StageScope timed(Stage::Decode);
-      img = io::decode_image_for_size(r.path, (S + 1) / 2, scratch[slot]);
+      t.image = io::decode_image_for_size(r.path, options_.reduced_decode ? S : 0, scratch[slot]);
     }
-    Tile t;
     t.height = static_cast<int>(f.height);
     t.width = static_cast<int>(f.width);
     t.boxes = boxes_at_imgsz(r, f.ratio);
-    if (std::max(img.size(0), img.size(1)) <= S) {
-      t.image = img;
-    } else {
-      // Larger than imgsz (no DCT scaling for this format): resized as load_resized does, so
-      // the mosaic never samples with gaps between its taps.
-      StageScope timed(Stage::Resize);
-      t.image = ops::resize_bilinear(img, t.height, t.width);
-    }
+    t.index = i;
     return t;
   }
   Sample s = load_record(i);
@@ -470,6 +462,7 @@ Tile YoloDataset::load_tile_record(int64_t i, int slot) const {
   t.width = static_cast<int>(s.image.size(1));
   t.image = std::move(s.image);
   t.boxes = std::move(s.boxes);
+  t.index = i;
   return t;
 }
 
@@ -511,6 +504,7 @@ Tile YoloDataset::tile_geometry(int64_t i) const {
   t.height = static_cast<int>(f.height);
   t.width = static_cast<int>(f.width);
   t.boxes = boxes_at_imgsz(r, f.ratio);
+  t.index = i;
   return t;
 }
 

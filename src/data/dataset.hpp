@@ -25,13 +25,14 @@ struct Sample {
 };
 
 // A mosaic tile (YoloDataset::load_mosaic_tile): the image at imgsz scale is height x width
-// pixels and the boxes are in those pixels. `image` holds exactly that picture, or (a reduced
-// decode) the same picture at another resolution, at most imgsz on its longest side, which the
-// mosaic samples straight at its output scale (half of imgsz).
+// pixels and the boxes are in those pixels. `image` holds that picture at its own resolution (a
+// decode not yet resized to height x width, or the resized image itself), which the mosaic
+// resamples as it draws. `index`: the dataset image it is (after corrupt images are skipped).
 struct Tile {
   torch::Tensor image;
   int height = 0, width = 0;
   std::vector<Box> boxes;
+  int64_t index = -1;
 };
 
 // Ram: resized images held in memory; Disk: stored beside the images once (data/disk_cache.hpp)
@@ -45,11 +46,9 @@ struct DatasetOptions {
   // check, and an out-of-range id would make the loss index out of bounds.
   int num_classes = 0;
   int threads = 0;  // for scanning headers/labels and filling the cache; 0 = hardware threads
-  // Decode JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers the size needed:
-  // imgsz for a plain sample (big photos only), half of imgsz for a mosaic tile, which is then
-  // sampled once, straight into the mosaic at its output scale. Faster, but the pixels differ
-  // slightly from the reference's full decode + resize (+ the mosaic's 2x reduction); boxes are
-  // the same. false: the reference's pixels (bit for bit with cache=ram).
+  // Decode JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers imgsz (big photos
+  // only). Faster, but the pixels differ slightly from the reference's full decode + resize;
+  // boxes are the same. false: the reference's pixels (bit for bit with cache=ram).
   bool reduced_decode = true;
 };
 
@@ -90,7 +89,7 @@ class YoloDataset {
   // by the next readable one, so a corrupt file never stops training.
   Sample load_resized(int64_t i) const;
   // The same image and boxes for a mosaic, as cheaply as they come: the cached resized image,
-  // or (reduced_decode, no cache) a decode at the DCT scale covering half of imgsz, not resized.
+  // or (no cache) the decode, not resized.
   // `slot` (0..3) picks this thread's decode memory: the image is valid until the next call
   // with the same slot on this thread, or as long as it is held when it comes from the cache.
   // Corrupt images are replaced as in load_resized.
@@ -109,6 +108,8 @@ class YoloDataset {
   int64_t num_corrupt() const { return skipped_ + unreadable_.load(); }
   int64_t num_unreadable() const { return unreadable_.load(); }
   int64_t num_boxes() const { return static_cast<int64_t>(boxes_.size()); }
+  // Boxes of image i (from its label file).
+  int64_t label_count(int64_t i) const { return static_cast<int64_t>(records_.at(static_cast<size_t>(i)).box_count); }
   // Label rows skipped at construction (malformed, or nothing inside the image) and rows whose
   // box was clipped to the image; both are reported as a warning (first rows listed, then counts).
   int64_t num_label_rows_skipped() const { return labels_skipped_; }

@@ -261,7 +261,10 @@ torch::Tensor GpuBatchMaker::make(const std::vector<PlannedSample>& samples,
     const SampleDraw& p = samples[static_cast<size_t>(j)].plan;
     kernels::RenderSample r{};
     r.num_tiles = p.num_tiles;
-    r.factor = p.factor;
+    r.canvas_w = p.canvas_w;
+    r.canvas_h = p.canvas_h;
+    r.warp = p.warp;
+    r.r00 = p.map.r00, r.r01 = p.map.r01, r.r10 = p.map.r10, r.r11 = p.map.r11, r.tx = p.map.tx, r.ty = p.map.ty;
     r.content_w = p.content_w;
     r.content_h = p.content_h;
     r.hsv = p.hsv;

@@ -15,10 +15,9 @@ namespace libreyolo::data {
 enum class Stage : int {
   Decode,           // encoded file to pixels (io::decode_image*)
   Resize,           // decoded image to imgsz on its longest side
-  MosaicPlace,      // mosaic tile geometry, boxes and any tile resize (mosaic_canvas: also the
-                    // canvas fill and tile copies)
-  MosaicDownscale,  // mosaic4's S x S image: canvas rows composed and reduced 2x2 (the 2S canvas
-                    // itself is not built)
+  MosaicPlace,      // mosaic geometry: tile placement, the affine, boxes
+  MosaicDraw,       // the mosaic's S x S image sampled from its tiles through the affine, with
+                    // HSV and flip (the 2S canvas itself is not built)
   Transform,        // letterbox + HSV + flip (apply_transform)
   Mixup,            // the mixup blend itself (its partner's load and transform count above)
   Collate,          // batch tensors allocated and filled in (per batch, not per sample)
@@ -30,7 +29,7 @@ enum class Stage : int {
 };
 
 inline const char* stage_name(Stage s) {
-  static constexpr const char* kNames[] = {"decode",    "resize", "mosaic_place", "mosaic_downscale",
+  static constexpr const char* kNames[] = {"decode",    "resize", "mosaic_place", "mosaic_draw",
                                            "transform", "mixup",  "collate",      "pin",
                                            "read",      "gpu_decode", "gpu_draw"};
   return kNames[static_cast<int>(s)];

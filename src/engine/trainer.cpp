@@ -7,13 +7,14 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
+#include "core/config_schema.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "core/strings.hpp"
 #include "data/dataset_yaml.hpp"
-#include "core/config_schema.hpp"
 #include "dist/syncs.hpp"
 #include "dist/peer_sum.hpp"
 #include "engine/autobatch.hpp"
@@ -333,6 +334,8 @@ void Trainer::setup_data() {
   lo.augment.degrees = cfg_.degrees;
   lo.augment.translate = cfg_.translate;
   lo.augment.shear = cfg_.shear;
+  std::tie(lo.augment.mosaic_scale_lo, lo.augment.mosaic_scale_hi) = parse_scale_range("mosaic_scale", cfg_.mosaic_scale);
+  std::tie(lo.augment.mixup_scale_lo, lo.augment.mixup_scale_hi) = parse_scale_range("mixup_scale", cfg_.mixup_scale);
   // loader=gpu: decode and augment on this run's GPU where the recipe and build allow it; auto
   // stays on the CPU loader until the GPU one is measured faster end to end.
   std::string loader_note;

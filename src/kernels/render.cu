@@ -29,7 +29,7 @@ __device__ __forceinline__ Tap axis_tap(int in, int out, int d) {
   return t;
 }
 
-// data/augment.cpp shift_hsv_block for one pixel; no contraction into fused multiply-adds.
+// data/hsv.cpp shift_hsv_block for one pixel; no contraction into fused multiply-adds.
 __device__ __forceinline__ void shift_hsv(int& R, int& G, int& B, const int* sdiv, const int* hdiv, int gh,
                                           int gs, int gv) {
   const int gb_max = G > B ? G : B, gb_min = G < B ? G : B;
@@ -71,10 +71,57 @@ __device__ __forceinline__ void shift_hsv(int& R, int& G, int& B, const int* sdi
   R = level(r), G = level(g), B = level(b);
 }
 
+// Canvas pixel (cx, cy): the first tile covering it, resized at this point; else 114.
+__device__ __forceinline__ void canvas_pixel(const RenderSample& d, int cx, int cy, int* v) {
+  v[0] = v[1] = v[2] = kPad;
+  if (cx < 0 || cy < 0 || cx >= d.canvas_w || cy >= d.canvas_h) return;
+  for (int k = 0; k < d.num_tiles; ++k) {
+    const RenderTile& t = d.tiles[k];
+    if (cx < t.x1 || cx >= t.x2 || cy < t.y1 || cy >= t.y2) continue;
+    const Tap tx = axis_tap(t.src_w, t.tile_w, cx - t.offset_x);
+    const Tap ty = axis_tap(t.src_h, t.tile_h, cy - t.offset_y);
+    const uint8_t* r0 = t.src + static_cast<int64_t>(ty.i0) * t.src_w * 3;
+    const uint8_t* r1 = t.src + static_cast<int64_t>(ty.i1) * t.src_w * 3;
+    for (int c = 0; c < 3; ++c) {
+      const int top = r0[3 * tx.i0 + c] * (2048 - tx.w1) + r0[3 * tx.i1 + c] * tx.w1;
+      const int bottom = r1[3 * tx.i0 + c] * (2048 - tx.w1) + r1[3 * tx.i1 + c] * tx.w1;
+      v[c] = (top * (2048 - ty.w1) + bottom * ty.w1 + (1 << 21)) >> 22;
+    }
+    return;
+  }
+}
+
+// data/render.cpp warped_pixel: the canvas through the map, bilinear in single precision.
+__device__ __forceinline__ void warped_pixel(const RenderSample& d, int x, int y, int* v) {
+  const double dx = __dadd_rn(static_cast<double>(x), -d.tx), dy = __dadd_rn(static_cast<double>(y), -d.ty);
+  const double sx = __dadd_rn(__dmul_rn(d.r00, dx), __dmul_rn(d.r01, dy));
+  const double sy = __dadd_rn(__dmul_rn(d.r10, dx), __dmul_rn(d.r11, dy));
+  if (!(sx > -1 && sy > -1 && sx < d.canvas_w && sy < d.canvas_h)) {
+    v[0] = v[1] = v[2] = kPad;
+    return;
+  }
+  const int x0 = static_cast<int>(floor(sx)), y0 = static_cast<int>(floor(sy));
+  const float fx = static_cast<float>(__dadd_rn(sx, -static_cast<double>(x0)));
+  const float fy = static_cast<float>(__dadd_rn(sy, -static_cast<double>(y0)));
+  int p00[3], p10[3], p01[3], p11[3];
+  canvas_pixel(d, x0, y0, p00);
+  canvas_pixel(d, x0 + 1, y0, p10);
+  canvas_pixel(d, x0, y0 + 1, p01);
+  canvas_pixel(d, x0 + 1, y0 + 1, p11);
+  const float gx = __fsub_rn(1.0f, fx), gy = __fsub_rn(1.0f, fy);
+  for (int c = 0; c < 3; ++c) {
+    const float top = __fadd_rn(__fmul_rn(static_cast<float>(p00[c]), gx), __fmul_rn(static_cast<float>(p10[c]), fx));
+    const float bottom = __fadd_rn(__fmul_rn(static_cast<float>(p01[c]), gx), __fmul_rn(static_cast<float>(p11[c]), fx));
+    float r = rintf(__fadd_rn(__fmul_rn(top, gy), __fmul_rn(bottom, fy)));
+    r = r < 0.0f ? 0.0f : (r > 255.0f ? 255.0f : r);
+    v[c] = static_cast<int>(r);
+  }
+}
+
 __global__ void render_kernel(const RenderSample* __restrict__ samples, int S, uint8_t* __restrict__ out) {
   __shared__ int sdiv[256], hdiv[256];
   for (int i = threadIdx.x; i < 256; i += blockDim.x) {
-    // data/augment.cpp hsv_tables: round(255 * 2^12 / i) and round(180 * 2^12 / (6 i)).
+    // data/hsv.cpp hsv_tables: round(255 * 2^12 / i) and round(180 * 2^12 / (6 i)).
     sdiv[i] = i == 0 ? 0 : static_cast<int>(llround((255 << kHsvShift) / static_cast<double>(i)));
     hdiv[i] = i == 0 ? 0 : static_cast<int>(llround((180 << kHsvShift) / (6.0 * i)));
   }
@@ -90,30 +137,12 @@ __global__ void render_kernel(const RenderSample* __restrict__ samples, int S, u
     return;
   }
   const int Xs = d.flip ? d.content_w - 1 - X : X;
-  const int F = d.factor;
-  int sum[3] = {0, 0, 0};
-  for (int dy = 0; dy < F; ++dy)
-    for (int dx = 0; dx < F; ++dx) {
-      const int cx = Xs * F + dx, cy = Y * F + dy;
-      int v[3] = {kPad, kPad, kPad};
-      for (int k = 0; k < d.num_tiles; ++k) {
-        const RenderTile& t = d.tiles[k];
-        if (cx < t.x1 || cx >= t.x2 || cy < t.y1 || cy >= t.y2) continue;
-        const Tap tx = axis_tap(t.src_w, t.tile_w, cx - t.offset_x);
-        const Tap ty = axis_tap(t.src_h, t.tile_h, cy - t.offset_y);
-        const uint8_t* r0 = t.src + static_cast<int64_t>(ty.i0) * t.src_w * 3;
-        const uint8_t* r1 = t.src + static_cast<int64_t>(ty.i1) * t.src_w * 3;
-        for (int c = 0; c < 3; ++c) {
-          const int top = r0[3 * tx.i0 + c] * (2048 - tx.w1) + r0[3 * tx.i1 + c] * tx.w1;
-          const int bottom = r1[3 * tx.i0 + c] * (2048 - tx.w1) + r1[3 * tx.i1 + c] * tx.w1;
-          v[c] = (top * (2048 - ty.w1) + bottom * ty.w1 + (1 << 21)) >> 22;
-        }
-        break;
-      }
-      sum[0] += v[0], sum[1] += v[1], sum[2] += v[2];
-    }
-  const int cnt = F * F;
-  int R = (sum[0] + cnt / 2) / cnt, G = (sum[1] + cnt / 2) / cnt, B = (sum[2] + cnt / 2) / cnt;
+  int v[3];
+  if (d.warp)
+    warped_pixel(d, Xs, Y, v);
+  else
+    canvas_pixel(d, Xs, Y, v);
+  int R = v[0], G = v[1], B = v[2];
   if (d.hsv) shift_hsv(R, G, B, sdiv, hdiv, d.gain_h, d.gain_s, d.gain_v);
   o[0] = static_cast<uint8_t>(R);
   o[1] = static_cast<uint8_t>(G);

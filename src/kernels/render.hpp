@@ -1,10 +1,11 @@
 // Draws training/validation samples from decoded images on the GPU: the GPU loader's pixels
 // (data/gpu_batch.hpp). One thread per output pixel; each sample is a plan of up to four tiles
-// (data/augment.hpp SampleDraw): every tile is its source image resized to tile_w x tile_h with
-// resize_bilinear's fixed-point arithmetic, placed on a canvas `factor` times the output size,
-// and each output pixel is the rounded mean of its factor x factor canvas pixels; then the flip
-// and the HSV shift of data/augment.cpp, in the same integer and single-precision arithmetic, so
-// that the result equals data::render_sample bit for bit. Plain pointers and a cudaStream_t only.
+// on a canvas (data/augment.hpp SampleDraw): every tile is its source image resized to
+// tile_w x tile_h with resize_bilinear's fixed-point arithmetic, placed on the canvas; an output
+// pixel is its canvas pixel, or (warp) the canvas sampled bilinearly through the affine map;
+// then the flip and the HSV shift of data/hsv.cpp, in the same integer, single- and
+// double-precision arithmetic (no contractions into fused multiply-adds), so that the result
+// equals data::render_sample bit for bit. Plain pointers and a cudaStream_t only.
 #pragma once
 #include <cstdint>
 
@@ -23,7 +24,10 @@ struct RenderTile {
 struct RenderSample {
   RenderTile tiles[4];
   int num_tiles = 0;
-  int factor = 1;
+  int canvas_w = 0, canvas_h = 0;
+  int warp = 0;
+  // Canvas point of output pixel (x, y): (r00 dx + r01 dy, r10 dx + r11 dy), dx = x - tx, dy = y - ty.
+  double r00 = 1, r01 = 0, r10 = 0, r11 = 1, tx = 0, ty = 0;
   int content_w = 0, content_h = 0;
   int hsv = 0, flip = 0;
   int gain_h = 0, gain_s = 0, gain_v = 0;  // gain_h already reduced to [0, 180)

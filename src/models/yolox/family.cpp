@@ -121,6 +121,7 @@ Family make_family() {
       {"warmup_epochs", "5"},    {"warmup_lr_start", "0"},  {"min_lr_ratio", "0.05"},
       {"no_aug_epochs", "15"},   {"mosaic_prob", "1.0"},    {"mixup_prob", "1.0"},
       {"degrees", "10"},         {"translate", "0.1"},      {"shear", "2"},
+      {"mosaic_scale", "0.1,2.0"}, {"mixup_scale", "0.5,1.5"},
       {"ema_decay", "0.9998"},   {"eval_interval", "10"},   {"workers", "4"},
       {"name", "yolox_exp"},
   };
