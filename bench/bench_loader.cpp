@@ -6,7 +6,7 @@
 //                [--exact-decode] [--gpu]
 // Prints one JSON object on stdout. --exact-decode turns reduced decoding off (DatasetOptions::
 // reduced_decode): every image decoded at full size and resized as the reference does, mosaic
-// tiles included; the default decodes mosaic tiles at the JPEG DCT scale covering imgsz / 2.
+// tiles included; the default decodes at the JPEG DCT scale covering imgsz.
 //
 // --stages adds "stages": one pass over the epoch on the calling thread alone (workers = 0) with
 // the pipeline's stage timers on (data/stage_timer.hpp), reported as mean milliseconds per

@@ -200,6 +200,25 @@ void warp_plan(SampleDraw& d, const AffineParams& p, int S, std::vector<Box>* bo
   d.warp = true;
   d.map = {m[4] / det, -m[1] / det, -m[3] / det, m[0] / det, m[2], m[5]};
   d.content_w = d.content_h = S;
+  // Spectral norm of the linear part: sqrt of the larger eigenvalue of A^T A.
+  const double fro = m[0] * m[0] + m[1] * m[1] + m[3] * m[3] + m[4] * m[4];
+  d.zoom = std::sqrt(0.5 * (fro + std::sqrt(std::max(0.0, fro * fro - 4.0 * det * det))));
+  // The canvas points the output samples: the corners' preimages, widened by the bilinear
+  // neighbour and a pixel of rounding.
+  double lx = INFINITY, ly = INFINITY, hx = -INFINITY, hy = -INFINITY;
+  for (const double X : {0.0, S - 1.0})
+    for (const double Y : {0.0, S - 1.0}) {
+      const double dx = X - d.map.tx, dy = Y - d.map.ty;
+      const double sx = d.map.r00 * dx + d.map.r01 * dy, sy = d.map.r10 * dx + d.map.r11 * dy;
+      lx = std::min(lx, sx), hx = std::max(hx, sx), ly = std::min(ly, sy), hy = std::max(hy, sy);
+    }
+  int kept = 0;
+  for (int k = 0; k < d.num_tiles; ++k) {
+    const TileDraw& t = d.tiles[static_cast<size_t>(k)];
+    const bool seen = t.x2 > lx - 2 && t.x1 <= hx + 2 && t.y2 > ly - 2 && t.y1 <= hy + 2;
+    if (seen) d.tiles[static_cast<size_t>(kept++)] = t;
+  }
+  d.num_tiles = kept;
   const double Sd = S;
   for (Box& b : *boxes) {
     const double xs[4] = {b.x1, b.x2, b.x1, b.x2}, ys[4] = {b.y1, b.y1, b.y2, b.y2};
@@ -380,7 +399,8 @@ bool render_mosaic(const YoloDataset& ds, const SampleDraw& d, int S, uint8_t* o
   std::array<const torch::Tensor*, 4> src{};
   for (int k = 0; k < d.num_tiles; ++k) {
     const auto K = static_cast<size_t>(k);
-    t[K] = ds.load_mosaic_tile(d.tiles[K].index, k);
+    const double need = std::ceil(std::max(d.tiles[K].tile_w, d.tiles[K].tile_h) * std::min(1.0, d.zoom));
+    t[K] = ds.load_mosaic_tile(d.tiles[K].index, k, static_cast<int>(need));
     if (t[K].index != d.tiles[K].index) return false;
     src[K] = &t[K].image;
   }

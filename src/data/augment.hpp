@@ -96,6 +96,9 @@ struct SampleDraw {
   int canvas_w = 0, canvas_h = 0;
   bool warp = false;
   CanvasMap map;
+  // The largest stretch of canvas distances in the output (1 without warp): a tile is shown at
+  // up to `zoom` times its canvas size, which is the resolution its decode needs.
+  double zoom = 1.0;
   int content_w = 0, content_h = 0;
   bool hsv = false, flip = false;
   HsvGains gains;
@@ -108,6 +111,7 @@ struct SampleDraw {
 SampleDraw mosaic_plan(const std::array<const Tile*, 4>& tiles, int imgsz, int xc, int yc, std::vector<Box>* boxes);
 // Sends a plan's canvas through the affine to an S x S output (content S x S) and the boxes
 // with it: the hull of each box's four transformed corners, clipped to [0, S]; none dropped.
+// Tiles the output never samples leave the plan (their images need no decode).
 void warp_plan(SampleDraw& plan, const AffineParams& affine, int imgsz, std::vector<Box>* boxes);
 // Draws a plan into an S x S x 3 output from the tiles' source images (sources[k] for
 // tiles[k]: HWC uint8 at any resolution; a source of exactly tile_w x tile_h is taken as is).

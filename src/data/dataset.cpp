@@ -436,7 +436,7 @@ Sample YoloDataset::load_record(int64_t i) const {
   return s;
 }
 
-Tile YoloDataset::load_tile_record(int64_t i, int slot) const {
+Tile YoloDataset::load_tile_record(int64_t i, int slot, int need) const {
   const Record& r = records_[static_cast<size_t>(i)];
   const int S = options_.imgsz;
   const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, S);
@@ -448,7 +448,8 @@ Tile YoloDataset::load_tile_record(int64_t i, int slot) const {
     Tile t;
     {
       StageScope timed(Stage::Decode);
-      t.image = io::decode_image_for_size(r.path, options_.reduced_decode ? S : 0, scratch[slot]);
+      t.image = io::decode_image_for_size(r.path, options_.reduced_decode ? (need > 0 ? std::min(need, S) : S) : 0,
+                                          scratch[slot]);
     }
     t.height = static_cast<int>(f.height);
     t.width = static_cast<int>(f.width);
@@ -512,10 +513,10 @@ Sample YoloDataset::load_resized(int64_t i) const {
   return first_readable(i, [this](int64_t j) { return load_record(j); });
 }
 
-Tile YoloDataset::load_mosaic_tile(int64_t i, int slot) const {
+Tile YoloDataset::load_mosaic_tile(int64_t i, int slot, int need) const {
   if (slot < 0 || slot >= kTileSlots)
     throw UsageError(strfmt("load_mosaic_tile: slot %d outside [0, %d)", slot, kTileSlots));
-  return first_readable(i, [this, slot](int64_t j) { return load_tile_record(j, slot); });
+  return first_readable(i, [this, slot, need](int64_t j) { return load_tile_record(j, slot, need); });
 }
 
 }  // namespace libreyolo::data

@@ -89,12 +89,13 @@ class YoloDataset {
   // by the next readable one, so a corrupt file never stops training.
   Sample load_resized(int64_t i) const;
   // The same image and boxes for a mosaic, as cheaply as they come: the cached resized image,
-  // or (no cache) the decode, not resized.
+  // or (no cache) the decode, not resized; with reduced_decode, at the DCT scale covering
+  // `need` pixels on the longest side (0: imgsz), the resolution at which the mosaic shows it.
   // `slot` (0..3) picks this thread's decode memory: the image is valid until the next call
   // with the same slot on this thread, or as long as it is held when it comes from the cache.
   // Corrupt images are replaced as in load_resized.
   static constexpr int kTileSlots = 4;
-  Tile load_mosaic_tile(int64_t i, int slot) const;
+  Tile load_mosaic_tile(int64_t i, int slot, int need = 0) const;
 
   // Pixel-free views for a loader that decodes elsewhere (the GPU loader): the first index from
   // i on (cyclically) not yet found corrupt, and that image's tile geometry (height x width at
@@ -124,7 +125,7 @@ class YoloDataset {
     size_t box_begin = 0, box_count = 0;
   };
   Sample load_record(int64_t i) const;
-  Tile load_tile_record(int64_t i, int slot) const;
+  Tile load_tile_record(int64_t i, int slot, int need) const;
   // Calls load(j) for j = i, i + 1, ... (cyclically) until an image decodes, marking and
   // reporting the ones that do not.
   template <class Load>
