@@ -193,6 +193,25 @@ TEST(Options, BadValuesAndRanges) {
   bad.amp_dtype = "float8";
   EXPECT_THROW(libreyolo::validate(bad), libreyolo::UsageError);
   EXPECT_NO_THROW(libreyolo::validate(libreyolo::TrainConfig{}));
+  // Values of the right type that the run cannot use are refused before it starts, naming the key.
+  const std::vector<std::pair<std::string, std::string>> out_of_range = {
+      {"warmup_lr_start", "-1"}, {"ema_tau", "-5"},      {"eval_interval", "-1"},   {"degrees", "-3"},
+      {"translate", "1.5"},      {"shear", "-1"},        {"mosaic_scale", "2,1"},   {"mosaic_scale", "0,1"},
+      {"mixup_scale", "a,b"},    {"mosaic_scale", "1,2,3"}, {"mosaic_scale", "-0.5"}};
+  for (const auto& [key, value] : out_of_range) {
+    libreyolo::TrainConfig t;
+    libreyolo::train_schema().apply(t, {{key, value}}, "train");
+    try {
+      libreyolo::validate(t);
+      ADD_FAILURE() << key << "=" << value << " accepted";
+    } catch (const libreyolo::UsageError& e) {
+      EXPECT_EQ(e.code(), "config_range_error") << key << "=" << value;
+      EXPECT_NE(std::string(e.what()).find("'" + key + "'"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(libreyolo::parse_scale_range("mosaic_scale", "(0.1, 2.0)"), (std::pair<double, double>{0.1, 2.0}));
+  EXPECT_EQ(libreyolo::parse_scale_range("mosaic_scale", "[0.5,1.5]"), (std::pair<double, double>{0.5, 1.5}));
+  EXPECT_EQ(libreyolo::parse_scale_range("mosaic_scale", "0.5"), (std::pair<double, double>{0.5, 1.5}));
 }
 
 TEST(Options, YamlDumpQuotesWhatNeedsIt) {

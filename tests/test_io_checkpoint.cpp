@@ -202,3 +202,28 @@ TEST(Checkpoint, WriteValidatesRequiredMetadata) {
   partial.nc = 5;
   EXPECT_CONTAINS(error_of([&] { make_checkpoint(small_model(), partial); }), "3 names for nc=5");
 }
+
+TEST(Checkpoint, DamagedBytesAreRefusedNotLoaded) {
+  // One flipped bit inside a tensor's record (the zip structure intact) or inside data.pkl: the
+  // record's CRC-32 no longer matches, and the file is refused with the record named instead of
+  // loading as other weights.
+  StateDict model = small_model();
+  model.emplace_back("neck.marker", torch::full({64}, 1234.5f));
+  PyValuePtr root = make_checkpoint(model, small_meta());
+  const std::string good = save_torch_bytes(*root);
+  ASSERT_NO_THROW(checkpoint_from_value(load_torch_bytes(good, "good.pt"), "good.pt"));
+  // The marker's bytes: 1234.5f repeated.
+  const float v = 1234.5f;
+  const std::string pattern(reinterpret_cast<const char*>(&v), 4);
+  const size_t at = good.find(pattern + pattern + pattern + pattern);
+  ASSERT_NE(at, std::string::npos);
+  std::string bad = good;
+  bad[at + 4 * 30 + 1] ^= 0x10;
+  EXPECT_CONTAINS(error_of([&] { load_torch_bytes(bad, "bad.pt"); }), "is damaged (CRC-32");
+  // The pickle: the class name's bytes.
+  const size_t pkl = good.find("collections");
+  ASSERT_NE(pkl, std::string::npos);
+  std::string bad_pkl = good;
+  bad_pkl[pkl + 2] ^= 0x01;
+  EXPECT_CONTAINS(error_of([&] { load_torch_bytes(bad_pkl, "bad.pt"); }), "data.pkl' is damaged");
+}

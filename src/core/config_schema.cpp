@@ -52,7 +52,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("ema_decay", &C::ema_decay, "EMA decay")
         .add("ema_tau", &C::ema_tau, "EMA warm-up constant (updates)")
         .add("val", &C::val, "validate during training")
-        .add("eval_interval", &C::eval_interval, "validate every N epochs (and always after the last)")
+        .add("eval_interval", &C::eval_interval, "validate every N epochs and after the last (0: the last only)")
         .add("patience", &C::patience, "early stop after N validations without improvement (0 = off)")
         .add("save_period", &C::save_period, "save a checkpoint every N epochs")
         .add("save_plots", &C::save_plots, "write plots (val curves) at the end of training")
@@ -176,6 +176,9 @@ void validate(const TrainConfig& c) {
   check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});
   check_one_of("loader", c.loader, {"auto", "cpu", "gpu"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");
+  if (c.warmup_lr_start < 0) range_error("warmup_lr_start", "must be >= 0 (a negative learning rate climbs the loss)");
+  if (c.ema_tau < 0) range_error("ema_tau", "must be >= 0");
+  if (c.eval_interval < 0) range_error("eval_interval", "must be >= 0 (0: the last epoch only)");
   if (c.momentum < 0 || c.momentum >= 1) range_error("momentum", "must be within [0, 1)");
   if (c.weight_decay < 0) range_error("weight_decay", "must be >= 0");
   if (c.warmup_epochs < 0) range_error("warmup_epochs", "must be >= 0");

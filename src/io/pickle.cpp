@@ -57,6 +57,7 @@ PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, const de
   const uint64_t pkl_size = record_size(reader, index, "data.pkl", archive_size, name);
   if (pkl_size > kMaxPickleBytes) throw_corrupt(name, "data.pkl is unreasonably large");
   auto [pkl, pkl_n] = reader.getRecord("data.pkl");
+  index.check_crc("data.pkl", pkl.get(), pkl_n);
 
   auto loader = [&](const std::string& key, uint64_t nbytes) {
     const std::string record = "data/" + key;
@@ -69,6 +70,7 @@ PyValuePtr read_archive(caffe2::serialize::PyTorchStreamReader& reader, const de
     c10::Storage storage(c10::Storage::use_byte_size_t(), static_cast<size_t>(nbytes),
                          c10::GetCPUAllocator(), /*resizable=*/false);
     if (nbytes > 0) reader.getRecord(record, storage.mutable_data(), static_cast<size_t>(nbytes));
+    index.check_crc(record, storage.data(), static_cast<size_t>(nbytes));
     return storage;
   };
   return detail::unpickle(static_cast<const uint8_t*>(pkl.get()), pkl_n, name, loader);

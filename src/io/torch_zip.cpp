@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstring>
@@ -126,6 +127,7 @@ ZipIndex::Entry parse_entry(const ArchiveBytes& in, const std::string& cdir, siz
   ZipIndex::Entry e;
   e.flags = static_cast<uint32_t>(le(cdir, p + 8, 2));
   e.method = static_cast<uint32_t>(le(cdir, p + 10, 2));
+  e.crc32 = static_cast<uint32_t>(le(cdir, p + 16, 4));
   e.comp_size = le(cdir, p + 20, 4);
   e.size = le(cdir, p + 24, 4);
   const size_t name_len = le(cdir, p + 28, 2), extra_len = le(cdir, p + 30, 2), comment_len = le(cdir, p + 32, 2);
@@ -246,6 +248,47 @@ void ZipIndex::check_readable(const std::string& record) const {
   if (directory || (e->size > 0 && e->comp_size == 0) || (e->method == 0 && e->comp_size != e->size)) {
     throw_corrupt(name_, "record '" + printable(record, 300) + "' has no data of its own");
   }
+}
+
+namespace {
+
+// CRC-32 (the zip format's: reflected polynomial 0xEDB88320), eight bytes per step through
+// eight tables.
+uint32_t crc32_of(const void* data, size_t n) {
+  static const auto tables = [] {
+    std::array<std::array<uint32_t, 256>, 8> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[0][i] = c;
+    }
+    for (int s = 1; s < 8; ++s)
+      for (uint32_t i = 0; i < 256; ++i) t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xFF];
+    return t;
+  }();
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = 0xFFFFFFFFu;
+  for (; n >= 8; n -= 8, p += 8) {
+    uint32_t lo, hi;
+    std::memcpy(&lo, p, 4);  // the archive format is little-endian, as is every supported host
+    std::memcpy(&hi, p + 4, 4);
+    lo ^= c;
+    c = tables[7][lo & 0xFF] ^ tables[6][(lo >> 8) & 0xFF] ^ tables[5][(lo >> 16) & 0xFF] ^ tables[4][lo >> 24] ^
+        tables[3][hi & 0xFF] ^ tables[2][(hi >> 8) & 0xFF] ^ tables[1][(hi >> 16) & 0xFF] ^ tables[0][hi >> 24];
+  }
+  for (; n > 0; --n, ++p) c = tables[0][(c ^ *p) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+}  // namespace
+
+void ZipIndex::check_crc(const std::string& record, const void* data, size_t n) const {
+  const Entry* e = find(record);
+  if (!e) throw_corrupt(name_, "missing record '" + printable(record, 300) + "'");
+  const uint32_t got = crc32_of(data, n);
+  if (got != e->crc32)
+    throw_corrupt(name_, strfmt("record '%s' is damaged (CRC-32 %08x, the archive says %08x)",
+                                printable(record, 300).c_str(), got, e->crc32));
 }
 
 }  // namespace libreyolo::io::detail

@@ -28,6 +28,7 @@ class ZipIndex {
     std::string name;
     uint64_t local_offset, comp_size, size, external_attr;
     uint32_t method, flags;
+    uint32_t crc32;
   };
 
   // Throws ModelError (naming the file `name`) unless the reader's constructor will succeed.
@@ -35,6 +36,9 @@ class ZipIndex {
   // Throws ModelError unless `record` (inside the archive folder) exists once and reads as its
   // own bytes.
   void check_readable(const std::string& record) const;
+  // Throws ModelError unless `data` (the record's n bytes as read) has the CRC-32 the archive
+  // stores for it: a damaged checkpoint must not load as different weights.
+  void check_crc(const std::string& record, const void* data, size_t n) const;
 
  private:
   const Entry* find(const std::string& record) const;  // nullptr when absent
