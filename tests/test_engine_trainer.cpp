@@ -10,6 +10,7 @@
 #include "io/checkpoint.hpp"
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
+#include "engine/validator.hpp"
 #include "support.hpp"
 
 namespace fs = std::filesystem;
@@ -126,6 +127,48 @@ TEST(Trainer, MissingDatasetIsDataError) {
   } catch (const DataError& e) {
     EXPECT_EQ(e.exit_code(), 3);
   }
+}
+
+TEST(Trainer, DatasetsWithoutLabelsAreNamedNotTrainedOn) {
+  // A copy of the tiny dataset: first with no label files at all (training refuses: nothing to
+  // learn, and an mAP of -1 would be "best"), then with labels for the training split only (the
+  // run goes on without validation).
+  const fs::path src = fs::path(tiny_dataset()).parent_path();
+  const fs::path dir = test::temp_dir("trainer_nolabels");
+  fs::create_directory_symlink(src / "images", dir / "images");  // labels are looked up beside: none
+  std::ofstream(dir / "data.yaml") << "path: " << dir.string() << "\ntrain: images/train\nval: images/val\n"
+                                   << "names: [circle, square, triangle]\n";
+  Kwargs o = base_options(test::temp_dir("trainer_nolabels_runs"));
+  o[0].second = (dir / "data.yaml").string();
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 3, "cpu");
+  try {
+    model.train(o);
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.code(), "no_labels");
+    EXPECT_NE(std::string(e.what()).find("24 images have no labels"), std::string::npos) << e.what();
+  }
+  fs::create_directories(dir / "labels");
+  fs::create_directory_symlink(src / "labels" / "train", dir / "labels" / "train");
+  o[1].second = "1";  // one epoch
+  const TrainResult r = model.train(o);
+  EXPECT_TRUE(r.best_checkpoint.empty());
+  EXPECT_TRUE(fs::exists(fs::path(r.save_dir) / "weights" / "last.pt"));
+}
+
+TEST(Validator, ModelAndDatasetClassesAreCompared) {
+  const std::vector<std::string> model = {"cat", "dog", "bird", "fish"};
+  try {
+    engine::check_classes_match(model, 4, {"car", "bus"}, "d.yaml");
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.code(), "class_mismatch");
+    const std::string m = e.what();
+    EXPECT_NE(m.find("4 classes (cat, dog, bird, fish)"), std::string::npos) << m;
+    EXPECT_NE(m.find("'d.yaml' 2 (car, bus)"), std::string::npos) << m;
+  }
+  EXPECT_NO_THROW(engine::check_classes_match(model, 4, {"cat", "dog", "bird", "horse"}, "d.yaml"));
+  EXPECT_NO_THROW(engine::check_classes_match(model, 4, {}, "d.yaml"));  // no names: nothing to compare
 }
 
 TEST(Predict, SampleImageAndSavedDrawing) {

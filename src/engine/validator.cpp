@@ -201,11 +201,35 @@ void write_val_files(const std::string& dir, const ValConfig& cfg, const ValResu
 
 }  // namespace
 
+void check_classes_match(const std::vector<std::string>& model_names, int model_nc,
+                         const std::vector<std::string>& data_names, const std::string& data) {
+  if (data_names.empty()) return;
+  const auto list = [](const std::vector<std::string>& v) {
+    std::string out;
+    for (size_t i = 0; i < v.size() && i < 8; ++i) out += (i ? ", " : "") + v[i];
+    return v.size() > 8 ? out + ", ..." : out;
+  };
+  if (static_cast<int>(data_names.size()) != model_nc)
+    throw DataError(strfmt("the model has %d classes (%s) and the dataset '%s' %zu (%s): metrics by class id "
+                           "would compare different things",
+                           model_nc, list(model_names).c_str(), data.c_str(), data_names.size(),
+                           list(data_names).c_str()),
+                    "Validate on a dataset with the model's classes, or train the model on this one.",
+                    "class_mismatch");
+  std::string differ;
+  for (size_t i = 0; i < data_names.size() && i < model_names.size(); ++i)
+    if (data_names[i] != model_names[i])
+      differ += strfmt("%s%zu: model '%s', dataset '%s'", differ.empty() ? "" : "; ", i, model_names[i].c_str(),
+                       data_names[i].c_str());
+  if (!differ.empty()) log_warn("class names differ between the model and the dataset (" + differ + "); the metrics use the dataset's");
+}
+
 ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
   data::DatasetSpec spec = data::load_dataset_yaml(resolve_data_arg(cfg.data));
   data::DatasetOptions dopt;
   dopt.imgsz = cfg.imgsz;
   dopt.num_classes = impl.model->num_classes();
+  check_classes_match(impl.names, impl.model->num_classes(), spec.names, cfg.data);
   auto ds = std::make_shared<data::YoloDataset>(data::list_split_images(spec, cfg.split), dopt);
   EvalOptions eo;
   eo.imgsz = cfg.imgsz;

@@ -64,6 +64,10 @@ std::string format_val_table(const eval::CocoStats& stats, const std::vector<std
 
 // The `val` command / LibreYOLO::val.
 ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg);
+// Validation's check of a model against a dataset's names: DataError (class_mismatch, naming both
+// lists) when the counts differ, a warning naming each id whose names differ.
+void check_classes_match(const std::vector<std::string>& model_names, int model_nc,
+                         const std::vector<std::string>& data_names, const std::string& data);
 
 // data=builtin -> the generated shapes dataset (made once under the cache directory); any other
 // value is returned unchanged.
