@@ -229,7 +229,15 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
   data::DatasetOptions dopt;
   dopt.imgsz = cfg.imgsz;
   dopt.num_classes = impl.model->num_classes();
-  check_classes_match(impl.names, impl.model->num_classes(), spec.names, cfg.data);
+  // A model that was never trained has no classes of its own to compare (its metrics say nothing
+  // either way): a warning then.
+  const bool fresh = impl.weights.empty() && !impl.checkpoint;
+  try {
+    check_classes_match(impl.names, impl.model->num_classes(), spec.names, cfg.data);
+  } catch (const DataError& e) {
+    if (!fresh) throw;
+    log_warn(std::string(e.what()) + " (an untrained model: validating anyway)");
+  }
   auto ds = std::make_shared<data::YoloDataset>(data::list_split_images(spec, cfg.split), dopt);
   EvalOptions eo;
   eo.imgsz = cfg.imgsz;
