@@ -112,6 +112,12 @@ TEST(Trainer, ShortRunWritesArtifactsAndResumesExactly) {
   EXPECT_NE(v.table.find("mAP50-95"), std::string::npos);
   for (const char* f : {"metrics.json", "per_class.csv", "confusion_matrix.png", "PR_curve.png", "F1_curve.png"})
     EXPECT_TRUE(fs::exists(fs::path(v.save_dir) / f)) << f;
+  // Without imgsz, val (and predict) use the size the checkpoint was trained at, not 640.
+  ValResult d = resumed.val({{"data", tiny_dataset()}, {"batch", "4"}, {"workers", "0"}, {"project", project},
+                             {"name", "val_default"}});
+  std::ifstream mj(fs::path(d.save_dir) / "metrics.json");
+  const std::string text((std::istreambuf_iterator<char>(mj)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("\"imgsz\": 64"), std::string::npos) << text.substr(0, 400);
 }
 
 TEST(Trainer, ResumeWithoutCheckpointIsUsageError) {

@@ -83,7 +83,7 @@ struct PredictConfig {
   std::string source = "SAMPLE_IMAGE";  // image file, directory, or SAMPLE_IMAGE (built in)
   double conf = 0.25;
   double iou = 0.45;
-  int imgsz = 640;
+  int imgsz = 0;                        // 0: the size the model was trained at (640 for a fresh model)
   int max_det = 300;
   std::string classes;                  // "", or comma-separated class ids to keep
   std::string device = "auto";
@@ -100,7 +100,7 @@ struct PredictConfig {
 struct InferProfileConfig {
   std::string source = "SAMPLE_IMAGE";  // image file, directory, or SAMPLE_IMAGE
   int batch = 1;
-  int imgsz = 640;
+  int imgsz = 0;                        // 0: the model's own size
   bool half = false;                    // autocast on CUDA
   std::string amp_dtype = "float16";    // float16 or bfloat16 (with half)
   int warmup = 20;
@@ -118,7 +118,7 @@ struct ValConfig {
   std::string data;
   std::string split = "val";
   int batch = 16;
-  int imgsz = 640;
+  int imgsz = 0;                 // 0: the model's own size
   double conf = 0.001;
   double iou = 0.6;
   int max_det = 300;

@@ -80,7 +80,7 @@ const OptionSchema<PredictConfig>& predict_schema() {
     o.add("source", &C::source, "image file, directory, or SAMPLE_IMAGE")
         .add("conf", &C::conf, "confidence threshold")
         .add("iou", &C::iou, "NMS IoU threshold")
-        .add("imgsz", &C::imgsz, "inference size (multiple of 32)")
+        .add("imgsz", &C::imgsz, "inference size, a multiple of 32 (0: the size the model was trained at)")
         .add("max_det", &C::max_det, "maximum detections per image")
         .add("classes", &C::classes, "keep only these class ids (comma-separated)")
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
@@ -103,7 +103,7 @@ const OptionSchema<ValConfig>& val_schema() {
     o.add("data", &C::data, "dataset YAML, or 'builtin'")
         .add("split", &C::split, "val, train or test")
         .add("batch", &C::batch, "batch size")
-        .add("imgsz", &C::imgsz, "image size")
+        .add("imgsz", &C::imgsz, "image size, a multiple of 32 (0: the size the model was trained at)")
         .add("conf", &C::conf, "confidence threshold")
         .add("iou", &C::iou, "NMS IoU threshold")
         .add("max_det", &C::max_det, "maximum detections per image")
@@ -124,7 +124,8 @@ namespace {
 void range_error(const std::string& key, const std::string& why) {
   throw UsageError("Invalid value for '" + key + "': " + why, "", "config_range_error");
 }
-void check_imgsz(int imgsz) {
+void check_imgsz(int imgsz, bool zero_ok = false) {
+  if (zero_ok && imgsz == 0) return;
   if (imgsz < 32 || imgsz % 32 != 0)
     range_error("imgsz", std::to_string(imgsz) + " is not a positive multiple of 32");
 }
@@ -204,7 +205,7 @@ void validate(const TrainConfig& c) {
 }
 
 void validate(const PredictConfig& c) {
-  check_imgsz(c.imgsz);
+  check_imgsz(c.imgsz, /*zero_ok=*/true);
   check_one_of("cuda_graph", c.cuda_graph, {"false", "true", "auto", "0", "1", "off", "on"});
   check_unit("conf", c.conf);
   check_unit("iou", c.iou);
@@ -213,7 +214,7 @@ void validate(const PredictConfig& c) {
 }
 
 void validate(const ValConfig& c) {
-  check_imgsz(c.imgsz);
+  check_imgsz(c.imgsz, /*zero_ok=*/true);
   check_one_of("cuda_graph", c.cuda_graph, {"false", "true", "auto", "0", "1", "off", "on"});
   check_unit("conf", c.conf);
   check_unit("iou", c.iou);

@@ -257,7 +257,7 @@ std::string saved_image_name(const std::string& source, std::set<std::string>& u
 std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg) {
   const auto sources = resolve_sources(cfg.source);
   const std::set<int> keep = parse_classes(cfg.classes);
-  const int S = cfg.imgsz;
+  const int S = cfg.imgsz > 0 ? cfg.imgsz : impl.imgsz;
   const torch::Device dev = impl.device;
   auto& model = *impl.model;
   model.eval();

@@ -13,7 +13,9 @@
 
 namespace libreyolo::engine {
 
-InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfileConfig& cfg) {
+InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfileConfig& requested) {
+  InferProfileConfig cfg = requested;
+  if (cfg.imgsz == 0) cfg.imgsz = impl.imgsz;  // the model's own size
   if (cfg.batch < 1) throw UsageError("profile infer: --batch must be at least 1", "", "config_range_error");
   if (cfg.runs < 2) throw UsageError("profile infer: --runs must be at least 2", "", "config_range_error");
   if (cfg.warmup < 0) throw UsageError("profile infer: --warmup must be >= 0", "", "config_range_error");

@@ -224,7 +224,9 @@ void check_classes_match(const std::vector<std::string>& model_names, int model_
   if (!differ.empty()) log_warn("class names differ between the model and the dataset (" + differ + "); the metrics use the dataset's");
 }
 
-ValResult run_validation(models::LoadedModel& impl, const ValConfig& cfg) {
+ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) {
+  ValConfig cfg = requested;
+  if (cfg.imgsz == 0) cfg.imgsz = impl.imgsz;  // the model's own size
   data::DatasetSpec spec = data::load_dataset_yaml(resolve_data_arg(cfg.data));
   data::DatasetOptions dopt;
   dopt.imgsz = cfg.imgsz;
