@@ -1,5 +1,8 @@
 #include <ATen/Context.h>
 #include <libreyolo/errors.hpp>
+#include <set>
+#include <thread>
+#include <vector>
 
 #include "core/log.hpp"
 #include "support.hpp"
@@ -20,6 +23,7 @@ TEST(Core, ErrorsCarryExitCodes) {
 #include "core/device.hpp"
 #include "core/options.hpp"
 #include "core/config_schema.hpp"
+#include "core/paths.hpp"
 
 TEST(Device, ParsesTheReferenceTable) {
   using libreyolo::parse_device_list;
@@ -221,4 +225,20 @@ TEST(Options, YamlDumpQuotesWhatNeedsIt) {
   EXPECT_NE(y.find("epochs: 300\n"), std::string::npos);
   EXPECT_NE(y.find("name: 'my run: 1'\n"), std::string::npos);
   EXPECT_NE(y.find("resume: ''\n"), std::string::npos);
+}
+
+TEST(Core, RunDirectoriesAreNumberedAndNeverShared) {
+  // Eight runs asking for the same name at the same instant get eight directories: name,
+  // name2, ..., name8 (mkdir is the test-and-create); exist_ok reuses the name.
+  const std::string project = libreyolo::test::temp_dir("rundirs") + "/runs";
+  std::vector<std::string> got(8);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < got.size(); ++i)
+    threads.emplace_back([&, i] { got[i] = libreyolo::make_run_dir(project, "exp", /*exist_ok=*/false); });
+  for (auto& t : threads) t.join();
+  std::set<std::string> unique(got.begin(), got.end());
+  EXPECT_EQ(unique.size(), got.size());
+  for (int n = 1; n <= 8; ++n)
+    EXPECT_TRUE(unique.count(project + "/exp" + (n == 1 ? std::string() : std::to_string(n)))) << n;
+  EXPECT_EQ(libreyolo::make_run_dir(project, "exp", /*exist_ok=*/true), project + "/exp");
 }

@@ -68,9 +68,11 @@ TEST(ProfileCli, RunProfilesATrainingWindowOnTheCpu) {
   args = base;
   args.insert(args.end(), {"--repeat", "2"});
   ASSERT_EQ(libreyolo::cli::run(args, out, err), 0) << err.str();
-  EXPECT_TRUE(fs::exists(fs::path(project) / "prof_0" / "profile.json"));
-  EXPECT_TRUE(fs::exists(fs::path(project) / "prof_1" / "profile.json"));
-  ASSERT_TRUE(fs::exists(fs::path(project) / "profile_repeat.json"));
+  // A second invocation has a directory of its own (numbered): the first run's files stay.
+  EXPECT_TRUE(fs::exists(fs::path(project) / "prof2" / "trial_0" / "profile.json"));
+  EXPECT_TRUE(fs::exists(fs::path(project) / "prof2" / "trial_1" / "profile.json"));
+  ASSERT_TRUE(fs::exists(fs::path(project) / "prof2" / "profile_repeat.json"));
+  EXPECT_TRUE(fs::exists(fs::path(project) / "prof" / "profile.json"));
   EXPECT_NE(out.str().find("(n=2)"), std::string::npos) << out.str();
 }
 
@@ -112,8 +114,9 @@ TEST(ProfileCli, InferProfilesPredictIterationsOnTheCpu) {
   args = base;
   args.insert(args.end(), {"--repeat", "2", "--no-trace"});
   ASSERT_EQ(libreyolo::cli::run(args, out, err), 0) << err.str();
-  EXPECT_TRUE(fs::exists(fs::path(project) / "infer_0" / "profile.json"));
-  EXPECT_TRUE(fs::exists(fs::path(project) / "infer_1" / "profile.json"));
-  EXPECT_FALSE(fs::exists(fs::path(project) / "infer_1" / "profile_trace.json"));
-  ASSERT_TRUE(fs::exists(fs::path(project) / "infer_repeat.json"));
+  EXPECT_TRUE(fs::exists(fs::path(project) / "infer2" / "trial_0" / "profile.json"));
+  EXPECT_TRUE(fs::exists(fs::path(project) / "infer2" / "trial_1" / "profile.json"));
+  EXPECT_FALSE(fs::exists(fs::path(project) / "infer2" / "trial_1" / "profile_trace.json"));
+  ASSERT_TRUE(fs::exists(fs::path(project) / "infer2" / "infer_repeat.json"));
+  EXPECT_TRUE(fs::exists(dir / "profile_trace.json")) << "the first run's files stay";
 }

@@ -1,4 +1,4 @@
-// `libreyolo profile run <data>`: a profile-only training run (SPEC P5). It trains with the
+// `libreyolo profile run <data>`: a profile-only training run. It trains with the
 // profiler on, mosaic closing never (no_aug_epochs=0), and stops when the window closes; with
 // --repeat N it runs N trials (prof_0..prof_{N-1}) and writes <project>/profile_repeat.json.
 #include <cmath>
@@ -100,8 +100,11 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
   const std::string model_arg = a.weights.empty() ? "yolo9" + a.size : a.weights;
   std::vector<nlohmann::json> profiles;
   std::vector<std::string> paths;
+  // Each invocation has a run directory of its own (prof, prof2, ...); repeated trials are its
+  // subdirectories trial_0, trial_1, ... beside the aggregate profile_repeat.json.
+  const std::string run_dir = a.repeat > 1 ? make_run_dir(a.project, "prof", /*exist_ok=*/false) : "";
   for (int i = 0; i < a.repeat; ++i) {
-    const std::string name = a.repeat > 1 ? "prof_" + std::to_string(i) : "prof";
+    const std::string name = a.repeat > 1 ? "trial_" + std::to_string(i) : "prof";
     LibreYOLO model(model_arg, a.device);
     Kwargs kw = {{"data", a.data},
                  {"batch", std::to_string(a.batch)},
@@ -119,9 +122,9 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
                  // A window that spans epochs must not measure validation between its steps
                  // (its allocations read as allocator thrash, its time as idle GPU).
                  {"val", "false"},
-                 {"project", a.project},
+                 {"project", a.repeat > 1 ? run_dir : a.project},
                  {"name", name},
-                 {"exist_ok", "true"}};
+                 {"exist_ok", "false"}};
     if (!a.amp_dtype.empty()) kw.emplace_back("amp_dtype", a.amp_dtype);
     if (a.cuda_graph) kw.emplace_back("cuda_graph", "true");
     TrainResult r = model.train(kw);
@@ -137,7 +140,7 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
   std::string shown = paths.back();
   if (a.repeat > 1) {
     result = profile::aggregate_repeat(profiles, paths);
-    shown = (fs::path(a.project) / "profile_repeat.json").string();
+    shown = (fs::path(run_dir) / "profile_repeat.json").string();
     write_file_atomic(shown, result.dump() + "\n");
   }
   const auto num = [&](const char* k) { return result.contains(k) ? result[k] : nlohmann::json(nullptr); };
@@ -241,9 +244,12 @@ int cmd_profile_infer(const std::vector<std::string>& raw, std::ostream& out) {
   // Without --weights: a fresh model of the size (this build downloads nothing).
   LibreYOLO model(a.weights.empty() ? "yolo9" + a.size : a.weights, a.device);
   std::vector<InferenceProfile> runs;
+  // As profile run: infer, infer2, ...; repeated trials inside as trial_0, trial_1, ...
+  const std::string run_dir = a.repeat > 1 ? make_run_dir(a.cfg.project, "infer", /*exist_ok=*/false) : "";
   for (int i = 0; i < a.repeat; ++i) {
     InferProfileConfig cfg = a.cfg;
-    cfg.name = a.repeat > 1 ? "infer_" + std::to_string(i) : "infer";
+    if (a.repeat > 1) cfg.project = run_dir;
+    cfg.name = a.repeat > 1 ? "trial_" + std::to_string(i) : "infer";
     runs.push_back(model.profile_inference(cfg));
     std::cerr << runs.back().report;
   }
@@ -263,7 +269,7 @@ int cmd_profile_infer(const std::vector<std::string>& raw, std::ostream& out) {
     rep["trials"] = trials;
     if (!rep.contains("metrics") || !rep["metrics"].is_object()) rep["metrics"] = nlohmann::json::object();
     rep["metrics"]["throughput_img_s"] = profile::round_to(mean, 2);
-    shown = (fs::path(a.cfg.project) / "infer_repeat.json").string();
+    shown = (fs::path(run_dir) / "infer_repeat.json").string();
     write_file_atomic(shown, rep.dump() + "\n");
   }
   if (a.json) {

@@ -1,12 +1,14 @@
 #include "core/paths.hpp"
 
 #include <ftw.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <regex>
@@ -18,19 +20,26 @@ namespace fs = std::filesystem;
 namespace libreyolo {
 
 std::string make_run_dir(const std::string& project, const std::string& name, bool exist_ok) {
-  fs::path base = fs::path(project) / name;
-  fs::path dir = base;
   std::error_code ec;
-  if (!exist_ok && fs::exists(dir, ec)) {
-    for (int n = 2;; ++n) {
-      dir = fs::path(project) / (name + std::to_string(n));
-      if (!fs::exists(dir, ec)) break;
-      if (n > 99999) throw RuntimeError("cannot find a free run directory name under " + project);
-    }
+  const fs::path base = fs::path(project) / name;
+  if (exist_ok) {
+    fs::create_directories(base, ec);
+    if (ec) throw RuntimeError("cannot create directory " + base.string() + ": " + ec.message());
+    return base.string();
   }
-  fs::create_directories(dir, ec);
-  if (ec) throw RuntimeError("cannot create directory " + dir.string() + ": " + ec.message());
-  return dir.string();
+  if (base.has_parent_path()) {
+    fs::create_directories(base.parent_path(), ec);
+    if (ec) throw RuntimeError("cannot create directory " + base.parent_path().string() + ": " + ec.message());
+  }
+  // mkdir either creates the directory or fails because it exists: two runs started at the same
+  // instant never share one.
+  for (int n = 1; n <= 99999; ++n) {
+    const fs::path dir = n == 1 ? base : fs::path(project) / (name + std::to_string(n));
+    if (::mkdir(dir.c_str(), 0777) == 0) return dir.string();
+    if (errno != EEXIST)
+      throw RuntimeError("cannot create directory " + dir.string() + ": " + std::strerror(errno));
+  }
+  throw RuntimeError("cannot find a free run directory name under " + project);
 }
 
 void remove_tree(const std::string& path) {

@@ -86,7 +86,7 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
   po.runs = cfg.runs;
   po.batch = B;
   po.trace = cfg.trace;
-  const std::string dir = make_run_dir(cfg.project, cfg.name, /*exist_ok=*/true);
+  const std::string dir = make_run_dir(cfg.project, cfg.name, /*exist_ok=*/false);
   nlohmann::json meta = {{"model", impl.weights.empty() ? impl.family->name + impl.model->size() : impl.weights},
                          {"batch", B},
                          {"imgsz", S},
