@@ -162,6 +162,36 @@ TEST(Trainer, DatasetsWithoutLabelsAreNamedNotTrainedOn) {
   EXPECT_TRUE(fs::exists(fs::path(r.save_dir) / "weights" / "last.pt"));
 }
 
+TEST(Trainer, ResumeFromAnotherWorkingDirectoryFindsTheDataAndTheRun) {
+  // Started with data and project relative to one directory, resumed from another: the saved
+  // config holds absolute paths, so the resume reads the same data and continues the same run.
+  const fs::path home = test::temp_dir("trainer_cwd");
+  const fs::path ds = fs::path(tiny_dataset());
+  fs::create_directory_symlink(ds.parent_path(), home / "ds");
+  const fs::path before = fs::current_path();
+  fs::current_path(home);
+  Kwargs o = base_options("runs");
+  o[0].second = "ds/" + ds.filename().string();
+  o[1].second = "2";
+  o.emplace_back("save_period", "1");
+  TrainResult first;
+  {
+    LibreYOLO model = LibreYOLO::create("yolo9", "t", 3, "cpu");
+    first = model.train(o);
+  }
+  const fs::path epoch1 = fs::path(first.save_dir) / "weights" / "epoch_1.pt";
+  ASSERT_TRUE(fs::exists(epoch1)) << first.save_dir;
+  EXPECT_TRUE(fs::path(first.save_dir).is_absolute());
+  const auto ck = io::read_checkpoint(epoch1.string());
+  const std::string saved_data = ck.root->get("config")->get("data")->as_string();
+  EXPECT_TRUE(fs::path(saved_data).is_absolute()) << saved_data;
+  fs::current_path(fs::temp_directory_path());
+  LibreYOLO resumed(epoch1.string(), "cpu");
+  const TrainResult r = resumed.train({{"resume", "true"}, {"device", "cpu"}, {"verbose", "false"}});
+  fs::current_path(before);
+  EXPECT_EQ(r.save_dir, first.save_dir);
+}
+
 TEST(Validator, ModelAndDatasetClassesAreCompared) {
   const std::vector<std::string> model = {"cat", "dog", "bird", "fish"};
   try {

@@ -115,6 +115,7 @@ std::vector<std::pair<std::string, double>> Trainer::mean_losses() const {
 void Trainer::setup() {
   started_ = Clock::now();
   setup_resume_config();
+  make_paths_absolute(cfg_);
   setup_device();
   setup_data();
   setup_model();
@@ -129,6 +130,13 @@ void Trainer::setup() {
   state_.epochs = cfg_.epochs;
   state_.batches_per_epoch = train_loader_->size();
   result_.save_dir = state_.save_dir;
+}
+
+// The run's config keeps its paths absolute (train_config.yaml, the checkpoints): a resume from
+// another working directory finds the same dataset and run directory.
+void Trainer::make_paths_absolute(TrainConfig& c) {
+  if (!c.data.empty() && c.data != "builtin") c.data = fs::absolute(c.data).lexically_normal().string();
+  if (!c.project.empty()) c.project = fs::absolute(c.project).lexically_normal().string();
 }
 
 // resume=true / resume=<path>: the checkpoint's config becomes the run's config and the caller's
@@ -156,6 +164,7 @@ void Trainer::setup_resume_config() {
     train_schema().apply(restored, kv, "train");
     const TrainConfig saved_cfg = restored;
     train_schema().apply(restored, given_, "train");
+    make_paths_absolute(restored);  // a path given again relative to here is not a change
     restored.resume = cfg_.resume;
     // What the caller changed, compared in the schema's own text form.
     const auto before = train_schema().dump(saved_cfg), after = train_schema().dump(restored);

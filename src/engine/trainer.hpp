@@ -82,6 +82,7 @@ class Trainer : private EpochSteps {
   std::vector<std::pair<std::string, double>> mean_losses() const;
 
  private:
+  static void make_paths_absolute(TrainConfig& c);
   void setup_resume_config();
   void setup_device();
   void setup_data();
