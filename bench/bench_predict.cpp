@@ -1,7 +1,7 @@
 // Whole predict() of one 640x480 JPEG (decode, letterbox, forward, NMS), as the reference's
-// 25.5 ms figure in gpu_machine.md was measured; with --folder N, a folder of N such JPEGs
-// (different scenes) predicted at --batch B, reported as images per second end to end (one
-// untimed pass first), plus the first image's detections count at batch B and at batch 1.
+// 25.5 ms figure (LibreYOLO 1.6.0 on the H200 machine) was measured; with --folder N, a folder of
+// N such JPEGs (different scenes) predicted at --batch B, reported as images per second end to
+// end (one untimed pass first), plus the first image's detections count at batch B and at batch 1.
 //   bench_predict --device cuda [--model yolo9t] [--iters 100] [--warmup 10] [--imgsz 640] [--half]
 //                 [--cuda-graph off|on|auto] [--folder N --batch B]
 #include <torch/torch.h>

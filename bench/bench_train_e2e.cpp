@@ -1,6 +1,6 @@
 // End-to-end training throughput: the real trainer (loader threads, mosaic, EMA, AMP, no
 // validation) on synthetic 810x1080 JPEGs, as the reference's 246 ms/iteration (65 img/s) was
-// measured in gpu_machine.md.
+// measured (LibreYOLO 1.6.0 on the H200 machine).
 //   bench_train_e2e --device cuda [--images 1024] [--epochs 2] [--batch 16] [--imgsz 640]
 //                   [--workers 8,16] [--amp-dtype float16|bfloat16] [--model yolo9t] [--dir /tmp/...]
 //                   [--profile off,on,off,on] [--cuda-graph off,on]

@@ -1,5 +1,5 @@
 // Training-step benchmark: one real-looking batch replayed (no data loader), as the reference's
-// figures in gpu_machine.md were taken: forward + loss + backward + SGD step, 640 px.
+// (LibreYOLO 1.6.0's) step figures were taken: forward + loss + backward + SGD step, 640 px.
 //   bench_train_step --device cuda [--family yolo9|yolox] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
 //                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
 //                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]

@@ -112,7 +112,7 @@ want infer_graph && {
   run forward_graph_bf16 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1,32 \
     --cuda-graph off,on --iters 100 --warmup 10
 }
-# BatchNorm folded into the convolutions for inference (issue 10), before/after in one binary,
+# BatchNorm folded into the convolutions for inference, before/after in one binary,
 # then kernels per forward (a run of its own: the profiler slows later launches).
 want fold && {
   run fold_fp32 200 "$BIN/bench_forward" --device cuda --dtype fp32 --channels-last --sizes t --batches 1 \
@@ -122,7 +122,7 @@ want fold && {
   run fold_kernels 200 "$BIN/bench_forward" --device cuda --dtype bf16 --channels-last --sizes t --batches 1 \
     --cuda-graph off --fold off,on --kernels --warmup 3
 }
-# cuDNN fused convolution + bias + SiLU for inference (issue 10): off, then on with a fresh plan
+# cuDNN fused convolution + bias + SiLU for inference: off, then on with a fresh plan
 # cache (plans compiled: first call cost), then on again (plans read from disk), twice; one process
 # each, graphed v9-t bf16 at batch 1 and 32; single-image predict off/on.
 want fusion && {
@@ -140,12 +140,12 @@ want fusion && {
       --device cuda --iters 200 --warmup 20 --cuda-graph on --half
   done
 }
-# YOLOX beside YOLOv9 (issue 14): step times eager and graphed.
+# YOLOX beside YOLOv9: step times eager and graphed.
 want yolox && for fam in yolox yolo9; do
   run step_${fam}_s 300 "$BIN/bench_train_step" --device cuda --cudnn-benchmark --ema --no-kernels --family $fam \
     --sizes s --batches 16,32 --dtypes bf16 --cuda-graph off,on --steps 24 --warmup 12
 done
-# The profiler's verdicts on real configurations (issue 8), on the bench's 810x1080 JPEG dataset.
+# The profiler's verdicts on real configurations, on the bench's 810x1080 JPEG dataset.
 want verdicts && {
   E2E_DIR=/tmp/libreyolo_e2e_810x1080
   [ -f "$E2E_DIR/data.yaml" ] || timeout 200 "$BIN/bench_train_e2e" --device cuda --workers 16 --epochs 1 > /dev/null 2>&1
@@ -167,7 +167,7 @@ for p in sorted(glob.glob(os.path.join(sys.argv[1], "prof_*", "prof", "profile.j
 PY
 }
 want loss && run loss 300 "$BIN/bench_loss" --device cuda --batch 8,16,32 --iters 50
-# Loader alone (issue 12): per-stage table and threads, the default (mosaic tiles decoded at the
+# Loader alone: per-stage table and threads, the default (mosaic tiles decoded at the
 # JPEG DCT scale they are shown at) against the reference's full decode, then cache=ram.
 want loader && {
   run loader 300 "$BIN/bench_loader" --count 512 --threads 1,4,8,16 --imgsz 640 --batch 16 --stages \
@@ -204,7 +204,7 @@ want dist && {
   # The same with the small sums (SyncBN, loss normalisers) through NCCL instead of peer memory.
   run scale_2gpu_graph_nccl 400 env LIBREYOLO_PEER_SUM=0 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cuda_graph=true
   run scale_2gpu_graph_nosyncbn 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cuda_graph=true --set sync_bn=false
-  # The same with the decoded, resized images cached on disk (cache=disk, issue 12): what the
+  # The same with the decoded, resized images cached on disk (cache=disk): what the
   # GPUs do once JPEG decoding is out of the way.
   [ "${LIBREYOLO_DIST_CACHE:-1}" = 1 ] && run scale_1gpu_cache 400 "$BIN/bench_train_e2e" --device 0 --batch 16 $E --set cache=disk
   [ "${LIBREYOLO_DIST_CACHE:-1}" = 1 ] && run scale_2gpu_spawn_cache 400 "$BIN/bench_train_e2e" --device 0,1 --batch 32 $E --set cache=disk

@@ -43,7 +43,7 @@ std::vector<std::string> args(const std::string& project, const std::string& nam
 
 }  // namespace
 
-// SPEC M3/M4/M6 on NCCL: two GPUs at batch 16 each take the optimizer step of one GPU at batch 32
+// On NCCL: two GPUs at batch 16 each take the optimizer step of one GPU at batch 32
 // (fp32 without TF32: LIBREYOLO_TF32=0; SyncBN; averaged gradients and loss normalisers). Also: the BatchNorm running
 // statistics after the step (SyncBN's statistics of the global batch) against one GPU's.
 TEST(DistGpu, TwoGpusTakeTheStepOfOneGpuWithTheGlobalBatch) {
@@ -97,7 +97,7 @@ TEST(DistGpu, TwoGpusTakeTheStepOfOneGpuWithTheGlobalBatch) {
   EXPECT_LE(bn_rel, 1e-5);
 }
 
-// SPEC M1: device=0,1 spawns one worker per GPU; the caller (here the CLI's parent process) gets
+// device=0,1 spawns one worker per GPU; the caller (here the CLI's parent process) gets
 // rank 0's result and its best weights.
 TEST(DistGpu, SpawnTrainsOnBothGpusAndHandsBackTheResult) {
   if (!two_gpus()) GTEST_SKIP() << "needs two CUDA GPUs (the nvidia-h200-x2 machine)";

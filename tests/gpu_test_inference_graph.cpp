@@ -1,4 +1,4 @@
-// CUDA graphs of the inference forward (SPEC G8-G11): capture and replay equal eager bit for bit
+// CUDA graphs of the inference forward: capture and replay equal eager bit for bit
 // on two probe inputs from different distributions (fp32 and bf16 autocast); auto captures on
 // the third use; invalidation (train mode, dtype change, device move, training); the API; a
 // family that does not declare it is refused by name.

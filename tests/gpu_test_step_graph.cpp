@@ -1,4 +1,4 @@
-// CUDA graphs of the whole training step (SPEC G1-G7): a graphed run equals the eager run bit for
+// CUDA graphs of the whole training step: a graphed run equals the eager run bit for
 // bit (losses, weights, EMA, optimizer and scaler state) over 100 steps in bf16 and in fp16 with
 // forced overflow skips; accumulation; shapes captured on their third occurrence while others run
 // eager; invalidation and recapture; a failed capture falls back to eager with nothing lost; a

@@ -1,5 +1,5 @@
 // AutoBatch (batch=-1) on the CPU: the power-of-two rounding, the least-squares fit and its
-// fallbacks, the per-GPU -> global arithmetic (training.md §4.2's pinned table), the probe's
+// fallbacks, the per-GPU -> global arithmetic (the reference's table), the probe's
 // non-CUDA path, the trainer's resolution and the batch validation. The probe itself (CUDA) is
 // tests/gpu_test_autobatch.cpp.
 #include <cmath>
@@ -36,7 +36,7 @@ bool contains(const std::string& text, const std::string& what) { return text.fi
 }  // namespace
 
 TEST(AutoBatch, FloorPow2StrictIsTheLargestPowerOfTwoStrictlyBelow) {
-  // training.md §4.1 step 9.
+  // The reference's rounding: the largest power of two strictly below.
   EXPECT_EQ(engine::floor_pow2_strict(33), 32);
   EXPECT_EQ(engine::floor_pow2_strict(32), 16);
   EXPECT_EQ(engine::floor_pow2_strict(65), 64);
@@ -67,7 +67,7 @@ TEST(AutoBatch, ResolveMatchesTheReferenceTable) {
   struct Row {
     int per_gpu, ws, nbs, global;
   };
-  // training.md §4.2 (nbs 0 = None).
+  // The reference's per-GPU -> global table (nbs 0 = None).
   const std::vector<Row> rows = {{13, 4, 0, 52}, {32, 8, 0, 256}, {16, 1, 32, 16},
                                  {16, 2, 32, 32}, {16, 4, 32, 32}, {4, 8, 4, 8}};
   for (const Row& r : rows) {

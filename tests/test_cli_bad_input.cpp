@@ -1,4 +1,4 @@
-// Bad input gets a clear error (issue 13): option ranges, dry runs that check what the real run
+// Bad input gets a clear error: option ranges, dry runs that check what the real run
 // checks, unknown flags, out-of-image labels, absurd nc, predict sources and model paths.
 #include <filesystem>
 #include <fstream>

@@ -1,4 +1,4 @@
-// Mosaic geometry, HSV, flip, letterbox, box filters and targets (yolo9.md §4.4-4.7, 4.9).
+// Mosaic geometry, HSV, flip, letterbox, box filters and targets.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -602,11 +602,11 @@ TEST(DataAugment, FusedHsvShiftEqualsConvertShiftConvertBack) {
   }
 }
 
-// ---- YOLOX pipeline: mosaic canvas, random affine, mixup (yolox.md §5.9) ---------------------
+// ---- YOLOX pipeline: mosaic canvas, random affine, mixup ---------------------------------------
 
 TEST(DataAugmentYolox, AffineDrawFollowsTheRangesAndZeroMagnitudesGiveTheIdentity) {
   AugmentOptions o;
-  o.degrees = 0;  // integer zero magnitudes are fine (yolox.md §10.2)
+  o.degrees = 0;  // integer zero magnitudes are fine
   o.shear = 0;
   o.translate = 0;
   o.mosaic_scale_lo = o.mosaic_scale_hi = 1.0;

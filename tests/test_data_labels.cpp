@@ -1,4 +1,4 @@
-// Label files, the label path rule and the dataset's handling of bad files (yolo9.md §4.2-4.3).
+// Label files, the label path rule and the dataset's handling of bad files.
 #include <filesystem>
 #include <fstream>
 #include <libreyolo/errors.hpp>

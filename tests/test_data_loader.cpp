@@ -1,5 +1,5 @@
 // DataLoader: determinism across worker counts, sharding, drop_last, errors, the no-aug switch
-// and validation mode (yolo9.md §3.10, §4.7-4.9; training.md §3.5).
+// and validation mode.
 #include <filesystem>
 #include <fstream>
 #include <libreyolo/errors.hpp>

@@ -1,4 +1,4 @@
-// Dataset YAML resolution (reference/yolo9.md §4.1).
+// Dataset YAML resolution.
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>

@@ -151,7 +151,7 @@ TEST(Dist, GlobalBatchMustSplitEvenlyOverTheRanks) {
   }
 }
 
-// SPEC M1/M2/M10: what device=<several GPUs> needs before any worker starts, each refusal named.
+// What device=<several GPUs> needs before any worker starts, each refusal named.
 TEST(Dist, SpawnRequirementsAreNamed) {
   models::Family f;
   f.name = "fam";
@@ -307,7 +307,7 @@ TEST(DistCpu, TwoRanksTakeTheStepOfOneProcessWithTheGlobalBatch) {
   EXPECT_GT(a.root->get("ema_updates")->as_int("ema_updates"), 0);
 }
 
-// SPEC M7: torchrun across nodes gives every rank LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 (two nodes of
+// Torchrun across nodes gives every rank LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 (two nodes of
 // one process each, as `torchrun --nnodes 2 --nproc_per_node 1` launches them). Such ranks take
 // the same step as two ranks of one node: nothing in the engine may key rank 0's duties, seeds or
 // shards on the local rank. Rank 1 stays silent and makes no run directory of its own.
@@ -348,7 +348,7 @@ TEST(DistCpu, IndivisibleGlobalBatchNamesTheNearestValidValues) {
   }
 }
 
-// SPEC M5 under a rank environment: rank 0 resolves batch=-1 (on the CPU AutoBatch keeps its
+// AutoBatch under a rank environment: rank 0 resolves batch=-1 (on the CPU AutoBatch keeps its
 // default, 16 per device), scales it by the world size and every rank trains with it.
 TEST(DistCpu, AutoBatchIsResolvedOnRankZeroAndShared) {
   const std::string dir = test::temp_dir("dist_autobatch");
@@ -449,7 +449,7 @@ TEST(DistCpu, GlooIsInThisBuild) {
 
 #endif
 
-// SPEC M2: a spawned worker never spawns workers of its own.
+// A spawned worker never spawns workers of its own.
 TEST(Dist, AWorkerThatWouldSpawnAgainIsRefused) {
   const std::string dir = test::temp_dir("dist_respawn");
   auto args = train_args(dir, "run", 1, 4, "0,1");
@@ -476,7 +476,7 @@ TEST(Dist, ACliThatCannotStartIsAFailureNotASuccess) {
   EXPECT_FALSE(wait_for(pid, 1).has_value());
 }
 
-// SPEC M1 on a machine without CUDA: a list of GPUs is refused, naming the problem.
+// device=<several GPUs> on a machine without CUDA: a list of GPUs is refused, naming the problem.
 TEST(Dist, SeveralGpusWithoutCudaIsAClearError) {
   if (test::cuda_available()) GTEST_SKIP() << "this machine has CUDA: the GPU suite spawns real workers instead";
   const std::string dir = test::temp_dir("dist_nocuda");
@@ -490,10 +490,10 @@ TEST(Dist, SeveralGpusWithoutCudaIsAClearError) {
   EXPECT_NE(err.find("Multi-GPU training requires CUDA"), std::string::npos) << err;
 }
 
-// SPEC M1's launcher on its own (the CPU cannot train with spawned workers, which need CUDA, but
-// the launcher itself is plain processes): each worker is this test binary run again, and takes
-// the worker branch of this same test. ctest runs each test as its own process with a filter
-// naming it, which is what makes the re-run land here.
+// The spawned workers' launcher on its own (the CPU cannot train with spawned workers, which need
+// CUDA, but the launcher itself is plain processes): each worker is this test binary run again,
+// and takes the worker branch of this same test. ctest runs each test as its own process with a
+// filter naming it, which is what makes the re-run land here.
 TEST(DistSpawn, WorkersGetTheRankEnvironmentAndAFailedWorkerIsNamed) {
   if (dist::is_spawned_worker()) {
     const char* out = std::getenv("LY_TEST_SPAWN_DIR");

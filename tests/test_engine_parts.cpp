@@ -11,7 +11,7 @@
 using namespace libreyolo;
 
 TEST(Schedule, LinearMatchesReferenceExample) {
-  // yolo9.md §3.4: ipe = 100, 300 epochs, warmup 3 epochs.
+  // The reference's example: ipe = 100, 300 epochs, warmup 3 epochs.
   engine::LrSchedule s;
   s.lr0 = 0.01;
   s.warmup_iters = 300;

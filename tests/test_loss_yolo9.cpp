@@ -1,4 +1,4 @@
-// YOLOv9 loss: hand-built cases against a plain float64 re-statement of reference/yolo9.md §2
+// YOLOv9 loss: hand-built cases against a plain float64 re-statement of the reference's loss
 // written here with loops, gradient checks by finite differences, and fixture parity.
 #include <ATen/autocast_mode.h>
 
@@ -28,7 +28,7 @@ struct Box {
 double sq(double v) { return v * v; }
 Box scaled(const Box& b, double f) { return {b.x1 / f, b.y1 / f, b.x2 / f, b.y2 / f}; }
 
-// CIoU (§2.4). alpha_fixed freezes the aspect weight; alpha_out reports the one used.
+// CIoU. alpha_fixed freezes the aspect weight; alpha_out reports the one used.
 double ciou64(const Box& a, const Box& b, const double* alpha_fixed = nullptr,
               double* alpha_out = nullptr) {
   const double eps = 1e-7;

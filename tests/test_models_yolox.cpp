@@ -101,7 +101,7 @@ TEST_P(YoloxSizes, StateDictEqualsReferenceListing) {
 INSTANTIATE_TEST_SUITE_P(Yolox, YoloxSizes, ::testing::Values("n", "t", "s", "m", "l", "x"));
 
 TEST(YoloxModel, ParameterCountsMatchReference) {
-  // yolox.md §1.1 (run): totals and the CSPDarknet / neck / head split, nc = 80.
+  // The reference's counts: totals and the CSPDarknet / neck / head split, nc = 80.
   const std::map<std::string, std::array<int64_t, 3>> split = {
       {"n", {459968, 347424, 104767}},       {"t", {2372304, 1596096, 1087455}},
       {"s", {4212672, 2834688, 1920895}},    {"m", {12352992, 8679168, 4294335}},
@@ -135,7 +135,7 @@ TEST(YoloxModel, BiasPriorAndClassReset) {
     EXPECT_EQ(after[i].first, before[i].first);
     if (after[i].first.rfind("head.cls_preds.", 0) == 0) {
       EXPECT_EQ(after[i].second.size(0), 3) << after[i].first;
-      // The new classifier starts at the prior (yolox.md §10.1: the reference leaves it random).
+      // The new classifier starts at the prior (the reference leaves it random).
       if (after[i].first.find("bias") != std::string::npos) {
         EXPECT_NEAR(after[i].second.max().item<double>(), prior, 1e-6);
       }
@@ -198,7 +198,7 @@ TEST(YoloxFamily, RegistryRecipeAndNames) {
   EXPECT_DOUBLE_EQ(cfg.lr0, 0.01);
   EXPECT_EQ(cfg.no_aug_epochs, 15);
   EXPECT_DOUBLE_EQ(cfg.ema_decay, 0.9998);
-  // Integer augmentation magnitudes are fine (yolox.md §10.2).
+  // Integer augmentation magnitudes are fine.
   libreyolo::train_schema().apply(cfg, {{"degrees", "0"}, {"shear", "0"}, {"translate", "0"}}, "train");
   EXPECT_NO_THROW(libreyolo::validate(cfg));
 
@@ -301,7 +301,7 @@ TEST(YoloxLoss, TermsBackgroundAndL1) {
 }
 
 TEST(YoloxSchedule, WarmCosMatchesReferenceValues) {
-  // yolox.md §5.4 (run): ipe 100, 300 epochs, warm-up 5, no-aug 15, lr0 0.01, floor 5%.
+  // The reference's values: ipe 100, 300 epochs, warm-up 5, no-aug 15, lr0 0.01, floor 5%.
   libreyolo::engine::LrSchedule s;
   s.kind = "yoloxwarmcos";
   s.lr0 = 0.01;

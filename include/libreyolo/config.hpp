@@ -96,7 +96,7 @@ struct PredictConfig {
   bool exist_ok = false;
 };
 
-// `libreyolo profile infer` / LibreYOLO::profile_inference (perf_tools.md §2.2, §3).
+// `libreyolo profile infer` / LibreYOLO::profile_inference.
 struct InferProfileConfig {
   std::string source = "SAMPLE_IMAGE";  // image file, directory, or SAMPLE_IMAGE
   int batch = 1;

@@ -7,7 +7,7 @@
 
 namespace libreyolo {
 
-// CUDA indices the argument names (../shared/reference/training.md §1.1): "0,1" -> {0,1}, "cuda:1"
+// CUDA indices the argument names: "0,1" -> {0,1}, "cuda:1"
 // -> {1}, "3" -> {3}; "", auto, cpu, mps and anything else -> {}.
 std::vector<int> parse_device_list(const std::string& device);
 // True when the argument asks for more than one CUDA device (multi-GPU training).

@@ -1,5 +1,5 @@
 // Multi-threaded batch loader over a YoloDataset (LibreYOLO's DataLoader + DistributedSampler +
-// collate, ../shared/reference/yolo9.md §3.10 and ../shared/reference/training.md §3.5).
+// collate).
 //
 // Workers are threads that claim single samples in order and write them straight into the
 // batch tensors; batches come out in order. Every sample's randomness comes from

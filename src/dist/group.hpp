@@ -32,7 +32,7 @@ struct RankEnv {
 // spawned processes have); a missing or malformed companion variable is a UsageError.
 std::optional<RankEnv> rank_env_from_environment();
 
-// SPEC M3: `batch` is the global batch; one that world_size does not divide is a UsageError
+// `batch` is the global batch; one that world_size does not divide is a UsageError
 // naming the two nearest valid values.
 void check_global_batch(int batch, int world_size);
 

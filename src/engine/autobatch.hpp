@@ -1,6 +1,5 @@
 // AutoBatch (`batch=-1`): the largest power-of-two batch whose training step fits a fraction of
-// the GPU's total memory, measured with real train-mode forward+backward passes of the model
-// (../shared/reference/training.md §4).
+// the GPU's total memory, measured with real train-mode forward+backward passes of the model.
 //
 // probe_auto_batch() runs zero images of batch 1, 2, 4, ... up to max_probe through the model
 // (autocast when AMP is on), records the allocator's peak after each backward, fits a line

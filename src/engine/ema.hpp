@@ -1,5 +1,5 @@
 // Exponential moving average of a model's floating-point state (parameters and BN running
-// statistics), decay d(n) = decay * (1 - exp(-n / tau)) after n updates (yolo9.md §3.5).
+// statistics), decay d(n) = decay * (1 - exp(-n / tau)) after n updates.
 // The update reads its weight (1 - d) from a device tensor written before it, so the part that
 // touches the model's tensors (apply()) can be captured and replayed.
 #pragma once

@@ -18,7 +18,7 @@ struct ParamGroup {
   bool decay_group = false;  // the group that carries the configured weight decay
 };
 
-// The reference's grouping (yolo9.md §3.2): walk modules in registration order; BatchNorm
+// The reference's grouping: walk modules in registration order; BatchNorm
 // weights -> group 0 (no decay), other modules' weights -> group 1 (decay), every bias -> group 2.
 // Parameters with requires_grad=false are left out. Empty groups are dropped.
 std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weight_decay);

@@ -1,4 +1,4 @@
-// `libreyolo profile infer` (SPEC P7): the inference profiler over real images through the one
+// `libreyolo profile infer`: the inference profiler over real images through the one
 // inference runner (letterbox, forward, the family's postprocess), eager or graphed.
 #pragma once
 #include <libreyolo/libreyolo.hpp>

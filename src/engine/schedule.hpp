@@ -1,6 +1,5 @@
-// Per-iteration learning-rate schedules: the YOLOv9 recipe's linear and cos (yolo9.md §3.4,
-// training.md §5.8) and YOLOX's warm-cos (yolox.md §5.4: quadratic warm-up, cosine, a flat floor
-// over the no-aug epochs).
+// Per-iteration learning-rate schedules: the YOLOv9 recipe's linear and cos, and YOLOX's
+// warm-cos (quadratic warm-up, cosine, a flat floor over the no-aug epochs).
 #pragma once
 #include <string>
 

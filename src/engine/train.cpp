@@ -156,7 +156,7 @@ void check_spawn_allowed(const models::Family& family, const std::string& device
 
 namespace {
 
-// The parent of spawned workers (SPEC M1, M2, M10): hands the weights over in a temporary
+// The parent of spawned workers (device=0,1): hands the weights over in a temporary
 // checkpoint, runs one worker per GPU, then loads rank 0's best (else last) weights.
 TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
   const std::vector<int> devices = parse_device_list(cfg.device);

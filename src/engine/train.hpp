@@ -18,7 +18,7 @@ namespace libreyolo::engine {
 TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
                          const std::vector<std::shared_ptr<TrainHook>>& hooks = {}, const Kwargs& given = {});
 
-// What device=<several GPUs> requires before workers are spawned (SPEC M1, M2, M10): not being
+// What device=<several GPUs> requires before workers are spawned: not being
 // a spawned worker already, CUDA, a family that can spawn, GPUs that exist. UsageError otherwise.
 void check_spawn_allowed(const models::Family& family, const std::string& device, bool in_worker, bool cuda,
                          int visible_gpus);

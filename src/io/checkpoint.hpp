@@ -1,4 +1,4 @@
-// A generic view of LibreYOLO checkpoints (torch.save dicts, ../shared/reference/yolo9.md §7.2):
+// A generic view of LibreYOLO checkpoints (torch.save dicts):
 // the state dict and the metadata, with no model-family rules (key renames, size inference and the
 // like belong to each family).
 #pragma once

@@ -1,4 +1,4 @@
-// YOLOv9 training loss (../shared/reference/yolo9.md §2): the MIT-YOLO task-aligned assigner, CIoU
+// YOLOv9 training loss: the MIT-YOLO task-aligned assigner, CIoU
 // box loss, distribution focal loss and BCE class loss, gains 7.5 / 1.5 / 0.5.
 //
 // Everything is computed densely on the device with fixed shapes, so a step that contains it

@@ -1,4 +1,4 @@
-// YOLOX training loss (../shared/reference/yolox.md §4): SimOTA assignment (centre-region
+// YOLOX training loss: SimOTA assignment (centre-region
 // candidates, cost = class BCE + 3 (-log IoU) + 1e6 outside, dynamic k from the top-10 IoUs,
 // conflicts to the cheapest GT), IoU loss 1 - IoU^2 (x5), objectness BCE over every anchor,
 // IoU-aware class BCE over the positives and, after mosaic closes, L1 on the raw box outputs.

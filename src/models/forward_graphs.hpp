@@ -1,4 +1,4 @@
-// Captured inference forwards of one model (SPEC G8-G11): per (input shape, autocast dtype,
+// Captured inference forwards of one model: per (input shape, autocast dtype,
 // parameter dtype, device) the whole eval forward (input conversion, network, decode, float32
 // output) is captured once in a CUDA graph and replayed. Owned by the loaded model, so graphs
 // outlive a predict() call; a bounded cache of 8 (the least recently used shape goes).
@@ -8,7 +8,7 @@
 // can be captured (Family::capture_inference); `on` with one that does not is an error naming it,
 // `auto` stays eager. A capture failure leaves that shape eager with one warning.
 //
-// Invalidation (G11): release() drops every graph; the owner calls it when weights are loaded or
+// Invalidation: release() drops every graph; the owner calls it when weights are loaded or
 // trained, when the model moves to another device; a forward in training mode, or with another
 // parameter dtype than a graph was captured with, drops them too. Graphs capture the
 // BatchNorm-folded forward (common/fold.hpp): before a replay the folds are brought up to date in

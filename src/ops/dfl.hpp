@@ -1,6 +1,6 @@
 // Anchor points and DFL (distribution focal loss) box decoding of anchor-free detect heads, one
-// implementation for the YOLOv9 model's decode and its loss (../shared/reference/yolo9.md §1.7
-// and §2.2: the model's and the loss's decoders give the same boxes).
+// implementation for the YOLOv9 model's decode and its loss (the model's and the loss's decoders
+// give the same boxes).
 #pragma once
 #include <torch/types.h>
 

@@ -2,7 +2,7 @@
 // profile.json (schema libreyolo.profile.analysis/v1, the keys and meanings of LibreYOLO 1.6.0),
 // plus the pieces the readers use: verdict rules, kernel categories, compare and what-if.
 //
-// Where this differs from 1.6.0 on purpose (SPEC "Where this product differs"):
+// Where this differs from 1.6.0 on purpose:
 //   - device busy time is the UNION of kernel intervals (1.6.0 sums them, so overlapping
 //     streams could read above 100% and trip a false memory-pressure verdict);
 //   - Hopper kernel names (sm90_xmma*, nvjet*, cutlass*, cuDNN runtime-fusion kernels) are
@@ -40,7 +40,7 @@ std::string kernel_label(const std::string& raw_name);
 // Total length of the union of [start, end) intervals.
 double union_length(std::vector<std::pair<double, double>> intervals);
 
-// The verdict (perf_tools.md §1.6): first match wins.
+// The verdict: first match wins.
 struct VerdictInputs {
   double util = 0;                  // busy / real step (unclamped)
   double cuda_mallocs_per_step = 0;
@@ -68,15 +68,15 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
 // Events of the analysis window for timeline.html: {events, flows, lane_rows, total_ms}.
 json timeline_events(const json& trace, const json* summary);
 
-// `profile compare`: the comparison object (perf_tools.md §2.4).
+// `profile compare`: the comparison object.
 json compare_profiles(const json& before, const json& after, const std::string& before_name,
                       const std::string& after_name);
-// `profile what-if`: the projection (perf_tools.md §2.5). Throws UsageError when neither option
+// `profile what-if`: the projection. Throws UsageError when neither option
 // is given or no category matches.
 json what_if(const json& profile, const std::optional<std::string>& remove_category,
              const std::optional<long long>& remove_launches);
 
-// `profile run --repeat N`: profile_repeat.json from the trials' profiles (perf_tools.md §2.1): the
+// `profile run --repeat N`: profile_repeat.json from the trials' profiles: the
 // last trial's profile with img/s as the mean of the trials (plus std, n, trials), the scalar
 // figures averaged, and bound "mixed" when the trials disagree. `paths` name the trials' files.
 json aggregate_repeat(const std::vector<json>& profiles, const std::vector<std::string>& paths);

@@ -1,4 +1,4 @@
-// The inference profiler (SPEC P7; perf_tools.md §3): a window of real predict iterations,
+// The inference profiler: a window of real predict iterations,
 // each preprocess -> forward -> postprocess. The first `warmup` iterations are discarded; of the
 // `runs` measured ones, the first half runs without extra syncs (the latency samples: one sync
 // at the end of each iteration; the Kineto trace of these gives the device busy time), the second
@@ -38,7 +38,7 @@ struct InferReport {
 
 // pct(q) over sorted samples: sorted[min(n-1, round_half_even(q/100 * (n-1)))].
 double percentile(const std::vector<double>& sorted, double q);
-// The verdict rules of perf_tools.md §3 (first match wins): {bound, why}. `graphed`: the forward
+// The inference verdict rules (first match wins): {bound, why}. `graphed`: the forward
 // is already replayed from a CUDA graph, so cuda_graph=true is not the lever to name.
 std::pair<std::string, std::string> inference_verdict(double pre_ms, double fwd_ms, double post_ms, bool cuda,
                                                       double traced_util, bool graphed = false);

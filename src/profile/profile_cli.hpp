@@ -1,7 +1,7 @@
-// `libreyolo profile <subcommand>`: the readers of profile.json / raw traces (SPEC P5-P6,
-// perf_tools.md §2). Options are written `--name value` (this command follows LibreYOLO's
-// `profile` sub-app, not the key=value grammar). Exit codes: 0 ok, 2 bad file or arguments,
-// 3 no profile produced, 1 a trace that cannot be analysed.
+// `libreyolo profile <subcommand>`: the readers of profile.json / raw traces. Options are
+// written `--name value` (this command follows LibreYOLO's `profile` sub-app, not the key=value
+// grammar). Exit codes: 0 ok, 2 bad file or arguments, 3 no profile produced, 1 a trace that
+// cannot be analysed.
 #pragma once
 #include <iosfwd>
 #include <string>

@@ -471,7 +471,7 @@ Report Window::finish() {
       if (peak >= 0) for_analysis["peak_vram_mb"] = round_to(peak, 1);
       prof = analyze_trace(trace, &for_analysis, r.trace_path);
       have_prof = true;
-      // Refine the summary with the analysis (perf_tools.md §1.6).
+      // Refine the summary with the analysis's verdict.
       summary["bound"] = prof["bound"];
       summary["bound_why"] = prof["bound_why"];
       json a;

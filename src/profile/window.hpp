@@ -1,4 +1,4 @@
-// The training profiler's measuring window (SPEC P1-P4; perf_tools.md §1.2-1.8).
+// The training profiler's measuring window.
 //
 // The train loop calls, per iteration:
 //   step_begin(); dataload_begin(); batch = loader.next(); dataload_end();
@@ -26,7 +26,7 @@ enum class Phase { ToDevice = 0, Forward, Loss, Backward, Optimizer };
 inline constexpr int kPhaseCount = 5;
 const char* phase_name(Phase p);
 
-// Copied into every artifact (perf_tools.md §1.1).
+// Copied into every artifact.
 struct Meta {
   std::string model;           // e.g. "YOLOv9-t"
   std::string device;          // e.g. "cuda:0", "cpu"
@@ -85,7 +85,7 @@ class Window {
   int steps() const;
 
   // Under gradient accumulation the window counts micro-batches: warmup and steps are rounded
-  // up to multiples of accum (perf_tools.md §1.1). Returns the log line ("" when unchanged).
+  // up to multiples of accum. Returns the log line ("" when unchanged).
   static std::string round_to_accumulation(int& warmup, int& steps, int accum);
 
  private:

@@ -1,4 +1,4 @@
-// BatchNorm folded into the convolution for inference (issue 10): in eval mode a Conv2d(bias=false)
+// BatchNorm folded into the convolution for inference: in eval mode a Conv2d(bias=false)
 // + BatchNorm2d pair is one convolution with weight w * s and bias beta - mean * s, where
 // s = gamma / sqrt(running_var + eps) per output channel; a sum of such pairs with one input
 // (YOLOv9's RepConvN: 3x3 + 1x1) is one convolution too, the smaller kernels zero-padded to the

@@ -1,4 +1,4 @@
-// YOLOv9 building blocks (../shared/reference/yolo9.md §1.1). Every submodule is registered under
+// YOLOv9 building blocks. Every submodule is registered under
 // the name LibreYOLO gives it, so that the recursive parameter/buffer names equal its state_dict
 // keys. Sequential/ModuleList containers of the Python model are modules whose children are
 // registered as "0", "1", ...; the typed holders are kept alongside so that forward() calls

@@ -1,5 +1,4 @@
-// The yolo9 registry entry: building, recognising and sizing YOLOv9 weights
-// (../shared/reference/yolo9.md §1.8).
+// The yolo9 registry entry: building, recognising and sizing YOLOv9 weights.
 
 #include "core/log.hpp"
 #include "core/strings.hpp"

@@ -1,5 +1,4 @@
-// YOLOv9 detect model (t/s/m/c), LibreYOLO-compatible parameter names (../shared/reference/yolo9.md
-// §1).
+// YOLOv9 detect model (t/s/m/c), LibreYOLO-compatible parameter names.
 #pragma once
 #include <torch/torch.h>
 
@@ -20,7 +19,7 @@ namespace libreyolo::models::yolo9 {
 
 constexpr int64_t kRegMax = 16;
 
-// Per-size widths (YOLO9_CONFIGS, ../shared/reference/yolo9.md §1.2).
+// Per-size widths (LibreYOLO's YOLO9_CONFIGS).
 struct SizeConfig {
   const char* size;
   int64_t conv0, conv1;

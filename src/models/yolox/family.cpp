@@ -1,6 +1,5 @@
 // The yolox registry entry: building, recognising and sizing YOLOX weights, its recipe, the L1
-// switch at mosaic close, its input convention and its postprocess
-// (../shared/reference/yolox.md §3, §5, §8).
+// switch at mosaic close, its input convention and its postprocess.
 
 #include <limits>
 
@@ -22,7 +21,7 @@ std::optional<int64_t> out_channels(const io::StateDict& sd, const std::string& 
   return io::leading_dim(sd, key, canonical_key);
 }
 
-// yolox.md §8.2: a key containing "backbone.backbone" or "head.stems", unless another family's
+// YOLOX weights: a key containing "backbone.backbone" or "head.stems", unless another family's
 // marker key is present.
 bool can_load(const io::StateDict& sd) {
   bool yolox = false;
@@ -72,7 +71,7 @@ std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
   return std::make_unique<loss::YoloxLoss>(model.num_classes(), model.strides());
 }
 
-// Mosaic closes: the L1 term joins the loss (yolox.md §5.7).
+// Mosaic closes: the L1 term joins the loss.
 bool on_close_mosaic(Detector&, DetectionLoss& l) {
   auto* yl = dynamic_cast<loss::YoloxLoss*>(&l);
   if (!yl || yl->use_l1()) return false;
@@ -81,7 +80,7 @@ bool on_close_mosaic(Detector&, DetectionLoss& l) {
 }
 
 // One label per anchor (the best of obj x cls), strict > conf, then the shared tail: boxes to
-// original pixels, clipping, degenerate filter, class-aware NMS (yolox.md §3.2).
+// original pixels, clipping, degenerate filter, class-aware NMS.
 ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a) {
   torch::Tensor p = pred.dim() == 3 ? pred[0] : pred;
   if (!p.defined() || p.dim() != 2 || p.size(0) <= 4)
@@ -101,7 +100,7 @@ Family make_family() {
   f.sizes = size_names();
   f.default_size = "s";
   f.default_amp = true;
-  f.default_sync_bn = true;  // M6; only has an effect under DDP
+  f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
   f.supports_spawn = true;
   // Forward, SimOTA (dense, fixed shapes, no host reads), loss and backward: capturable. The L1
   // switch invalidates captured steps through on_close_mosaic's return value.
@@ -115,7 +114,7 @@ Family make_family() {
   f.infer_num_classes = infer_num_classes;
   f.normalize_keys = normalize_keys;
   f.make_loss = make_loss;
-  // YOLOXConfig (yolox.md §5.1) where it differs from the defaults of config.hpp.
+  // LibreYOLO's YOLOXConfig where it differs from the defaults of config.hpp.
   f.train_defaults = {
       {"momentum", "0.9"},       {"nesterov", "true"},      {"scheduler", "yoloxwarmcos"},
       {"warmup_epochs", "5"},    {"warmup_lr_start", "0"},  {"min_lr_ratio", "0.05"},

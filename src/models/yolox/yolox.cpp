@@ -238,7 +238,7 @@ void HeadImpl::reset_num_classes(int new_nc) {
   if (new_nc == nc) return;
   nc = new_nc;
   // The new class outputs start at the class prior (upstream YOLOX initialises the head before
-  // loading; LibreYOLO 1.6.0 leaves PyTorch's default bias here, yolox.md §10.1).
+  // loading; LibreYOLO 1.6.0 leaves PyTorch's default bias here).
   const double b = -std::log((1.0 - 0.01) / 0.01);
   torch::NoGradGuard no_grad;
   for (int k = 0; k < 3; ++k) {

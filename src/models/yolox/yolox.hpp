@@ -1,6 +1,6 @@
-// YOLOX detect model (n/t/s/m/l/x) with LibreYOLO's (= Megvii YOLOX's) parameter names
-// (../shared/reference/yolox.md §1). Every submodule is registered under the name the reference
-// gives it, so that the recursive parameter/buffer names equal its state_dict keys.
+// YOLOX detect model (n/t/s/m/l/x) with LibreYOLO's (= Megvii YOLOX's) parameter names. Every
+// submodule is registered under the name the reference gives it, so that the recursive
+// parameter/buffer names equal its state_dict keys.
 #pragma once
 #include <torch/torch.h>
 
@@ -16,7 +16,7 @@ namespace libreyolo::models::yolox {
 
 using BaseConv = common::ConvBnAct;
 
-// Per-size multipliers (LibreYOLOXModel.CONFIGS, yolox.md §1.1).
+// Per-size multipliers (LibreYOLOXModel.CONFIGS).
 struct SizeConfig {
   const char* size;
   double depth, width;
