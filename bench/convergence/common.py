@@ -148,3 +148,23 @@ def data_names(data_yaml: str) -> list[str]:
         return [str(n) for n in names]
     nc = int(doc.get("nc", 0))
     return [f"class{i}" for i in range(nc)]
+
+
+def add_run_arguments(ap, impl: str, opt_help: str) -> None:
+    """The options both runners take (`impl` names the default run directory's prefix)."""
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--out", required=True, help="the per-run JSON to write")
+    ap.add_argument("--model", default="yolo9t")
+    ap.add_argument("--epochs", type=int, default=30)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--imgsz", type=int, default=320)
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="0", help="0, cuda:0, cpu")
+    ap.add_argument("--project", default="runs/convergence")
+    ap.add_argument("--name", default=None, help=f"run directory name (default {impl}_<model>_s<seed>)")
+    ap.add_argument("--eval-interval", type=int, default=1)
+    ap.add_argument("--set", dest="label", default=None, help="dataset label stored in the JSON")
+    ap.add_argument("--concurrent", type=int, default=1,
+                    help="runs sharing the GPU at the same time (recorded: their wall times are not comparable)")
+    ap.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help=opt_help)

@@ -78,23 +78,7 @@ def parse_set(items: list[str]) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Train LibreYOLO 1.6.0 from scratch; write per-epoch mAP JSON.")
-    ap.add_argument("--data", required=True)
-    ap.add_argument("--out", required=True, help="the per-run JSON to write")
-    ap.add_argument("--model", default="yolo9t")
-    ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--imgsz", type=int, default=320)
-    ap.add_argument("--workers", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="0", help="0, cuda:0, cpu")
-    ap.add_argument("--project", default="runs/convergence")
-    ap.add_argument("--name", default=None, help="run directory name (default ref_<model>_s<seed>)")
-    ap.add_argument("--eval-interval", type=int, default=1)
-    ap.add_argument("--set", dest="label", default=None, help="dataset label stored in the JSON")
-    ap.add_argument("--concurrent", type=int, default=1,
-                    help="runs sharing the GPU at the same time (recorded: their wall times are not comparable)")
-    ap.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE",
-                    help="one more training option for model.train()")
+    common.add_run_arguments(ap, "ref", "one more training option for model.train()")
     a = ap.parse_args(argv)
 
     family, size = parse_model(a.model)
