@@ -334,3 +334,39 @@ TEST(BadInput, DirectoryAsModelSaysSo) {
   EXPECT_EQ(run({"info", "model=" + tmp.string()}, out, err), 4);
   EXPECT_NE(err.str().find("model=" + (tmp / "weights" / "best.pt").string()), std::string::npos) << err.str();
 }
+
+TEST(BadInput, FoldersListOnlyFormatsThisBuildReadsAndSaySoForTheRest) {
+  // A .webp or .tif beside JPEGs is skipped with a warning, not listed and then reported
+  // corrupt; a folder of such files alone is "no images that this build reads" (exit 3).
+  const fs::path tmp = test::temp_dir("unread_formats");
+  write_image(tmp / "a.png", 8, 8, 1);
+  write_text(tmp / "b.webp", "RIFF....WEBP");
+  write_text(tmp / "c.TIF", "II*.");
+  const auto files = engine::resolve_sources(tmp.string());
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_EQ(files[0], (tmp / "a.png").string());
+  const fs::path only = test::temp_dir("unread_only");
+  write_text(only / "x.webp", "RIFF....WEBP");
+  try {
+    engine::resolve_sources(only.string());
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("that this build reads (JPEG, PNG, BMP)"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(io::has_image_extension("x.gif"));
+  EXPECT_TRUE(io::has_unread_image_extension("x.GIF"));
+  EXPECT_TRUE(io::has_image_extension("x.JPEG"));
+}
+
+TEST(BadInput, HalfOnTheCpuIsSaidInPredictAndValToo) {
+  std::string output;
+  EXPECT_EQ(run_cli("predict model=yolo9t source=SAMPLE_IMAGE device=cpu half=true imgsz=64 save=false", &output), 0)
+      << output;
+  EXPECT_NE(output.find("CUDA-only: predicting in float32"), std::string::npos) << output;
+}
+
+TEST(BadInput, ProfileSubcommandTyposGetADidYouMean) {
+  std::ostringstream out, err;
+  EXPECT_EQ(run({"profile", "sumary", "x.json"}, out, err), 2);
+  EXPECT_NE(err.str().find("did you mean 'summary'"), std::string::npos) << err.str();
+}

@@ -88,6 +88,7 @@ void read_list_file(const fs::path& list, std::vector<std::string>& out) {
 
 void scan_directory(const fs::path& dir, std::vector<std::string>& out) {
   std::vector<std::string> found;
+  int64_t unread = 0;
   std::error_code ec;
   fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
   if (ec) throw DataError("cannot read directory " + dir.string() + ": " + ec.message());
@@ -97,7 +98,12 @@ void scan_directory(const fs::path& dir, std::vector<std::string>& out) {
     if (!entry.is_regular_file(ec)) continue;
     const std::string p = entry.path().string();
     if (io::has_image_extension(p)) found.push_back(normal(entry.path()));
+    unread += io::has_unread_image_extension(p);
   }
+  if (unread > 0)
+    log_warn(strfmt("%s: %lld image(s) in formats this build does not read (GIF, TIFF, WebP, ...) are skipped; "
+                    "JPEG, PNG and BMP are read",
+                    dir.string().c_str(), static_cast<long long>(unread)));
   std::sort(found.begin(), found.end());
   out.insert(out.end(), found.begin(), found.end());
 }

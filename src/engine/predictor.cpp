@@ -210,10 +210,19 @@ std::vector<std::string> resolve_sources(const std::string& source) {
   if (fs::is_regular_file(source, ec)) return {source};
   if (fs::is_directory(source, ec)) {
     std::vector<std::string> files;
-    for (const auto& e : fs::directory_iterator(source, ec))
-      if (e.is_regular_file() && io::has_image_extension(e.path().string())) files.push_back(e.path().string());
+    int64_t unread = 0;
+    for (const auto& e : fs::directory_iterator(source, ec)) {
+      if (!e.is_regular_file()) continue;
+      if (io::has_image_extension(e.path().string())) files.push_back(e.path().string());
+      unread += io::has_unread_image_extension(e.path().string());
+    }
     std::sort(files.begin(), files.end());
-    if (files.empty()) throw DataError("No images found in " + source, "", "source_not_found");
+    if (unread > 0)
+      log_warn(strfmt("%s: %lld image(s) in formats this build does not read (GIF, TIFF, WebP, ...) are skipped",
+                      source.c_str(), static_cast<long long>(unread)));
+    if (files.empty())
+      throw DataError("No images found in " + source + (unread ? " that this build reads (JPEG, PNG, BMP)" : ""), "",
+                      "source_not_found");
     return files;
   }
   if (source.find_first_of("*?[") != std::string::npos) {
@@ -264,6 +273,7 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   InferenceOptions io_opt;
   io_opt.device = dev;
   io_opt.amp = cfg.half;  // float16 autocast on CUDA, as in validation
+  if (cfg.half && !dev.is_cuda()) log_info("half=true asks for float16, which is CUDA-only: predicting in float32 on the CPU");
   io_opt.amp_dtype = torch::kHalf;
   io_opt.graphs = impl.graphs.get();
   io_opt.graph_mode = models::parse_graph_mode(cfg.cuda_graph);

@@ -250,6 +250,8 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) 
   eo.max_det = cfg.max_det;
   eo.device = impl.device;
   eo.amp = cfg.half;
+  if (cfg.half && !impl.device.is_cuda())
+    log_info("half=true asks for float16, which is CUDA-only: validating in float32 on the CPU");
   eo.amp_dtype = torch::kHalf;
   eo.graphs = impl.graphs.get();
   eo.graph_mode = models::parse_graph_mode(cfg.cuda_graph);

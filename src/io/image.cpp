@@ -656,8 +656,14 @@ void save_image(const std::string& path, const torch::Tensor& hwc_rgb, int jpeg_
 }
 
 bool has_image_extension(const std::string& path) {
-  static const char* const kExtensions[] = {"jpg", "jpeg", "png",  "bmp", "gif",
-                                            "tif", "tiff", "webp", "pfm"};
+  static const char* const kExtensions[] = {"jpg", "jpeg", "png", "bmp"};
+  const std::string ext = lower_extension(path);
+  return std::any_of(std::begin(kExtensions), std::end(kExtensions),
+                     [&](const char* e) { return ext == e; });
+}
+
+bool has_unread_image_extension(const std::string& path) {
+  static const char* const kExtensions[] = {"gif", "tif", "tiff", "webp", "pfm", "heic", "avif", "jp2"};
   const std::string ext = lower_extension(path);
   return std::any_of(std::begin(kExtensions), std::end(kExtensions),
                      [&](const char* e) { return ext == e; });

@@ -52,7 +52,11 @@ ImageSize probe_image_size(const std::string& path);
 void save_image(const std::string& path, const torch::Tensor& hwc_rgb, int jpeg_quality = 95);
 std::string encode_jpeg(const torch::Tensor& hwc_rgb, int quality = 95);
 std::string encode_png(const torch::Tensor& hwc_rgb);
-// True for the extensions a dataset directory scan accepts (jpg jpeg png bmp ... any case).
+// True for the extensions of the formats this build decodes (jpg jpeg png bmp, any case): what a
+// dataset scan or a predict folder takes.
 bool has_image_extension(const std::string& path);
+// True for other image formats' extensions (gif tif tiff webp ...): skipped by the scans, with a
+// warning that counts them, instead of listed and then reported corrupt.
+bool has_unread_image_extension(const std::string& path);
 
 }  // namespace libreyolo::io

@@ -15,6 +15,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "profile/analysis.hpp"
+#include "core/options.hpp"
 #include "core/strings.hpp"
 
 namespace libreyolo::profile {
@@ -447,7 +448,10 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     } else if (sub == "what-if") {
       spec.values = {"remove-category", "remove-launches"};
     } else {
-      throw UsageError("no such profile subcommand '" + sub + "'", kUsage, "config_unknown_key");
+      const std::string near =
+          closest_match(sub, {"run", "infer", "summary", "get", "phases", "kernels", "ops", "compare", "what-if"});
+      throw UsageError("no such profile subcommand '" + sub + "'" + (near.empty() ? "" : "; did you mean '" + near + "'?"),
+                       kUsage, "config_unknown_key");
     }
     Args a = parse(rest, spec, sub);
     if (a.help) {
