@@ -13,6 +13,7 @@
 #include "data/dataset_yaml.hpp"
 #include "core/config_schema.hpp"
 #include "engine/predictor.hpp"
+#include "data/synthetic.hpp"
 #include "io/image.hpp"
 #include "support.hpp"
 
@@ -369,4 +370,50 @@ TEST(BadInput, ProfileSubcommandTyposGetADidYouMean) {
   std::ostringstream out, err;
   EXPECT_EQ(run({"profile", "sumary", "x.json"}, out, err), 2);
   EXPECT_NE(err.str().find("did you mean 'summary'"), std::string::npos) << err.str();
+}
+
+TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
+  // Each of these was reported valid by a dry run that only read the options and the YAML; the
+  // real run stopped on it. Now the dry run stops on it too, with the real run's exit code.
+  const fs::path tmp = test::temp_dir("dry_run_checks");
+  data::SyntheticOptions o;
+  o.train_images = 8;
+  o.val_images = 2;
+  o.width = o.height = 64;
+  o.num_classes = 2;
+  o.threads = 1;
+  const std::string good = data::generate_synthetic_dataset((tmp / "good").string(), o);
+  fs::create_directories(tmp / "empty" / "images" / "train");
+  fs::create_directories(tmp / "empty" / "images" / "val");
+  write_text(tmp / "empty" / "data.yaml",
+             "path: " + (tmp / "empty").string() + "\ntrain: images/train\nval: images/val\nnames: [a, b]\n");
+  const std::string empty = (tmp / "empty" / "data.yaml").string();
+  const std::vector<std::string> base = {"train", "model=yolo9t", "imgsz=64", "batch=4", "workers=0", "--dry-run",
+                                         "project=" + (tmp / "runs").string()};
+  struct Case {
+    std::vector<std::string> extra;
+    int code;
+    const char* says;
+  };
+  const std::vector<Case> cases = {
+      {{"data=" + empty}, 3, "no images"},
+      {{"data=" + good, "device=0,1"}, 2, "CUDA"},
+      {{"data=" + good, "freeze=garbage"}, 2, "freeze"},
+      {{"data=" + good, "resume=true"}, 2, "checkpoint"},
+      {{"data=" + good, "project=/proc/no_such_dir"}, 1, "not writable"},
+      {{"data=" + good, "imgsz=100000"}, 2, "above 8192"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    std::ostringstream out, err;
+    EXPECT_EQ(run(args, out, err), c.code) << c.extra.back() << "\n" << err.str();
+    EXPECT_NE(err.str().find(c.says), std::string::npos) << c.extra.back() << "\n" << err.str();
+  }
+  std::vector<std::string> args = base;
+  args.push_back("data=" + good);
+  std::ostringstream out, err;
+  EXPECT_EQ(run(args, out, err), 0) << err.str();
+  EXPECT_NE(out.str().find("every check passed"), std::string::npos) << out.str();
+  EXPECT_FALSE(fs::exists(tmp / "runs")) << "a dry run writes nothing";
 }

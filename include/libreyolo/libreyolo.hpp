@@ -121,6 +121,10 @@ class LibreYOLO {
   std::vector<PredictResult> predict(const std::string& source, const Kwargs& options = {});
   std::vector<PredictResult> predict(const PredictConfig& config);
 
+  // Every check train(options) makes before its first step (options, device, dataset, model,
+  // freeze, optimizer, resume state, where the run directory goes), without training or writing
+  // anything: the configuration the run would use, or the error it would stop with.
+  TrainConfig check_train(const Kwargs& options);
   // `hooks` run after the built-in ones (see hooks.hpp).
   TrainResult train(const Kwargs& options, const TrainCallbacks& callbacks = {},
                     const std::vector<std::shared_ptr<TrainHook>>& hooks = {});

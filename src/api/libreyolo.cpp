@@ -67,16 +67,28 @@ std::vector<PredictResult> LibreYOLO::predict(const PredictConfig& config) {
   return engine::run_predict(*impl_, config);
 }
 
-TrainResult LibreYOLO::train(const Kwargs& options, const TrainCallbacks& callbacks,
-                             const std::vector<std::shared_ptr<TrainHook>>& hooks) {
-  // The family's recipe first (its defaults and amp/sync_bn habits), then the caller's options.
+namespace {
+
+// The family's recipe first (its defaults and amp/sync_bn habits), then the caller's options.
+TrainConfig train_config_for(const models::LoadedModel& impl, const Kwargs& options) {
   TrainConfig cfg;
-  cfg.amp = impl_->family->default_amp;
-  cfg.sync_bn = impl_->family->default_sync_bn;
-  train_schema().apply(cfg, impl_->family->train_defaults, "train");
+  cfg.amp = impl.family->default_amp;
+  cfg.sync_bn = impl.family->default_sync_bn;
+  train_schema().apply(cfg, impl.family->train_defaults, "train");
   train_schema().apply(cfg, options, "train");
   validate(cfg);
-  return engine::run_training(*impl_, cfg, callbacks, hooks, options);
+  return cfg;
+}
+
+}  // namespace
+
+TrainConfig LibreYOLO::check_train(const Kwargs& options) {
+  return engine::check_training(*impl_, train_config_for(*impl_, options), options);
+}
+
+TrainResult LibreYOLO::train(const Kwargs& options, const TrainCallbacks& callbacks,
+                             const std::vector<std::shared_ptr<TrainHook>>& hooks) {
+  return engine::run_training(*impl_, train_config_for(*impl_, options), callbacks, hooks, options);
 }
 
 TrainResult LibreYOLO::train(const TrainConfig& config, const TrainCallbacks& callbacks,

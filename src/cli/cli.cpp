@@ -191,16 +191,17 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
   // Multi-GPU training (device=0,1) loads the model on the CPU: each worker moves its copy to its GPU.
   const std::string model_device = wants_distributed(cfg.device) ? "cpu" : cfg.device;
   if (dry_run) {
-    // What the real run checks before training: the device, the model (name or checkpoint) and
-    // the dataset YAML. Loading the model is the same call the real run makes.
+    // Every check the real run makes before its first step (LibreYOLO::check_train), nothing
+    // trained or written; the configuration printed is the one the run would use.
     LibreYOLO checked(model_name, model_device);
-    if (!cfg.data.empty() && cfg.data != "builtin") data::load_dataset_yaml(cfg.data);
+    const TrainConfig resolved = checked.check_train(kw_without(a.kwargs, {"model", "dry_run"}));
     json j = {{"valid", true}, {"mode", "train"}, {"model", model_name}, {"resolved_config", json::object()}};
-    for (const auto& [k, v] : train_schema().dump(cfg)) j["resolved_config"][k] = v;
+    for (const auto& [k, v] : train_schema().dump(resolved)) j["resolved_config"][k] = v;
     if (a.json)
       out << j.dump() << "\n";
     else
-      out << "Dry run — resolved config for " << model_name << ":\n" << to_yaml(train_schema(), cfg);
+      out << "Dry run — every check passed; resolved config for " << model_name << ":\n"
+          << to_yaml(train_schema(), resolved);
     return 0;
   }
   if (!a.json) {

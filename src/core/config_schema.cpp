@@ -128,6 +128,9 @@ void check_imgsz(int imgsz, bool zero_ok = false) {
   if (zero_ok && imgsz == 0) return;
   if (imgsz < 32 || imgsz % 32 != 0)
     range_error("imgsz", std::to_string(imgsz) + " is not a positive multiple of 32");
+  // One 3 x S x S float32 image at 8192 is 0.8 GB, and a network's activations are hundreds of
+  // times that: larger sizes cannot run anywhere.
+  if (imgsz > 8192) range_error("imgsz", std::to_string(imgsz) + " is above 8192");
 }
 void check_one_of(const std::string& key, const std::string& v, std::initializer_list<const char*> ok) {
   std::string all;

@@ -42,6 +42,26 @@ std::string make_run_dir(const std::string& project, const std::string& name, bo
   throw RuntimeError("cannot find a free run directory name under " + project);
 }
 
+void check_dir_creatable(const std::string& dir) {
+  std::error_code ec;
+  fs::path p = fs::absolute(dir, ec).lexically_normal();
+  while (!p.empty() && !fs::exists(p, ec)) {
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+  if (!fs::is_directory(p, ec))
+    throw RuntimeError("cannot create the run directory under " + dir + ": " + p.string() + " is not a directory", "",
+                       "output_not_writable");
+  // A probe directory made and removed at once: what the run's mkdir will meet (permissions,
+  // a read-only or special file system), also for root, whom access() would always allow.
+  const fs::path probe = p / (".libreyolo_probe_" + std::to_string(::getpid()));
+  if (::mkdir(probe.c_str(), 0700) != 0)
+    throw RuntimeError("cannot create the run directory under " + dir + ": " + p.string() + " is not writable (" +
+                           std::strerror(errno) + ")",
+                       "Pass project=<a writable folder>.", "output_not_writable");
+  ::rmdir(probe.c_str());
+}
+
 void remove_tree(const std::string& path) {
   nftw(
       path.c_str(), [](const char* p, const struct stat*, int, struct FTW*) { return ::remove(p); }, 16,

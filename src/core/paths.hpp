@@ -5,6 +5,9 @@ namespace libreyolo {
 // project/name, or with exist_ok=false and the directory present, the first free of
 // project/name2, name3, ... (LibreYOLO's run directory rule). Creates the directory.
 std::string make_run_dir(const std::string& project, const std::string& name, bool exist_ok);
+// Throws RuntimeError (output_not_writable) unless `dir` exists as a writable directory or could
+// be created (a directory can be made in its nearest existing ancestor: one is made and removed).
+void check_dir_creatable(const std::string& dir);
 // Removes a directory tree (no error if absent). Use this, not std::filesystem::remove_all:
 // libtorch.so exports its own copy of remove_all whose weak references are unresolved, and a
 // call that binds to it jumps to address 0.

@@ -219,6 +219,25 @@ TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
 
 }  // namespace
 
+TrainConfig check_training(models::LoadedModel& lm, const TrainConfig& cfg, const Kwargs& given) {
+  TrainConfig local = cfg;
+  const bool rank_env = std::getenv("LOCAL_RANK") != nullptr;
+  if (!rank_env && wants_distributed(cfg.device)) {
+    // What the parent checks before spawning; each worker's own checks are the ones below, here
+    // on the CPU (their data, model and options are the same).
+    const int ws = static_cast<int>(parse_device_list(cfg.device).size());
+    check_spawn_allowed(*lm.family, cfg.device, dist::is_spawned_worker(), torch::cuda::is_available(),
+                        static_cast<int>(torch::cuda::device_count()));
+    if (cfg.batch > 0) dist::check_global_batch(cfg.batch, ws);
+    local.device = "cpu";
+  }
+  Trainer t(lm, local, given);
+  t.setup(/*dry_run=*/true);
+  TrainConfig resolved = t.config();
+  resolved.device = cfg.device;
+  return resolved;
+}
+
 TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
                          const std::vector<std::shared_ptr<TrainHook>>& hooks, const Kwargs& given) {
   InterruptGuard interrupts;

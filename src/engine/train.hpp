@@ -18,6 +18,12 @@ namespace libreyolo::engine {
 TrainResult run_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
                          const std::vector<std::shared_ptr<TrainHook>>& hooks = {}, const Kwargs& given = {});
 
+// Every check run_training makes before its first step (device, or the spawn checks for several
+// GPUs; data, model and freeze, optimizer, resume state, that the run directory can be made),
+// without training or writing anything. Returns the configuration the run would use (after a
+// resume's restore). Throws what run_training would throw.
+TrainConfig check_training(models::LoadedModel& lm, const TrainConfig& cfg, const Kwargs& given = {});
+
 // What device=<several GPUs> requires before workers are spawned: not being
 // a spawned worker already, CUDA, a family that can spawn, GPUs that exist. UsageError otherwise.
 void check_spawn_allowed(const models::Family& family, const std::string& device, bool in_worker, bool cuda,

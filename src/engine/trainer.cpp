@@ -112,13 +112,19 @@ std::vector<std::pair<std::string, double>> Trainer::mean_losses() const {
 
 // ------------------------------------------------------------------------------------------------ set-up
 
-void Trainer::setup() {
+void Trainer::setup(bool dry_run) {
   started_ = Clock::now();
   setup_resume_config();
   make_paths_absolute(cfg_);
   setup_device();
   setup_data();
   setup_model();
+  if (dry_run) {
+    check_dir_creatable(cfg_.project);
+    setup_optimization();
+    if (resume_ckpt_) resume();
+    return;
+  }
   // Rank 0 owns every file: it makes the run directory and tells the other ranks its name.
   if (state_.rank == 0) {
     state_.save_dir = make_run_dir(cfg_.project, cfg_.name, cfg_.exist_ok);

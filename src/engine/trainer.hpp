@@ -40,7 +40,10 @@ class Trainer : private EpochSteps {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
   // Resolves the configuration (resume), device, data, model, run directory, optimizer and step.
-  void setup();
+  // dry_run: every check the run makes before its first step (configuration, device, data,
+  // model and freeze, optimizer, resume state, that the run directory can be made), without
+  // making the run directory; run() must not follow.
+  void setup(bool dry_run = false);
   // The loop (setup() first). Hooks are added between the two.
   TrainResult run();
 
