@@ -120,3 +120,15 @@ TEST(ProfileCli, InferProfilesPredictIterationsOnTheCpu) {
   ASSERT_TRUE(fs::exists(fs::path(project) / "infer2" / "infer_repeat.json"));
   EXPECT_TRUE(fs::exists(dir / "profile_trace.json")) << "the first run's files stay";
 }
+
+// A profile file with fields of other types than this build writes: a data error naming the
+// file (exit 3), not the JSON library's text with exit 1.
+TEST(ProfileCli, AProfileWithWrongFieldTypesIsNamedAsSuch) {
+  const std::string path = libreyolo::test::temp_dir("prof_bad") + "/profile.json";
+  std::ofstream(path) << R"({"schema": "libreyolo.profile.analysis/v1", "mode": "train", "step_ms": "slow",
+                             "bound": 3, "metrics": {"img_per_s": "fast"}})";
+  std::ostringstream out, err;
+  EXPECT_EQ(libreyolo::cli::run({"profile", "summary", path}, out, err), 3) << err.str();
+  EXPECT_NE(err.str().find(path + " is not a profile this build reads"), std::string::npos) << err.str();
+  EXPECT_EQ(err.str().find("json.exception"), std::string::npos) << err.str();
+}

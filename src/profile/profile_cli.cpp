@@ -462,14 +462,27 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     if (sub == "what-if" && !a.opt.count("remove-category") && !a.opt.count("remove-launches"))
       throw UsageError("specify --remove-category or --remove-launches");
     const json p = load_profile(a.pos[1]);
-    if (sub == "summary") return cmd_summary(p, a, out);
-    if (sub == "get") return cmd_get(p, a, out);
-    if (sub == "phases") return cmd_phases(p, a, out);
-    if (sub == "kernels") return cmd_kernels(p, a, out);
-    if (sub == "ops") return cmd_ops(p, a, out);
-    if (sub == "what-if") return cmd_what_if(p, a, out);
-    const json after = load_profile(a.pos[2]);
-    return cmd_compare(p, after, a, out);
+    // A profile whose fields have other types than this build writes (edited by hand, another
+    // program's JSON) fails inside a command: said as a data error naming the file(s), not as
+    // the JSON library's text.
+    const std::string files = a.pos.size() > 2 && sub == "compare" ? a.pos[1] + " or " + a.pos[2] : a.pos[1];
+    try {
+      if (sub == "summary") return cmd_summary(p, a, out);
+      if (sub == "get") return cmd_get(p, a, out);
+      if (sub == "phases") return cmd_phases(p, a, out);
+      if (sub == "kernels") return cmd_kernels(p, a, out);
+      if (sub == "ops") return cmd_ops(p, a, out);
+      if (sub == "what-if") return cmd_what_if(p, a, out);
+      const json after = load_profile(a.pos[2]);
+      return cmd_compare(p, after, a, out);
+    } catch (const json::exception& e) {
+      std::string what = e.what();
+      if (const size_t cut = what.find("] "); what.rfind("[json.exception", 0) == 0 && cut != std::string::npos)
+        what = what.substr(cut + 2);
+      throw DataError(files + " is not a profile this build reads: " + what,
+                      "Profiles are written by `libreyolo profile run|infer` or train profile=true.",
+                      "profile_invalid");
+    }
   } catch (const Error& e) {
     report(e, json_out, out, err);
     return e.exit_code();
