@@ -124,3 +124,25 @@ TEST(DataYaml, MissingThingsAreDataErrors) {
   touch(tmp / "badnc.yaml", "train: a\nnc: many\n");
   EXPECT_EQ(error_code_of([&] { load_dataset_yaml((tmp / "badnc.yaml").string()); }), "data_invalid/3");
 }
+
+TEST(DataYaml, ANameThatIsNotTextIsADataErrorNamingTheFileAndTheEntry) {
+  const fs::path dir = test::temp_dir("yaml_names");
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"names: [cat, [dog, wolf]]\n", "names entry 1 must be a name (text), not a list"},
+      {"names: {0: cat, 1: {a: b}}\n", "names id 1 must be a name (text), not a mapping"},
+      {"names: {[0]: cat}\n", "(got 'a list or mapping')"},
+  };
+  for (const auto& [text, says] : cases) {
+    const fs::path yaml = dir / "data.yaml";
+    touch(yaml, "path: " + dir.string() + "\ntrain: images\nval: images\n" + text);
+    try {
+      load_dataset_yaml(yaml.string());
+      ADD_FAILURE() << text << " accepted";
+    } catch (const DataError& e) {
+      EXPECT_EQ(e.exit_code(), 3);
+      const std::string m = e.what();
+      EXPECT_NE(m.find(yaml.string()), std::string::npos) << m;
+      EXPECT_NE(m.find(says), std::string::npos) << m;
+    }
+  }
+}

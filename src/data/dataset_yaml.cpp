@@ -35,6 +35,14 @@ std::string scalar_string(const YAML::Node& node, const std::string& key, const 
   return node.as<std::string>();
 }
 
+// One class name: a scalar (a list or a mapping there is a mistake in the file, said so).
+std::string class_name(const YAML::Node& n, const std::string& file, const std::string& where) {
+  if (!n.IsScalar())
+    throw DataError(strfmt("%s: names %s must be a name (text), not a %s", file.c_str(), where.c_str(),
+                           n.IsSequence() ? "list" : n.IsMap() ? "mapping" : "null"));
+  return n.as<std::string>();
+}
+
 std::vector<std::string> parse_names(const YAML::Node& node, const std::string& file) {
   std::vector<std::string> names;
   if (!node || node.IsNull()) return names;
@@ -42,7 +50,7 @@ std::vector<std::string> parse_names(const YAML::Node& node, const std::string& 
     if (node.size() > static_cast<size_t>(kMaxClasses))
       throw DataError(strfmt("%s: 'names' lists %zu classes; at most %d are supported", file.c_str(),
                              static_cast<size_t>(node.size()), kMaxClasses));
-    for (const auto& n : node) names.push_back(n.as<std::string>());
+    for (const auto& n : node) names.push_back(class_name(n, file, strfmt("entry %zu", names.size())));
   } else if (node.IsMap()) {
     std::map<int, std::string> by_id;
     for (const auto& kv : node) {
@@ -52,12 +60,12 @@ std::vector<std::string> parse_names(const YAML::Node& node, const std::string& 
       } catch (const YAML::Exception&) {
       }
       if (id < 0)
-        throw DataError(strfmt("%s: names keys must be class ids 0, 1, ... (got '%s')",
-                               file.c_str(), kv.first.as<std::string>().c_str()));
+        throw DataError(strfmt("%s: names keys must be class ids 0, 1, ... (got '%s')", file.c_str(),
+                               kv.first.IsScalar() ? kv.first.as<std::string>().c_str() : "a list or mapping"));
       if (id >= kMaxClasses)
         throw DataError(strfmt("%s: names has class id %d; ids must be below %d (at most %d classes)",
                                file.c_str(), id, kMaxClasses, kMaxClasses));
-      by_id[id] = kv.second.as<std::string>();
+      by_id[id] = class_name(kv.second, file, strfmt("id %d", id));
     }
     if (!by_id.empty()) {
       names.resize(static_cast<size_t>(by_id.rbegin()->first) + 1);
