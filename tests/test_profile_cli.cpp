@@ -13,8 +13,12 @@ namespace fs = std::filesystem;
 
 TEST(ProfileCli, DispatchedFromTheMainCommand) {
   std::ostringstream out, err;
-  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "/no/such/folder", "--device", "cpu"}, out, err), 2);
-  EXPECT_NE(err.str().find("no images found at: /no/such/folder"), std::string::npos) << err.str();
+  // A missing source, and a folder without images: predict's errors and exit code (3).
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "/no/such/folder", "--device", "cpu"}, out, err), 3);
+  EXPECT_NE(err.str().find("Source not found: /no/such/folder"), std::string::npos) << err.str();
+  const std::string empty = libreyolo::test::temp_dir("prof_empty_folder");
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", empty, "--device", "cpu"}, out, err), 3);
+  EXPECT_NE(err.str().find("No images found in " + empty), std::string::npos) << err.str();
   EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "--runz", "3"}, out, err), 2);
   EXPECT_NE(err.str().find("Unknown option --runz"), std::string::npos) << err.str();
   EXPECT_EQ(libreyolo::cli::run({"profile", "run", "--help"}, out, err), 0);

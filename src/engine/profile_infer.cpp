@@ -23,12 +23,8 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
     throw UsageError("profile infer: --imgsz must be a positive multiple of 32", "", "config_range_error");
   // Decoded once: the profile measures letterbox, forward and postprocess, as 1.6.0's does.
   std::vector<torch::Tensor> images;
-  std::vector<std::string> sources;
-  try {
-    sources = resolve_sources(cfg.source);
-  } catch (const DataError&) {
-    sources.clear();
-  }
+  // The same sources as predict, with predict's errors (a folder without images: DataError, exit 3).
+  const std::vector<std::string> sources = resolve_sources(cfg.source);
   for (const auto& src : sources) {
     try {
       images.push_back(src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src));
@@ -36,9 +32,9 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
       log_warn("skipping " + src + ": " + e.what());
     }
   }
-  if (images.empty()) throw UsageError("no images found at: " + cfg.source,
-                                         "Pass an image, a folder of images, or leave it out for the sample image.",
-                                         "no_images");
+  if (images.empty())
+    throw DataError("none of the images at " + cfg.source + " could be decoded",
+                    "Pass an image, a folder of images, or leave it out for the sample image.", "no_images");
 
   const torch::Device dev = impl.device;
   auto& model = *impl.model;
