@@ -1,5 +1,6 @@
 // Bad input gets a clear error: option ranges, dry runs that check what the real run
 // checks, unknown flags, out-of-image labels, absurd nc, predict sources and model paths.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -388,8 +389,16 @@ TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
   write_text(tmp / "empty" / "data.yaml",
              "path: " + (tmp / "empty").string() + "\ntrain: images/train\nval: images/val\nnames: [a, b]\n");
   const std::string empty = (tmp / "empty" / "data.yaml").string();
-  const std::vector<std::string> base = {"train", "model=yolo9t", "imgsz=64", "batch=4", "workers=0", "--dry-run",
-                                         "project=" + (tmp / "runs").string()};
+  const std::vector<std::string> base = {"train", "model=yolo9t", "batch=4", "workers=0", "--dry-run"};
+  // Each key once (a key given twice with two values is a conflict of its own).
+  const auto with_defaults = [&](std::vector<std::string> args) {
+    const auto has = [&](const std::string& k) {
+      return std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a.rfind(k + "=", 0) == 0; });
+    };
+    if (!has("imgsz")) args.push_back("imgsz=64");
+    if (!has("project")) args.push_back("project=" + (tmp / "runs").string());
+    return args;
+  };
   struct Case {
     std::vector<std::string> extra;
     int code;
@@ -406,14 +415,22 @@ TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
   for (const Case& c : cases) {
     std::vector<std::string> args = base;
     args.insert(args.end(), c.extra.begin(), c.extra.end());
+    args = with_defaults(args);
     std::ostringstream out, err;
     EXPECT_EQ(run(args, out, err), c.code) << c.extra.back() << "\n" << err.str();
     EXPECT_NE(err.str().find(c.says), std::string::npos) << c.extra.back() << "\n" << err.str();
   }
   std::vector<std::string> args = base;
   args.push_back("data=" + good);
+  args = with_defaults(args);
   std::ostringstream out, err;
   EXPECT_EQ(run(args, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("every check passed"), std::string::npos) << out.str();
   EXPECT_FALSE(fs::exists(tmp / "runs")) << "a dry run writes nothing";
+}
+
+TEST(BadInput, QuietAndVerboseTogetherAreAConflict) {
+  std::ostringstream out, err;
+  EXPECT_EQ(run({"train", "data=builtin", "--quiet", "--verbose", "--dry-run"}, out, err), 2);
+  EXPECT_NE(err.str().find("--quiet and --verbose contradict each other"), std::string::npos) << err.str();
 }

@@ -242,3 +242,19 @@ TEST(Core, RunDirectoriesAreNumberedAndNeverShared) {
     EXPECT_TRUE(unique.count(project + "/exp" + (n == 1 ? std::string() : std::to_string(n)))) << n;
   EXPECT_EQ(libreyolo::make_run_dir(project, "exp", /*exist_ok=*/true), project + "/exp");
 }
+
+TEST(Options, OneOptionSetTwiceDifferentlyIsAConflict) {
+  libreyolo::TrainConfig c;
+  try {
+    libreyolo::train_schema().apply(c, {{"mosaic", "0.5"}, {"mosaic_prob", "1.0"}}, "train");
+    FAIL() << "expected a conflict";
+  } catch (const libreyolo::UsageError& e) {
+    EXPECT_EQ(e.code(), "config_conflict");
+    EXPECT_NE(std::string(e.what()).find("'mosaic=0.5' and 'mosaic_prob=1.0' both set mosaic_prob"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(libreyolo::train_schema().apply(c, {{"epochs", "3"}, {"epochs", "4"}}, "train"), libreyolo::UsageError);
+  // The same value twice says nothing new: accepted.
+  EXPECT_NO_THROW(libreyolo::train_schema().apply(c, {{"epochs", "3"}, {"epochs", "3"}}, "train"));
+  EXPECT_EQ(c.epochs, 3);
+}

@@ -448,6 +448,8 @@ ParsedArgs parse_args(const std::vector<std::string>& args, const std::vector<st
     }
     p.kwargs.emplace_back(key, value);
   }
+  if (p.quiet && p.verbose)
+    throw UsageError("--quiet and --verbose contradict each other", "Give one of them.", "config_conflict");
   return p;
 }
 

@@ -3,6 +3,7 @@
 // unknown keys. The CLI is a thin layer over this.
 #pragma once
 #include <functional>
+#include <libreyolo/errors.hpp>
 #include <limits>
 #include <map>
 #include <string>
@@ -124,9 +125,17 @@ OptionSchema<Config>& OptionSchema<Config>::add(const std::string& name, T Confi
 
 template <class Config>
 void OptionSchema<Config>::apply(Config& cfg, const Kwargs& kwargs, const std::string& command) const {
+  // One list sets each option once: two spellings of it (mosaic= and mosaic_prob=) or a key
+  // given twice with different values are a conflict, not "the last one wins".
+  std::map<std::string, std::pair<std::string, std::string>> given;  // field -> (key, value)
   for (const auto& [key, value] : kwargs) {
     const Field* f = find(key);
     if (!f) throw_unknown_key(normalise(key), names(), command);
+    const auto [it, fresh] = given.emplace(f->name, std::make_pair(key, value));
+    if (!fresh && it->second.second != value)
+      throw UsageError("'" + it->second.first + "=" + it->second.second + "' and '" + key + "=" + value +
+                           "' both set " + f->name,
+                       "Give it once.", "config_conflict");
     f->set(cfg, value);
   }
 }
