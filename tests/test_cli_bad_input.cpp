@@ -434,3 +434,20 @@ TEST(BadInput, QuietAndVerboseTogetherAreAConflict) {
   EXPECT_EQ(run({"train", "data=builtin", "--quiet", "--verbose", "--dry-run"}, out, err), 2);
   EXPECT_NE(err.str().find("--quiet and --verbose contradict each other"), std::string::npos) << err.str();
 }
+
+TEST(BadInput, HostMemoryIsNotReportedAsGpuMemory) {
+  // std::bad_alloc is the host's allocator (it was reported as cuda_oom on a CPU-only machine);
+  // the GPU's is c10::OutOfMemoryError.
+  const auto code_of = [](auto thrower) {
+    try {
+      thrower();
+    } catch (...) {
+      return cli::error_for_exception(std::current_exception()).code();
+    }
+    return std::string("none");
+  };
+  EXPECT_EQ(code_of([] { throw std::bad_alloc(); }), "out_of_memory");
+  EXPECT_EQ(code_of([] { throw c10::OutOfMemoryError(c10::SourceLocation{"f", "file.cpp", 1}, "CUDA out of memory"); }),
+            "cuda_oom");
+  EXPECT_EQ(code_of([] { throw std::runtime_error("x"); }), "io_error");
+}

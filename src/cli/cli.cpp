@@ -553,18 +553,30 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
   } catch (const Error& e) {
     report_error(e, json_out, out, err);
     return e.exit_code();
-  } catch (const c10::Error& e) {
-    RuntimeError re(std::string("LibTorch error: ") + e.what_without_backtrace());
+  } catch (...) {
+    const RuntimeError re = error_for_exception(std::current_exception());
     report_error(re, json_out, out, err);
-    return 1;
+    return re.exit_code();
+  }
+}
+
+RuntimeError error_for_exception(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const c10::OutOfMemoryError& x) {
+    // The GPU's memory (LibTorch's CUDA caching allocator).
+    return RuntimeError(std::string("out of GPU memory: ") + x.what_without_backtrace(), "Reduce batch or imgsz.",
+                        "cuda_oom");
+  } catch (const c10::Error& x) {
+    return RuntimeError(std::string("LibTorch error: ") + x.what_without_backtrace());
   } catch (const std::bad_alloc&) {
-    RuntimeError re("out of memory", "Reduce batch or imgsz.", "cuda_oom");
-    report_error(re, json_out, out, err);
-    return 1;
-  } catch (const std::exception& e) {
-    RuntimeError re(e.what());
-    report_error(re, json_out, out, err);
-    return 1;
+    // The host's memory: std::bad_alloc never comes from the GPU's allocator.
+    return RuntimeError("out of host memory", "Reduce batch, imgsz or workers (or the number of classes).",
+                        "out_of_memory");
+  } catch (const std::exception& x) {
+    return RuntimeError(x.what());
+  } catch (...) {
+    return RuntimeError("unknown error");
   }
 }
 

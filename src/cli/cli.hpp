@@ -2,6 +2,8 @@
 //   libreyolo [detect] <command> key=value ... [--key value] [--flag | --no-flag | flag]
 // Exit codes: 0 ok, 1 runtime, 2 usage, 3 data, 4 model.
 #pragma once
+#include <exception>
+#include <libreyolo/errors.hpp>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -35,5 +37,10 @@ int cmd_profile_infer(const std::vector<std::string>& args, std::ostream& out);
 
 // Runs a command line; output to `out` (results) and `err` (messages). Returns the exit code.
 int run(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+// What the CLI reports for an exception that is not one of the library's errors: GPU memory
+// (c10::OutOfMemoryError) is cuda_oom, host memory (std::bad_alloc) out_of_memory, other LibTorch
+// errors and the rest io_error, each with its text.
+RuntimeError error_for_exception(std::exception_ptr e);
 
 }  // namespace libreyolo::cli
