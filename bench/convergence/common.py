@@ -168,3 +168,22 @@ def add_run_arguments(ap, impl: str, opt_help: str) -> None:
     ap.add_argument("--concurrent", type=int, default=1,
                     help="runs sharing the GPU at the same time (recorded: their wall times are not comparable)")
     ap.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help=opt_help)
+
+
+def run_record(impl: str, a, data: str, extra_options) -> dict:
+    """The fields every per-run JSON starts with (from the runner's parsed options)."""
+    return {
+        "impl": impl,
+        "model": a.model,
+        "set": a.label,
+        "data": data,
+        "seed": a.seed,
+        "epochs": a.epochs,
+        "batch": a.batch,
+        "imgsz": a.imgsz,
+        "workers": a.workers,
+        "device": a.device,
+        "eval_interval": a.eval_interval,
+        "concurrent": a.concurrent,
+        "extra_options": extra_options,
+    }

@@ -85,21 +85,9 @@ def main(argv=None) -> int:
     name = a.name or f"ref_{a.model}_s{a.seed}"
     data = str(Path(a.data).resolve())
     record = {
-        "impl": "ref",
-        "model": a.model,
+        **common.run_record("ref", a, data, parse_set(a.opt)),
         "family": family,
         "size": size,
-        "set": a.label,
-        "data": data,
-        "seed": a.seed,
-        "epochs": a.epochs,
-        "batch": a.batch,
-        "imgsz": a.imgsz,
-        "workers": a.workers,
-        "device": a.device,
-        "eval_interval": a.eval_interval,
-        "concurrent": a.concurrent,
-        "extra_options": parse_set(a.opt),
         "wall_s": None,
         "process_s": None,
         "run_dir": None,

@@ -192,6 +192,17 @@ AffineParams draw_affine(Rng& rng, const AugmentOptions& opt, int S) {
   return make_affine(angle, scale, shx, shy, tx, ty);
 }
 
+CanvasBox canvas_preimage(const CanvasMap& m, int w, int h) {
+  CanvasBox b{INFINITY, INFINITY, -INFINITY, -INFINITY};
+  for (const double X : {0.0, w - 1.0})
+    for (const double Y : {0.0, h - 1.0}) {
+      const double dx = X - m.tx, dy = Y - m.ty;
+      const double sx = m.r00 * dx + m.r01 * dy, sy = m.r10 * dx + m.r11 * dy;
+      b.x0 = std::min(b.x0, sx), b.x1 = std::max(b.x1, sx), b.y0 = std::min(b.y0, sy), b.y1 = std::max(b.y1, sy);
+    }
+  return b;
+}
+
 void warp_plan(SampleDraw& d, const AffineParams& p, int S, std::vector<Box>* boxes) {
   StageScope timed(Stage::MosaicPlace);
   const auto& m = p.m;
@@ -203,19 +214,13 @@ void warp_plan(SampleDraw& d, const AffineParams& p, int S, std::vector<Box>* bo
   // Spectral norm of the linear part: sqrt of the larger eigenvalue of A^T A.
   const double fro = m[0] * m[0] + m[1] * m[1] + m[3] * m[3] + m[4] * m[4];
   d.zoom = std::sqrt(0.5 * (fro + std::sqrt(std::max(0.0, fro * fro - 4.0 * det * det))));
-  // The canvas points the output samples: the corners' preimages, widened by the bilinear
-  // neighbour and a pixel of rounding.
-  double lx = INFINITY, ly = INFINITY, hx = -INFINITY, hy = -INFINITY;
-  for (const double X : {0.0, S - 1.0})
-    for (const double Y : {0.0, S - 1.0}) {
-      const double dx = X - d.map.tx, dy = Y - d.map.ty;
-      const double sx = d.map.r00 * dx + d.map.r01 * dy, sy = d.map.r10 * dx + d.map.r11 * dy;
-      lx = std::min(lx, sx), hx = std::max(hx, sx), ly = std::min(ly, sy), hy = std::max(hy, sy);
-    }
+  // The canvas points the output samples, widened by the bilinear neighbour and a pixel of
+  // rounding.
+  const CanvasBox b = canvas_preimage(d.map, S, S);
   int kept = 0;
   for (int k = 0; k < d.num_tiles; ++k) {
     const TileDraw& t = d.tiles[static_cast<size_t>(k)];
-    const bool seen = t.x2 > lx - 2 && t.x1 <= hx + 2 && t.y2 > ly - 2 && t.y1 <= hy + 2;
+    const bool seen = t.x2 > b.x0 - 2 && t.x1 <= b.x1 + 2 && t.y2 > b.y0 - 2 && t.y1 <= b.y1 + 2;
     if (seen) d.tiles[static_cast<size_t>(kept++)] = t;
   }
   d.num_tiles = kept;

@@ -90,6 +90,12 @@ struct TileDraw {
 struct CanvasMap {
   double r00 = 1, r01 = 0, r10 = 0, r11 = 1, tx = 0, ty = 0;
 };
+// The bounding box of the canvas points output pixels [0, w) x [0, h) sample (the preimages of
+// the region's corner pixels: the map is affine).
+struct CanvasBox {
+  double x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+};
+CanvasBox canvas_preimage(const CanvasMap& m, int w, int h);
 struct SampleDraw {
   int num_tiles = 0;
   std::array<TileDraw, 4> tiles{};

@@ -111,16 +111,10 @@ class Canvas {
 class CanvasWindow {
  public:
   CanvasWindow(const Canvas& cv, const CanvasMap& m, int w, int h) : cv_(cv) {
-    double lx = INFINITY, ly = INFINITY, hx = -INFINITY, hy = -INFINITY;
-    for (const double X : {0.0, w - 1.0})
-      for (const double Y : {0.0, h - 1.0}) {
-        const double dx = X - m.tx, dy = Y - m.ty;
-        const double sx = m.r00 * dx + m.r01 * dy, sy = m.r10 * dx + m.r11 * dy;
-        lx = std::min(lx, sx), hx = std::max(hx, sx), ly = std::min(ly, sy), hy = std::max(hy, sy);
-      }
+    const CanvasBox b = canvas_preimage(m, w, h);
     const auto clampi = [](double v, int hi) { return static_cast<int>(std::clamp(v, 0.0, static_cast<double>(hi))); };
-    x0_ = clampi(std::floor(lx) - 1, cv.width() - 1), x1_ = clampi(std::floor(hx) + 2, cv.width() - 1);
-    y0_ = clampi(std::floor(ly) - 1, cv.height() - 1), y1_ = clampi(std::floor(hy) + 2, cv.height() - 1);
+    x0_ = clampi(std::floor(b.x0) - 1, cv.width() - 1), x1_ = clampi(std::floor(b.x1) + 2, cv.width() - 1);
+    y0_ = clampi(std::floor(b.y0) - 1, cv.height() - 1), y1_ = clampi(std::floor(b.y1) + 2, cv.height() - 1);
     ww_ = x1_ - x0_ + 1;
     thread_local std::vector<uint8_t> buffer;
     buffer.resize(static_cast<size_t>(ww_) * (y1_ - y0_ + 1) * 3);
