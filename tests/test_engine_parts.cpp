@@ -34,6 +34,20 @@ TEST(Schedule, CosineEndsAtMinAndWarmupClampsStart) {
   EXPECT_NEAR(s.at(60), 1e-7 + 0.5 * (1e-5 - 1e-7), 1e-15);
 }
 
+TEST(Schedule, MomentumWarmsUpLinearly) {
+  engine::LrSchedule s;
+  s.warmup_iters = 100;
+  s.total_iters = 1000;
+  s.momentum = 0.937;
+  s.warmup_momentum = 0.8;
+  EXPECT_NEAR(s.momentum_at(0), 0.8, 1e-12);
+  EXPECT_NEAR(s.momentum_at(50), 0.8685, 1e-12);
+  EXPECT_NEAR(s.momentum_at(100), 0.937, 1e-12);
+  EXPECT_NEAR(s.momentum_at(500), 0.937, 1e-12);
+  s.warmup_iters = 0;
+  EXPECT_NEAR(s.momentum_at(0), 0.937, 1e-12);
+}
+
 namespace {
 struct TinyNet : torch::nn::Module {
   TinyNet() {
@@ -84,6 +98,58 @@ TEST(Optimizer, SgdMatchesNesterovFormula) {
     opt->step();
     EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "step " << step;
   }
+}
+
+// Momentum warm-up: set_momentum() between steps, for both update rules, against the formula
+// with the momentum of each step.
+TEST(Optimizer, SgdFollowsAChangingMomentum) {
+  for (const bool nesterov : {true, false}) {
+    torch::manual_seed(2);
+    TinyNet net;
+    engine::OptimizerOptions o;
+    o.lr = 0.05;
+    o.momentum = 0.937;
+    o.warmup_momentum = 0.8;
+    o.weight_decay = 0.01;
+    o.nesterov = nesterov;
+    auto opt = engine::make_optimizer(net, o);
+    torch::Tensor w = net.conv->weight.detach().to(torch::kDouble).clone();
+    torch::Tensor buf = torch::zeros_like(w);
+    const double schedule[] = {0.8, 0.85, 0.9, 0.937, 0.937};
+    for (int step = 0; step < 5; ++step) {
+      const double m = schedule[step];
+      opt->set_momentum(m);
+      auto x = torch::randn({2, 3, 6, 6});
+      opt->zero_grad();
+      net.forward(x).square().mean().backward();
+      auto g = net.conv->weight.grad().to(torch::kDouble) + 0.01 * w;
+      buf = m * buf + g;
+      w = w - 0.05 * (nesterov ? g + m * buf : buf);
+      opt->step();
+      EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "nesterov " << nesterov << " step " << step;
+    }
+    // The state dict reports the momentum of the next update.
+    auto sd = opt->state_dict();
+    EXPECT_NEAR(sd->get("param_groups")->items[0]->get("momentum")->as_float("momentum"), 0.937, 1e-12);
+  }
+}
+
+TEST(Optimizer, FoundInfSkipsAStepWithWarmupMomentum) {
+  TinyNet net;
+  engine::OptimizerOptions o;
+  o.warmup_momentum = 0.8;
+  auto opt = engine::make_optimizer(net, o);
+  opt->set_momentum(0.85);
+  net.forward(torch::randn({1, 3, 5, 5})).sum().backward();
+  opt->step();  // buffers now non-zero
+  const auto before = net.conv->weight.detach().clone();
+  std::vector<torch::Tensor> bufs;
+  for (const auto& t : opt->state_tensors()) bufs.push_back(t.clone());
+  opt->step(torch::ones({}));
+  EXPECT_TRUE(torch::equal(before, net.conv->weight));
+  const auto after = opt->state_tensors();
+  ASSERT_EQ(after.size(), bufs.size());
+  for (size_t i = 0; i < bufs.size(); ++i) EXPECT_TRUE(torch::equal(bufs[i], after[i])) << i;
 }
 
 TEST(Optimizer, FoundInfSkipsTheStep) {

@@ -31,6 +31,7 @@ struct TrainConfig {
   std::string optimizer = "sgd";      // sgd, adam, adamw
   double lr0 = 0.01;
   double momentum = 0.937;
+  double warmup_momentum = 0.8;       // SGD momentum at the start of warm-up, rising linearly to `momentum`
   double weight_decay = 5e-4;
   bool nesterov = true;
   std::string scheduler = "linear";   // linear, cos (warmcos)
@@ -40,6 +41,8 @@ struct TrainConfig {
   int nbs = 0;                        // nominal batch for gradient accumulation (0 = off)
   double clip_max_norm = 0.0;         // 0 = no gradient clipping
   std::string freeze;                 // "", N, or comma-separated module names
+  // Weight of the training-only auxiliary branch's loss (YOLOv9's PGI neck and head); 0: no branch.
+  double aux_weight = 0.25;
 
   // Augmentation.
   int no_aug_epochs = 15;

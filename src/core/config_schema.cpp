@@ -29,6 +29,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("optimizer", &C::optimizer, "sgd, adam or adamw")
         .add("lr0", &C::lr0, "initial learning rate")
         .add("momentum", &C::momentum, "SGD momentum")
+        .add("warmup_momentum", &C::warmup_momentum, "SGD momentum at the start of warm-up (rises linearly to momentum)")
         .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
         .add("nesterov", &C::nesterov, "Nesterov momentum")
         .add("scheduler", &C::scheduler, "linear, cos or yoloxwarmcos")
@@ -37,6 +38,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("min_lr_ratio", &C::min_lr_ratio, "final learning rate as a fraction of lr0")
         .add("nbs", &C::nbs, "nominal batch size for gradient accumulation (0 = off)")
         .add("clip_max_norm", &C::clip_max_norm, "gradient clipping max norm (0 = off)")
+        .add("aux_weight", &C::aux_weight, "loss weight of the training-only auxiliary branch (YOLOv9 PGI; 0: none)")
         .add("freeze", &C::freeze, "freeze the first N module groups, or named modules")
         .add("no_aug_epochs", &C::no_aug_epochs, "final epochs without mosaic/mixup")
         .add("mosaic_prob", &C::mosaic_prob, "mosaic probability")
@@ -184,6 +186,8 @@ void validate(const TrainConfig& c) {
   if (c.ema_tau < 0) range_error("ema_tau", "must be >= 0");
   if (c.eval_interval < 0) range_error("eval_interval", "must be >= 0 (0: the last epoch only)");
   if (c.momentum < 0 || c.momentum >= 1) range_error("momentum", "must be within [0, 1)");
+  if (c.warmup_momentum < 0 || c.warmup_momentum >= 1) range_error("warmup_momentum", "must be within [0, 1)");
+  if (!(c.aux_weight >= 0) || c.aux_weight > 100) range_error("aux_weight", "must be within [0, 100]");
   if (c.weight_decay < 0) range_error("weight_decay", "must be >= 0");
   if (c.warmup_epochs < 0) range_error("warmup_epochs", "must be >= 0");
   if (c.min_lr_ratio < 0 || c.min_lr_ratio > 1) range_error("min_lr_ratio", "must be within [0, 1]");

@@ -118,7 +118,11 @@ torch::Tensor state_tensor(const PyValue& state, size_t idx, const char* key, co
 class SGD final : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, const OptimizerOptions& o)
-      : Optimizer(std::move(groups), o.lr), momentum_(o.momentum), nesterov_(o.nesterov) {
+      : Optimizer(std::move(groups), o.lr), momentum_(o.momentum), current_(o.momentum), nesterov_(o.nesterov) {
+    // A momentum that changes between updates (the warm-up) is device state, read by the update
+    // as the learning rate is: ratio_ = current / momentum_ (see step()).
+    if (momentum_ != 0.0 && o.warmup_momentum != o.momentum)
+      ratio_t_ = torch::ones({}, lr_t_.options());
     // Momentum buffers exist from the start, zero: the first step is then the same kernel call
     // as every other (momentum * 0 + grad == grad, what torch.optim.SGD's first step stores).
     // has_state_ says which of them torch.optim would have (those that took part in a step).
@@ -148,9 +152,30 @@ class SGD final : public Optimizer {
         bufs.push_back(bufs_[gi][i]);
         has_state_[gi][i] = true;
       }
+      if (!ratio_t_.defined()) {
+        at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
+                        found_inf);
+        continue;
+      }
+      // Momentum m = r * M with the kernel's constant M: scaling the buffers by r first makes the
+      // kernel's buffer update M * (r * buf) + g = m * buf + g. Nesterov's step then reads
+      // g + M * buf where g + m * buf is meant: the surplus lr * (M - m) * buf is given back.
+      // A skipped step (found_inf) leaves the buffers alone (r = 1, no correction).
+      torch::Tensor r = ratio_t_;
+      if (found_inf) r = torch::where(found_inf->gt(0), torch::ones_like(r), r);
+      at::_foreach_mul_(bufs, r);
       at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
                       found_inf);
+      if (nesterov_) {
+        const torch::Tensor surplus = lr_t_ * momentum_ * (1.0 - r);
+        at::_foreach_add_(l.params, at::_foreach_mul(bufs, surplus));
+      }
     }
+  }
+
+  void set_momentum(double m) override {
+    current_ = momentum_ == 0.0 ? 0.0 : m;
+    if (ratio_t_.defined()) ratio_t_.fill_(m / momentum_);
   }
 
   PyValuePtr state_dict() const override {
@@ -167,7 +192,7 @@ class SGD final : public Optimizer {
       }
       auto g = PyValue::new_dict();
       g->set("lr", PyValue::from_float(lr_));
-      g->set("momentum", PyValue::from_float(momentum_));
+      g->set("momentum", PyValue::from_float(current_));
       g->set("dampening", PyValue::from_int(0));
       g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
       g->set("nesterov", PyValue::from_bool(nesterov_));
@@ -215,7 +240,9 @@ class SGD final : public Optimizer {
   }
 
  private:
-  double momentum_;
+  double momentum_;  // the kernel's constant, the momentum after warm-up
+  double current_;   // the momentum of the next update
+  torch::Tensor ratio_t_;  // current_ / momentum_ on the device; undefined when the momentum is constant
   bool nesterov_;
   std::vector<std::vector<torch::Tensor>> bufs_;  // empty when momentum is 0
   std::vector<std::vector<bool>> has_state_;

@@ -38,6 +38,9 @@ class Optimizer {
   // Sets the host value and writes it into lr_tensor() (an in-place fill, outside any capture).
   void set_lr(double lr);
   double lr() const { return lr_; }
+  // The momentum of the next updates (SGD's warm-up). Writes device state only (an in-place fill
+  // outside any capture), so a captured update follows it. No effect on optimizers without one.
+  virtual void set_momentum(double) {}
   // 0-dim device tensor the fused kernels read the learning rate from: float64 on the CPU (the
   // CPU kernels read it as a double, so results equal a double lr), float32 on CUDA (what the
   // CUDA kernels read).
@@ -65,6 +68,9 @@ struct OptimizerOptions {
   std::string name = "sgd";  // sgd, adam, adamw
   double lr = 0.01;
   double momentum = 0.937;
+  // SGD: the momentum set_momentum() may lower it to (its warm-up start); when it differs from
+  // `momentum` the update reads its momentum from device state, otherwise it is a constant.
+  double warmup_momentum = 0.937;
   double weight_decay = 5e-4;
   bool nesterov = true;
 };

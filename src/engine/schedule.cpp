@@ -26,4 +26,9 @@ double LrSchedule::at(long long it) const {
   return lr0 - (lr0 - min_lr) * progress;
 }
 
+double LrSchedule::momentum_at(long long it) const {
+  if (warmup_iters <= 0 || it >= warmup_iters) return momentum;
+  return warmup_momentum + (momentum - warmup_momentum) * static_cast<double>(it) / static_cast<double>(warmup_iters);
+}
+
 }  // namespace libreyolo::engine

@@ -47,7 +47,12 @@ StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<
       cfg_(cfg),
       grad_sync_(std::make_unique<NoGradSync>()) {
   divisor_ = torch::ones({}, torch::TensorOptions().dtype(torch::kFloat).device(cfg_.device));
-  optimizer_->set_lr(schedule_.at(0));
+  apply_schedule(0);
+}
+
+void StepRunner::apply_schedule(int64_t s) {
+  optimizer_->set_lr(schedule_.at(s));
+  optimizer_->set_momentum(schedule_.momentum_at(s));
 }
 
 StepRunner::~StepRunner() {
@@ -68,7 +73,7 @@ bool StepRunner::has_graphs() const {
 
 void StepRunner::set_global_step(int64_t s) {
   global_step_ = s;
-  optimizer_->set_lr(schedule_.at(s));
+  apply_schedule(s);
 }
 
 void StepRunner::set_grad_sync(std::unique_ptr<GradSync> sync) {
@@ -170,7 +175,7 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
     {
       PhaseScope ps(obs, Phase::Forward);
       convert_input(s);
-      raw = model_->forward_raw(s.input);
+      raw = model_->forward_train(s.input);
     }
     PhaseScope ps(obs, Phase::Loss);
     out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));
@@ -326,7 +331,7 @@ void StepRunner::optimizer_step() {
   models::common::note_weights_changed();
   if (ema_) ema_->set_updates(ema_->updates() + 1);
   ++global_step_;
-  optimizer_->set_lr(schedule_.at(global_step_));
+  apply_schedule(global_step_);
 }
 
 StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detector> model,
@@ -337,6 +342,7 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
   oo.name = cfg.optimizer;
   oo.lr = cfg.lr0;
   oo.momentum = cfg.momentum;
+  oo.warmup_momentum = cfg.warmup_momentum;
   oo.weight_decay = cfg.weight_decay;
   oo.nesterov = cfg.nesterov;
   auto optimizer = make_optimizer(*model, oo);
@@ -353,6 +359,8 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
   s.schedule.warmup_iters = static_cast<long long>(std::llround(cfg.warmup_epochs * s.steps_per_epoch));
   s.schedule.total_iters = static_cast<long long>(s.steps_per_epoch) * cfg.epochs;
   s.schedule.plateau_iters = static_cast<long long>(s.steps_per_epoch) * std::max(cfg.no_aug_epochs, 0);
+  s.schedule.momentum = cfg.momentum;
+  s.schedule.warmup_momentum = cfg.warmup_momentum;
   StepConfig sc;
   sc.device = device;
   sc.amp = amp;

@@ -134,7 +134,7 @@ class StepRunner {
   void apply_update();
 
   int64_t global_step() const { return global_step_; }
-  void set_global_step(int64_t s);  // also sets the lr to schedule(s)
+  void set_global_step(int64_t s);  // also sets the lr and the momentum to the schedule's at s
   Optimizer& optimizer() { return *optimizer_; }
   GradScaler& scaler() { return *scaler_; }
   const StepConfig& config() const { return cfg_; }
@@ -171,6 +171,7 @@ class StepRunner {
   void graphs_failed(const std::string& what, const std::string& why);
   bool has_graphs() const;  // any micro-step or update graph alive
   void run_update();
+  void apply_schedule(int64_t s);  // the optimizer's lr and momentum for step s
 
   std::shared_ptr<models::Detector> model_;
   std::unique_ptr<DetectionLoss> loss_;

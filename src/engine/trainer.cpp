@@ -1,5 +1,6 @@
 #include "engine/trainer.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <cmath>
@@ -405,6 +406,7 @@ void Trainer::setup_model() {
     log_info(strfmt("Dataset has %d classes, model has %d: replacing the class outputs", nc, model_->num_classes()));
     model_->reset_num_classes(nc);
   }
+  setup_aux(!fresh && cfg_.pretrained);
   model_->to(device_);
   if (channels_last_) to_channels_last(*model_);
   lm_.model = model_;
@@ -417,10 +419,50 @@ void Trainer::setup_model() {
   if (group_) dist::broadcast_module(*model_, *group_);
   if (cfg_.ema) {
     ema_model_ = lm_.family->build_like(models::state_dict(*model_), nc);
+    if (model_->aux_weight() > 0) ema_model_->enable_aux(model_->aux_weight());
     models::load_state_dict(*ema_model_, models::state_dict(*model_), true);
     ema_model_->to(device_);
     if (channels_last_) to_channels_last(*ema_model_);
     ema_ = std::make_unique<ModelEMA>(ema_model_, *model_, cfg_.ema_decay, cfg_.ema_tau);
+  }
+}
+
+namespace {
+bool has_prefix(const std::string& key, const std::vector<std::string>& prefixes) {
+  return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return key.rfind(p, 0) == 0; });
+}
+}  // namespace
+
+void Trainer::setup_aux(bool from_weights) {
+  double weight = cfg_.aux_weight;
+  if (resume_ckpt_ && weight > 0) {
+    // The branch continues when the checkpoint has it; a run saved without one goes on without.
+    auto w = resume_ckpt_->get("train_model");
+    if (!w) w = resume_ckpt_->get("model");
+    bool saved = false;
+    if (w && w->is_dict())
+      for (const auto& [k, v] : w->dict) saved = saved || (k->is_string() && has_prefix(k->s, lm_.family->aux_prefixes));
+    if (!saved) {
+      log_info("The checkpoint was trained without the auxiliary branch: resuming without it (aux_weight 0)");
+      weight = 0;
+    }
+  }
+  if (weight <= 0) {
+    model_->enable_aux(0);
+    return;
+  }
+  if (!model_->enable_aux(weight))
+    throw UsageError(strfmt("aux_weight=%g: %s has no auxiliary branch", weight, lm_.family->name.c_str()),
+                     "Use aux_weight=0.", "config_range_error");
+  log_info(strfmt("Auxiliary branch (training only): loss weight %g", weight));
+  // Its tensors from the loaded weights, when they carried them (set aside at loading).
+  if (from_weights && !resume_ckpt_ && !lm_.aux_state.empty()) {
+    const auto report = models::load_state_dict(*model_, lm_.aux_state, false);
+    if (!report.shape_mismatch.empty())
+      log_warn("The weights' auxiliary branch does not fit (" + report.shape_mismatch.front() +
+               "): it starts from fresh values");
+    else
+      log_info(strfmt("Auxiliary branch: %zu tensors from the loaded weights", lm_.aux_state.size()));
   }
 }
 

@@ -92,6 +92,9 @@ class Trainer : private EpochSteps {
   void setup_model();
   void setup_optimization();
   void resume();
+  // The training-only auxiliary branch (aux_weight): enabled, with the loaded weights' tensors for
+  // it when `from_weights`; on resume only when the checkpoint has it.
+  void setup_aux(bool from_weights);
   void apply_freeze();
   // EpochSteps
   void begin_epoch(TrainState& s) override;

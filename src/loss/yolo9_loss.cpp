@@ -133,8 +133,9 @@ torch::Tensor dfl_per_anchor(const torch::Tensor& logits, const torch::Tensor& t
   return ce.mean(1);
 }
 
-Yolo9Loss::Yolo9Loss(int nc, std::vector<int64_t> strides, int reg_max)
-    : nc_(nc), strides_(std::move(strides)), reg_max_(reg_max) {
+Yolo9Loss::Yolo9Loss(int nc, std::vector<int64_t> strides, int reg_max, double aux_weight)
+    : nc_(nc), strides_(std::move(strides)), reg_max_(reg_max), aux_weight_(aux_weight) {
+  if (!(aux_weight_ >= 0)) throw UsageError(strfmt("Yolo9Loss: aux_weight must be >= 0, got %g", aux_weight_));
   if (nc_ < 1) throw UsageError(strfmt("Yolo9Loss: nc must be >= 1, got %d", nc_));
   if (reg_max_ < 2) throw UsageError(strfmt("Yolo9Loss: reg_max must be >= 2, got %d", reg_max_));
   if (strides_.empty()) throw UsageError("Yolo9Loss: no strides given");
@@ -180,8 +181,10 @@ const AnchorGrid& Yolo9Loss::anchor_grid(const std::vector<std::array<int64_t, 2
 void Yolo9Loss::check_inputs(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                              int64_t img_h, int64_t img_w) const {
   if (raw.size() != strides_.size())
-    throw UsageError(strfmt("Yolo9Loss: expected %zu raw maps (one per stride), got %zu",
-                            strides_.size(), raw.size()));
+    throw UsageError(strfmt("Yolo9Loss: expected %zu raw maps (one per stride)%s, got %zu", strides_.size(),
+                            aux_weight_ > 0 ? strfmt(" or %zu (with the auxiliary head's)", 2 * strides_.size()).c_str()
+                                            : "",
+                            raw.size()));
   const int64_t channels = 4 * static_cast<int64_t>(reg_max_) + nc_;
   for (size_t l = 0; l < raw.size(); ++l) {
     const auto& r = raw[l];
@@ -395,6 +398,23 @@ LossOutput Yolo9Loss::loss_terms(const Decoded& d, const Assignment& a,
 
 LossOutput Yolo9Loss::compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                               int64_t img_h, int64_t img_w) {
+  const size_t levels = strides_.size();
+  if (aux_weight_ > 0 && raw.size() == 2 * levels) {
+    // Main head, then the auxiliary one: each assigned on its own predictions; every term is
+    // main + aux_weight * aux. Positives are the main head's.
+    const std::vector<torch::Tensor> main(raw.begin(), raw.begin() + static_cast<std::ptrdiff_t>(levels));
+    const std::vector<torch::Tensor> aux(raw.begin() + static_cast<std::ptrdiff_t>(levels), raw.end());
+    LossOutput out = compute_head(main, targets, img_h, img_w);
+    const LossOutput a = compute_head(aux, targets, img_h, img_w);
+    out.total = out.total + aux_weight_ * a.total;
+    out.terms = out.terms + aux_weight_ * a.terms;
+    return out;
+  }
+  return compute_head(raw, targets, img_h, img_w);
+}
+
+LossOutput Yolo9Loss::compute_head(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
+                                   int64_t img_h, int64_t img_w) {
   check_inputs(raw, targets, img_h, img_w);
   // Autocast must not lower any of this: the reference runs the loss in float32.
   c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);

@@ -63,7 +63,9 @@ struct Decoded {
 // One object per training thread: it caches anchor grids and is not synchronised.
 class Yolo9Loss : public DetectionLoss {
  public:
-  explicit Yolo9Loss(int nc, std::vector<int64_t> strides = {8, 16, 32}, int reg_max = 16);
+  // aux_weight > 0: compute() also takes the auxiliary head's maps after the main ones
+  // (Detector::forward_train with YOLOv9's PGI branch) and adds aux_weight times their loss.
+  explicit Yolo9Loss(int nc, std::vector<int64_t> strides = {8, 16, 32}, int reg_max = 16, double aux_weight = 0.0);
 
   // box (CIoU), cls (BCE), dfl (distribution focal), each with its gain applied.
   const std::vector<std::string>& term_names() const override {
@@ -97,6 +99,7 @@ class Yolo9Loss : public DetectionLoss {
                                 const torch::Device& device);
 
   int num_classes() const { return nc_; }
+  double aux_weight() const { return aux_weight_; }
   int reg_max() const { return reg_max_; }
 
   static constexpr int kTopK = 10;
@@ -107,12 +110,16 @@ class Yolo9Loss : public DetectionLoss {
   static constexpr double kClsGain = 0.5;
 
  private:
+  // One head's loss (the main or the auxiliary one).
+  LossOutput compute_head(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
+                          int64_t img_w);
   void check_inputs(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                     int64_t img_h, int64_t img_w) const;
 
   int nc_;
   std::vector<int64_t> strides_;
   int reg_max_;
+  double aux_weight_;
   std::deque<std::shared_ptr<const AnchorGrid>> grids_;  // the most recent (level sizes, device) pairs seen
 };
 

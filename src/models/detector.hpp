@@ -39,6 +39,18 @@ class Detector : public torch::nn::Module {
   virtual void reset_num_classes(int nc) = 0;
   // Freeze groups in order (module-name prefixes), for `freeze=N`.
   virtual std::vector<std::string> freeze_groups() const { return {}; }
+
+  // A training-only auxiliary branch (YOLOv9's PGI neck and head): trained with the model, its
+  // loss weighted `weight`, saved under the family's aux_prefixes, never run by inference.
+  // weight 0 removes it. Returns false when the family has none.
+  virtual bool enable_aux(double weight) {
+    (void)weight;
+    return false;
+  }
+  virtual double aux_weight() const { return 0.0; }
+  // The training forward, what the family's loss reads: forward_raw's maps, followed by the
+  // auxiliary head's when the branch is enabled and the model is in training mode.
+  virtual std::vector<torch::Tensor> forward_train(const torch::Tensor& x) { return forward_raw(x); }
 };
 
 // How a family wants its input: images arrive as NHWC uint8 RGB; the network gets float NCHW
@@ -75,6 +87,9 @@ struct Family {
   // data-dependent shapes; proven bitwise equal to eager by a capture/replay parity test.
   bool capture_inference = false;
   std::string task = "detect";
+  // Key prefixes of the training-only auxiliary branch (Detector::enable_aux): inference loading
+  // sets these tensors aside, training puts them back when it enables the branch.
+  std::vector<std::string> aux_prefixes;
 
   // A fresh model (default init) of a size and class count.
   std::function<std::shared_ptr<Detector>(const std::string& size, int nc)> build;

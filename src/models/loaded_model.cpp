@@ -1,5 +1,6 @@
 #include "models/loaded_model.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 
@@ -91,6 +92,15 @@ std::unique_ptr<LoadedModel> model_from_checkpoint(const io::PyValuePtr& root, c
   if (!nc || *nc < 1) throw ModelError(origin + ": cannot determine the number of classes", "", "model_load_failed");
   auto impl = std::make_unique<LoadedModel>();
   impl->family = fam;
+  if (!fam->aux_prefixes.empty()) {
+    io::StateDict kept;
+    for (auto& kv : sd) {
+      const bool aux = std::any_of(fam->aux_prefixes.begin(), fam->aux_prefixes.end(),
+                                   [&](const std::string& p) { return kv.first.rfind(p, 0) == 0; });
+      (aux ? impl->aux_state : kept).push_back(std::move(kv));
+    }
+    sd = std::move(kept);
+  }
   impl->model = fam->build_like(sd, *nc);
   auto report = load_state_dict(*impl->model, sd, /*strict=*/false);
   if (!report.shape_mismatch.empty())

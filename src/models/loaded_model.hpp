@@ -22,6 +22,9 @@ struct LoadedModel {
   torch::Device device{torch::kCPU};
   std::string weights;         // checkpoint it was loaded from ("" = fresh)
   io::PyValuePtr checkpoint;   // that checkpoint's full contents (resume=true reads it)
+  // The weights' training-only auxiliary tensors (Family::aux_prefixes), set aside at loading:
+  // inference never runs them; training puts them back when it enables the branch.
+  io::StateDict aux_state;
   // Captured inference forwards (predict/val cuda_graph); dropped when the model moves or trains.
   std::shared_ptr<ForwardGraphs> graphs = std::make_shared<ForwardGraphs>();
 

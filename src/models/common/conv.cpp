@@ -123,6 +123,13 @@ BatchedLayerState::Scope::~Scope() {
     for (auto* c : s_->convs_) c->set_weight_cast(nullptr);
 }
 
+void BatchedLayerState::reset() {
+  bn_counters_.clear();
+  convs_.clear();
+  cast_src_.clear();
+  cast_dst_.clear();
+}
+
 void BatchedLayerState::advance_bn_counters() {
   if (bn_counters_.empty())
     for (const auto& m : root_.modules(/*include_self=*/false))

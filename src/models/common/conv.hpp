@@ -94,6 +94,8 @@ class BatchedLayerState {
   };
   // Call at the start of a training forward (root in training mode).
   void advance_bn_counters();
+  // Forgets the layer lists (gathered on first use): call when the root gains or loses blocks.
+  void reset();
   [[nodiscard]] Scope prepare_weight_casts(const torch::Tensor& x);
 
  private:

@@ -95,8 +95,8 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
 }
 
 std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
-  return std::make_unique<loss::Yolo9Loss>(model.num_classes(), model.strides(),
-                                           static_cast<int>(kRegMax));
+  return std::make_unique<loss::Yolo9Loss>(model.num_classes(), model.strides(), static_cast<int>(kRegMax),
+                                           model.aux_weight());
 }
 
 Family make_family() {
@@ -110,6 +110,7 @@ Family make_family() {
   f.capture_train_step = true;
   f.capture_inference = true;
   f.task = "detect";
+  f.aux_prefixes = {"aux.", "aux_head."};
   f.build = build;
   f.build_like = build_like;
   f.can_load = can_load;

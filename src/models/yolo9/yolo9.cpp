@@ -97,7 +97,8 @@ BackboneImpl::BackboneImpl(const SizeConfig& cfg) {
   spp_ = register_module("spp", SPPELAN(st[2][1], cfg.spp_out / 2, cfg.spp_out));
 }
 
-std::array<torch::Tensor, 3> BackboneImpl::forward(const torch::Tensor& x, const Placement& place) {
+std::array<torch::Tensor, 3> BackboneImpl::forward(const torch::Tensor& x, const Placement& place,
+                                                   torch::Tensor* b5) {
   const auto at = [&](int level, const torch::Tensor& input, const ConvImpl& producer) -> ConvOutput {
     return {place ? place(level, input, producer) : nullptr};
   };
@@ -108,6 +109,7 @@ std::array<torch::Tensor, 3> BackboneImpl::forward(const torch::Tensor& x, const
   const auto d3 = down3_(p3);
   auto p4 = elan3_->forward(d3, at(1, d3, *elan3_->cv4));
   const auto e4 = elan4_->forward(down4_(p4));
+  if (b5) *b5 = e4;
   auto p5 = spp_->forward(e4, at(2, e4, *spp_->cv5));
   return {p3, p4, p5};
 }
@@ -173,6 +175,23 @@ std::array<torch::Tensor, 3> NeckImpl::forward(const std::array<torch::Tensor, 3
   auto o5 = elan_down2_->forward(torch::cat({down2_(o4), p[2]}, 1));
   if (ready) ready(2, o5);
   return {o3, o4, o5};
+}
+
+// ------------------------------------------------------------------------------ aux neck
+
+AuxNeckImpl::AuxNeckImpl(const SizeConfig& cfg) {
+  const int64_t b3 = cfg.stages[0][1], b4 = cfg.stages[1][1], b5 = cfg.stages[2][1];
+  spp_ = register_module("spp", SPPELAN(b5, cfg.spp_out / 2, cfg.spp_out));
+  elan_a4_ = register_module("elan_a4", make_elan(cfg.spp_out + b4, cfg.up1_out, cfg.up1_part, cfg.n));
+  elan_a3_ = register_module("elan_a3", make_elan(cfg.up1_out + b3, cfg.up2_out, cfg.up2_part, cfg.n));
+}
+
+std::array<torch::Tensor, 3> AuxNeckImpl::forward(const torch::Tensor& p3, const torch::Tensor& p4,
+                                                  const torch::Tensor& b5) {
+  auto a5 = spp_->forward(b5);
+  auto a4 = elan_a4_->forward(upsample_cat(a5, p4));
+  auto a3 = elan_a3_->forward(upsample_cat(a4, p3));
+  return {a3, a4, a5};
 }
 
 // ----------------------------------------------------------------------------------- head
@@ -274,11 +293,58 @@ Yolo9Model::Yolo9Model(const std::string& size, int nc, std::optional<int64_t> h
   head_ = register_module("head", Head(cfg.head_channels(), nc, hidden));
 }
 
-std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
+void Yolo9Model::check_input(const torch::Tensor& x) const {
   if (x.dim() != 4 || x.size(1) != 3) {
     throw UsageError("YOLOv9 expects an input of shape [B, 3, H, W], got " +
                      c10::str(x.sizes()));
   }
+}
+
+bool Yolo9Model::enable_aux(double weight) {
+  if (!(weight > 0)) {
+    if (aux_) {
+      unregister_module("aux");
+      unregister_module("aux_head");
+      aux_ = nullptr;
+      aux_head_ = nullptr;
+      layers_.reset();
+    }
+    aux_weight_ = 0.0;
+    return true;
+  }
+  aux_weight_ = weight;
+  if (aux_) return true;
+  const SizeConfig& cfg = size_config(size_);
+  const auto& like = head_->cls[0]->out->weight;
+  aux_ = register_module("aux", AuxNeck(cfg));
+  aux_head_ = register_module("aux_head", Head(cfg.head_channels(), head_->nc, head_->hc));
+  for (torch::nn::Module* m : {static_cast<torch::nn::Module*>(aux_.get()), static_cast<torch::nn::Module*>(aux_head_.get())}) {
+    m->to(like.device(), like.scalar_type());
+    m->train(is_training());
+  }
+  layers_.reset();  // its layer lists now miss the new blocks
+  return true;
+}
+
+std::vector<torch::Tensor> Yolo9Model::forward_train(const torch::Tensor& x) {
+  if (!aux_ || !is_training()) return forward_raw(x);
+  check_input(x);
+  layers_.advance_bn_counters();
+  const auto run = [&] {
+    torch::Tensor b5;
+    const auto p = backbone_->forward(x, {}, &b5);
+    auto maps = head_->forward(neck_->forward(p));
+    const auto aux = aux_head_->forward(aux_->forward(p[0], p[1], b5));
+    maps.insert(maps.end(), aux.begin(), aux.end());
+    return maps;
+  };
+  if (!torch::GradMode::is_enabled()) return run();
+  auto casts = layers_.prepare_weight_casts(x);  // valid for this forward only
+  return run();
+}
+
+std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
+  check_input(x);
   if (is_training()) layers_.advance_bn_counters();
   if (common::ChannelConcat::applies(x)) {
     // Inference: the backbone's levels are written into the neck's concatenations
@@ -303,7 +369,10 @@ std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {
   return head_->forward(neck_->forward(backbone_->forward(x)));
 }
 
-void Yolo9Model::reset_num_classes(int nc) { head_->reset_num_classes(nc); }
+void Yolo9Model::reset_num_classes(int nc) {
+  head_->reset_num_classes(nc);
+  if (aux_head_) aux_head_->reset_num_classes(nc);
+}
 
 std::vector<std::string> Yolo9Model::freeze_groups() const {
   return {"backbone.conv0", "backbone.conv1",   "backbone.elan1",   "backbone.down2",

@@ -61,7 +61,9 @@ class BackboneImpl : public torch::nn::Module {
  public:
   explicit BackboneImpl(const SizeConfig& cfg);
   // p3, p4, p5; each written where `place` says (inference: into the neck's concatenations).
-  std::array<torch::Tensor, 3> forward(const torch::Tensor& x, const Placement& place = {});
+  // b5, when given, receives the last stage's output before the SPP (the auxiliary neck's input).
+  std::array<torch::Tensor, 3> forward(const torch::Tensor& x, const Placement& place = {},
+                                       torch::Tensor* b5 = nullptr);
 
  private:
   Conv conv0_{nullptr}, conv1_{nullptr};
@@ -105,6 +107,19 @@ class NeckImpl : public torch::nn::Module {
   Downsample down1_, down2_;
 };
 TORCH_MODULE(Neck);
+
+// The PGI auxiliary neck (training only): an SPPELAN of its own on the backbone's pre-SPP B5, then
+// top-down with B4 and B3 as the main neck's first half. Outputs (A3, A4, A5) fit the head's widths.
+class AuxNeckImpl : public torch::nn::Module {
+ public:
+  explicit AuxNeckImpl(const SizeConfig& cfg);
+  std::array<torch::Tensor, 3> forward(const torch::Tensor& p3, const torch::Tensor& p4, const torch::Tensor& b5);
+
+ private:
+  SPPELAN spp_{nullptr};
+  RepNCSPELAN elan_a4_{nullptr}, elan_a3_{nullptr};
+};
+TORCH_MODULE(AuxNeck);
 
 // Sequential(Conv 3x3, Conv 3x3, Conv2d 1x1 with bias): children "0", "1", "2".
 class TowerImpl : public torch::nn::Module, public common::Foldable {
@@ -156,6 +171,13 @@ class Yolo9Model : public Detector {
   Yolo9Model(const std::string& size, int nc, std::optional<int64_t> hc = std::nullopt);
 
   std::vector<torch::Tensor> forward_raw(const torch::Tensor& x) override;
+  // With the auxiliary branch in training mode: the main head's three maps, then the auxiliary
+  // head's three.
+  std::vector<torch::Tensor> forward_train(const torch::Tensor& x) override;
+  // Adds the PGI auxiliary neck ("aux") and head ("aux_head", initialised as the main head) on the
+  // model's device; weight 0 removes them.
+  bool enable_aux(double weight) override;
+  double aux_weight() const override { return aux_ ? aux_weight_ : 0.0; }
   torch::Tensor decode(const std::vector<torch::Tensor>& raw) override;
 
   std::string family_name() const override { return "yolo9"; }
@@ -178,10 +200,15 @@ class Yolo9Model : public Detector {
   };
   ops::AnchorPoints anchor_points(const std::vector<torch::Tensor>& raw);
 
+  void check_input(const torch::Tensor& x) const;
+
   std::string size_;
   Backbone backbone_{nullptr};
   Neck neck_{nullptr};
   Head head_{nullptr};
+  AuxNeck aux_{nullptr};  // training only, when enabled
+  Head aux_head_{nullptr};
+  double aux_weight_ = 0.0;
   common::BatchedLayerState layers_{*this};  // BN counters and weight casts, once per forward
   std::mutex grid_mutex_;
   std::vector<AnchorGrid> grids_;  // small, most recent last

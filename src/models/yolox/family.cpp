@@ -116,7 +116,8 @@ Family make_family() {
   f.make_loss = make_loss;
   // LibreYOLO's YOLOXConfig where it differs from the defaults of config.hpp.
   f.train_defaults = {
-      {"momentum", "0.9"},       {"nesterov", "true"},      {"scheduler", "yoloxwarmcos"},
+      {"momentum", "0.9"},       {"warmup_momentum", "0.9"}, {"aux_weight", "0"},
+      {"nesterov", "true"},      {"scheduler", "yoloxwarmcos"},
       {"warmup_epochs", "5"},    {"warmup_lr_start", "0"},  {"min_lr_ratio", "0.05"},
       {"no_aug_epochs", "15"},   {"mosaic_prob", "1.0"},    {"mixup_prob", "1.0"},
       {"degrees", "10"},         {"translate", "0.1"},      {"shear", "2"},
