@@ -8,7 +8,7 @@
 // on the device -> input conversion, forward, decode; models::ForwardGraphs), once per listed mode:
 // off = eager, on = one CUDA graph per shape replayed.
 //
-// --fold: each configuration once per listed setting of BatchNorm folding (models/common/fold.hpp;
+// --fold: each configuration once per listed setting of BatchNorm folding (layers/fold.hpp;
 // default: the process's setting, LIBREYOLO_FOLD_BN), reported as "fold".
 // --cudnn-benchmark: each configuration once per listed setting of cuDNN autotuning
 // (core/device.hpp configure_cudnn; default: ATen's, off), reported as "cudnn_benchmark".
@@ -44,8 +44,8 @@
 #include "libreyolo/errors.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
-#include "models/common/fold.hpp"
-#include "models/cudnn_fusion.hpp"
+#include "layers/fold.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "models/detector.hpp"
 #include "models/forward_graphs.hpp"
 

@@ -14,7 +14,7 @@
 
 #include "core/log.hpp"
 #include "core/device.hpp"
-#include "loss/yolo9_loss.hpp"
+#include "families/yolo9/loss.hpp"
 
 #ifdef LIBREYOLO_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>

@@ -1,5 +1,5 @@
 // A detector's first convolution (3 input channels, 3x3) one shape at a time, printed as JSON: GPU
-// time of the forward with the direct kernel (models/stem_conv.hpp) and with cuDNN (its autotuned pick, what the training step and
+// time of the forward with the direct kernel (layers/stem_conv.hpp) and with cuDNN (its autotuned pick, what the training step and
 // inference used before).
 //
 //   bench_stem_conv [--batches 1,32] [--channels 16,32] [--dtypes bf16,fp32] [--imgsz 640]
@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "bench_util.hpp"
-#include "models/stem_conv.hpp"
+#include "layers/stem_conv.hpp"
 
 namespace libreyolo {
 namespace {

@@ -22,7 +22,7 @@
 
 #include "bench_util.hpp"
 #include "data/synthetic.hpp"
-#include "models/cudnn_fusion.hpp"
+#include "layers/cudnn_fusion.hpp"
 
 namespace {
 // Seconds from the train() call to the end of each of the first steps (device work included):
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
         if (kv == "cuda_graph=true" || kv == "cuda_graph=1") graphed = true;
       nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", graphed}, {"profile", mode},
                             {"run_in_process", run_i}, {"first_steps_s", first->at},
-                            // cuDNN plans of this run (models/cudnn_fusion.hpp): how many, how many read
+                            // cuDNN plans of this run (layers/cudnn_fusion.hpp): how many, how many read
                             // from the disk cache, and the seconds spent choosing (timing) or loading them.
                             {"cudnn_plans", {{"planned", plans_after.fused - plans_before.fused},
                                              {"from_disk", plans_after.loaded - plans_before.loaded},

@@ -6,7 +6,7 @@
 //                    [--cuda-graph off|on|off,on]
 //   --cuda-graph: the whole step replayed from CUDA graphs (StepRunner::enable_cuda_graphs), each
 //   configuration measured once per listed mode, in that order.
-//   --fused: the fused Conv+BN+SiLU training node (models/conv_bn_act.hpp), default on.
+//   --fused: the fused Conv+BN+SiLU training node (layers/conv_bn_act.hpp), default on.
 // Prints one JSON object: per configuration min/median step ms, img/s, kernels per step, peak memory
 // (of the timed window, and reserved memory over the whole configuration: with graphs, their pool).
 #include <torch/torch.h>
@@ -28,7 +28,7 @@
 #include "bench_util.hpp"
 #include "engine/step.hpp"
 #include "core/device.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "models/detector.hpp"
 
 using namespace libreyolo;

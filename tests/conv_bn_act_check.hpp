@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "models/conv_bn_act.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "engine/step.hpp"
-#include "models/yolo9/blocks.hpp"
-#include "models/yolo9/yolo9.hpp"
+#include "families/yolo9/blocks.hpp"
+#include "families/yolo9/model.hpp"
 #include "support.hpp"
 
 namespace libreyolo::test {

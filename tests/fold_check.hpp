@@ -4,7 +4,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
-#include "models/common/fold.hpp"
+#include "layers/fold.hpp"
 
 namespace libreyolo::test {
 

@@ -1,4 +1,4 @@
-// cuDNN runtime fusion of inference convolution + bias + SiLU (models/cudnn_fusion.hpp): taken for the
+// cuDNN runtime fusion of inference convolution + bias + SiLU (layers/cudnn_fusion.hpp): taken for the
 // convolutions YOLO networks use (3x3 stride 1 and 2, 1x1, with and without SiLU, float16, bfloat16 and
 // float32 with TF32 allowed, NHWC), each against a float64 CPU reference; declined where it does not apply
 // (float32 with TF32 off, NCHW input, grouped); several timed candidates give the same answer;
@@ -8,9 +8,9 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
-#include "models/common/conv.hpp"
-#include "models/conv_bn_act.hpp"
-#include "models/cudnn_fusion.hpp"
+#include "layers/conv.hpp"
+#include "layers/conv_bn_act.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "support.hpp"
 
 #include <filesystem>
@@ -194,7 +194,7 @@ TEST(GpuCudnnFusion, PlansComeBackFromDiskAndCorruptFilesAreIgnored) {
   EXPECT_EQ(models::cudnn_fusion_stats().loaded, s1.loaded);
 }
 
-// Concatenations assembled in place (models/common/concat.hpp) rest on three things the fused
+// Concatenations assembled in place (layers/concat.hpp) rest on three things the fused
 // operation must do: read its input from a channel slice of a wider channels_last tensor, write
 // its result into one, and add a residual after the activation (each against float64, fp16, bf16
 // and float32); and it must write nothing outside its slice. Also the detection head's 1x1

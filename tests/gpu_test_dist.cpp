@@ -8,7 +8,7 @@
 
 #include "conv_bn_act_check.hpp"
 #include "data/synthetic.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "dist_check.hpp"
 #include "support.hpp"
 

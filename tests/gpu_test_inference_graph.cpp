@@ -11,9 +11,9 @@
 
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
-#include "models/common/concat.hpp"
-#include "models/common/fold.hpp"
-#include "models/cudnn_fusion.hpp"
+#include "layers/concat.hpp"
+#include "layers/fold.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "models/forward_graphs.hpp"
 #include "models/input.hpp"
 #include "models/loaded_model.hpp"
@@ -65,7 +65,7 @@ TEST(GpuInferenceGraph, ReplayEqualsEagerBitForBitOnTwoProbes) {
   }
 }
 
-// Concatenations assembled in place (models/common/concat.hpp) against torch::cat, v9-t graphed
+// Concatenations assembled in place (layers/concat.hpp) against torch::cat, v9-t graphed
 // at bf16 and fp16: with cuDNN's fused convolutions reading and writing channel slices the plans
 // differ from the packed ones (and a slice input no longer falls back to convolution + epilogue),
 // so the predictions agree within rounding, not bit for bit. With the fusion in the build, no

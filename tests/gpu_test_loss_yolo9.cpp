@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "io/pickle.hpp"
-#include "loss/yolo9_loss.hpp"
+#include "families/yolo9/loss.hpp"
 #include "support.hpp"
 
 #ifdef LIBREYOLO_CUDA

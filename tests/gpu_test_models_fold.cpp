@@ -1,4 +1,4 @@
-// BatchNorm folding on the GPU (models/common/fold.hpp): the folded block's epilogue (one
+// BatchNorm folding on the GPU (layers/fold.hpp): the folded block's epilogue (one
 // bias+SiLU kernel, every layout and dtype path) against a float64 CPU reference; whole YOLOv9-t
 // and YOLOX-n forwards folded against unfolded in float32 and under bfloat16 autocast; CUDA graph
 // replay of the folded forward against eager, a weight written in place after the capture seen
@@ -8,8 +8,8 @@
 #include <ATen/autocast_mode.h>
 
 #include "fold_check.hpp"
-#include "models/common/conv.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/conv.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "models/detector.hpp"
 #include "models/forward_graphs.hpp"
 #include "support.hpp"

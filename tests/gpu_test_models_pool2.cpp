@@ -1,4 +1,4 @@
-// The 2x2 stride-1 average pooling kernels (models/pool2.hpp, kernels/pool2.cu) against ATen's
+// The 2x2 stride-1 average pooling kernels (layers/pool2.hpp, kernels/pool2.cu) against ATen's
 // avg_pool2d on the same channels_last input: forward and input gradient, bit for bit, in float32,
 // float16 and bfloat16, vectorised and not, split at C (AConv) and at C/2 (ADown); and a YOLOv9
 // training step with the switch on against the same step with it off.
@@ -7,7 +7,7 @@
 
 #include <array>
 
-#include "models/pool2.hpp"
+#include "layers/pool2.hpp"
 #include "support.hpp"
 #include "yolo9_step_check.hpp"
 
@@ -76,7 +76,7 @@ TEST(GpuPool2, KernelsEqualAtenBitForBit) {
 }
 
 // Inference reads the pooling's input from a channel slice of a wider channels_last tensor (a
-// block's output written into its concatenation, models/common/concat.hpp): the same bits as
+// block's output written into its concatenation, layers/concat.hpp): the same bits as
 // pooling a packed copy, vectorised (slice offset and width multiples of 8) and not.
 TEST(GpuPool2, ChannelSliceInputEqualsPackedCopy) {
   LY_REQUIRE_CUDA();

@@ -1,4 +1,4 @@
-// models/common/slice_ops.hpp on the GPU: SPPELAN's three max pools in one kernel
+// layers/slice_ops.hpp on the GPU: SPPELAN's three max pools in one kernel
 // (kernels/spp_pool.hpp) against ATen's chained
 // max_pool2d bit for bit, NaN included, float32/float16/bfloat16, input and outputs channel
 // slices; 2x upsampling into a slice against upsample_nearest2d; the training upsampling's dtype

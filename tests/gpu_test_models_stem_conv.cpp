@@ -1,11 +1,11 @@
-// The direct 3-channel 3x3 convolution kernel (models/stem_conv.hpp, kernels/stem_conv.cu)
+// The direct 3-channel 3x3 convolution kernel (layers/stem_conv.hpp, kernels/stem_conv.cu)
 // against a float64 convolution: plain, with bias and SiLU, into a channel slice; float32,
 // float16, bfloat16; 16/32/64 output channels (16 only in float32); strides 1 and 2, padding 0
 // and 1; odd sizes. And a YOLOv9-t training step with the kernel against the one without.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "models/stem_conv.hpp"
+#include "layers/stem_conv.hpp"
 #include "support.hpp"
 #include "yolo9_step_check.hpp"
 

@@ -4,7 +4,7 @@
 #include <iostream>
 #include <ATen/autocast_mode.h>
 
-#include "models/yolo9/yolo9.hpp"
+#include "families/yolo9/model.hpp"
 #include "ops/dfl.hpp"
 #include "support.hpp"
 #include "yolo9_fixture.hpp"

@@ -7,7 +7,7 @@
 
 #include "engine/step.hpp"
 #include "io/pickle.hpp"
-#include "loss/yolox_loss.hpp"
+#include "families/yolox/loss.hpp"
 #include "models/detector.hpp"
 #include "step_check.hpp"
 #include "support.hpp"

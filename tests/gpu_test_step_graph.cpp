@@ -11,7 +11,7 @@
 
 #include "core/cuda_graph.hpp"
 #include "loss/loss.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "step_check.hpp"
 #include "support.hpp"
 

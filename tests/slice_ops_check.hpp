@@ -1,4 +1,4 @@
-// Shared by the CPU and GPU tests of models/common/slice_ops.hpp: SPPELAN's pools written into
+// Shared by the CPU and GPU tests of layers/slice_ops.hpp: SPPELAN's pools written into
 // channel slices against ATen's chained max_pool2d, and 2x upsampling against upsample_nearest2d,
 // compared bit for bit (NaNs where ATen has them).
 #pragma once
@@ -7,7 +7,7 @@
 
 #include <ATen/autocast_mode.h>
 
-#include "models/common/slice_ops.hpp"
+#include "layers/slice_ops.hpp"
 
 namespace libreyolo::test {
 

@@ -675,7 +675,7 @@ TEST(DataAugmentYolox, MixupBlendsHalfAndHalfAndKeepsThePartnersBoxes) {
   const Sample partner = solid(10, 20, 201, 0, 50, {{2, 1, 6, 9, 3}});  // letterbox ratio 1
   Sample a = base;
   a.image = base.image.clone();
-  mixup_yolox(a, partner, 1.0, false, 0, 0, S);
+  mixup_paste(a, partner, 1.0, false, 0, 0, S);
   EXPECT_EQ(pixel(a.image, 2, 2), (std::vector<uint8_t>{150, 50, 75}));      // 0.5 a + 0.5 b, truncated
   EXPECT_EQ(pixel(a.image, 15, 2), (std::vector<uint8_t>{107, 107, 107}));   // the partner's 114 padding
   ASSERT_EQ(a.boxes.size(), 2u);
@@ -683,7 +683,7 @@ TEST(DataAugmentYolox, MixupBlendsHalfAndHalfAndKeepsThePartnersBoxes) {
   // Scale 1.5, mirrored, cropped at (4, 2): boxes x -> 30 - x, then shifted and clipped to S.
   Sample b = base;
   b.image = base.image.clone();
-  mixup_yolox(b, partner, 1.5, true, 4, 2, S);
+  mixup_paste(b, partner, 1.5, true, 4, 2, S);
   ASSERT_EQ(b.boxes.size(), 2u);
   expect_box(b.boxes[1], 30 - 9 - 4, 0, 20, 13.5 - 2, 3);
 }

@@ -97,19 +97,22 @@ Stats sample_stats(const YoloDataset& ds, const AugmentOptions& opt, bool mosaic
 
 TEST(DataAugmentInvariants, EveryBoxKeepsItsColourThroughEveryTransform) {
   const auto files = colour_images("aug_colour", 8, 160, 120, 3);
-  for (const auto style : {AugmentStyle::Yolo9, AugmentStyle::Yolox}) {
+  // The blend recipe (YOLOv9's) and the scaled-paste one (YOLOX's).
+  for (const bool paste : {false, true}) {
     DatasetOptions d;
     d.imgsz = 96;
     const YoloDataset ds(files, d);
     AugmentOptions opt;
     opt.imgsz = 96;
     opt.max_labels = 40;
-    opt.style = style;
-    if (style == AugmentStyle::Yolox) opt.degrees = 10, opt.shear = 2, opt.mosaic_scale_lo = 0.1, opt.mosaic_scale_hi = 2.0;
+    if (paste) {
+      opt.recipe = AugmentRecipe{Mixup::ScaledPaste, 0.0, false};
+      opt.degrees = 10, opt.shear = 2, opt.mosaic_scale_lo = 0.1, opt.mosaic_scale_hi = 2.0;
+    }
     for (const bool mosaic : {true, false}) {
       const Stats st = sample_stats(ds, opt, mosaic, 12);
       ASSERT_GT(st.boxes, 50);
-      EXPECT_EQ(st.wrong, 0) << "style " << static_cast<int>(style) << " mosaic " << mosaic << ": " << st.wrong
+      EXPECT_EQ(st.wrong, 0) << "paste " << paste << " mosaic " << mosaic << ": " << st.wrong
                              << " of " << st.boxes << " boxes show another colour";
     }
   }

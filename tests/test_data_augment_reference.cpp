@@ -75,7 +75,7 @@ TEST(DataAugmentReference, SamplesMatchTheReferenceForTheSameDraws) {
     } else {
       AugmentOptions opt;
       opt.imgsz = S;
-      opt.style = kind == 0 ? AugmentStyle::Yolo9 : AugmentStyle::Yolox;
+      opt.recipe = kind == 0 ? AugmentRecipe{} : AugmentRecipe{Mixup::ScaledPaste, 0.0, false};
       const auto tile = [&](int i) { return &f.tiles[static_cast<size_t>(draw(i))]; };
       const std::array<const Tile*, 4> tiles = {&f.tiles[0], tile(2), tile(3), tile(4)};
       const AffineParams a = make_affine(draw(5), draw(6), draw(7), draw(8), draw(9), draw(10));

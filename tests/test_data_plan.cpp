@@ -162,9 +162,9 @@ TEST(DataPlan, RecipesWithoutAPlanAreNamed) {
   EXPECT_FALSE(plannable(mix, &why));
   EXPECT_NE(why.find("mixup"), std::string::npos);
   AugmentOptions x;
-  x.style = AugmentStyle::Yolox;
+  x.recipe = AugmentRecipe{Mixup::ScaledPaste, 0.0, false};
   EXPECT_FALSE(plannable(x, &why));
-  EXPECT_NE(why.find("YOLOX"), std::string::npos);
+  EXPECT_NE(why.find("scaled-paste"), std::string::npos);
   EXPECT_TRUE(plannable(AugmentOptions{}));
   const auto ds = exact_dataset(plan_images(), 64);
   Rng rng = Rng::for_sample(0, 0, 0, 0);

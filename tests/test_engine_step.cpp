@@ -2,7 +2,7 @@
 // static buffers a captured step needs, the gradient-sync seam, and bit-equality with the eager
 // step it replaced.
 #include "engine/step.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "models/detector.hpp"
 #include "step_check.hpp"
 #include "support.hpp"

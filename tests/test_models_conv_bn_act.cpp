@@ -1,4 +1,4 @@
-// The fused Conv+BN+SiLU autograd node (models/conv_bn_act.hpp) against the composed ops, on
+// The fused Conv+BN+SiLU autograd node (layers/conv_bn_act.hpp) against the composed ops, on
 // the CPU (the ATen path of the node). The CUDA kernels are compared on the GPU machine
 // (gpu_test_conv_bn_act.cpp).
 #include "conv_bn_act_check.hpp"

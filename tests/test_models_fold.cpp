@@ -1,4 +1,4 @@
-// BatchNorm folded into the convolutions for inference (models/common/fold.hpp), on the CPU:
+// BatchNorm folded into the convolutions for inference (layers/fold.hpp), on the CPU:
 // whole YOLOv9-t and YOLOX-n eval forwards folded against unfolded with random BatchNorm state
 // (NCHW and channels_last, float32 and bfloat16 autocast), RepConvN merged into one 3x3
 // convolution, the folds following every kind of change to their sources, in-place refreshes
@@ -13,10 +13,10 @@
 
 #include "fold_check.hpp"
 #include "io/pickle.hpp"
-#include "models/common/concat.hpp"
-#include "models/common/conv.hpp"
+#include "layers/concat.hpp"
+#include "layers/conv.hpp"
 #include "models/detector.hpp"
-#include "models/yolo9/blocks.hpp"
+#include "families/yolo9/blocks.hpp"
 #include "support.hpp"
 #include "yolo9_fixture.hpp"
 
@@ -146,7 +146,7 @@ TEST(FoldBn, Yolo9tBf16AutocastNoWorseThanUnfolded) {
   EXPECT_LE(ef.second, 2.0 * eu.second + 1e-3);
 }
 
-// Concatenations assembled in place (models/common/concat.hpp, and the neck's, which the backbone's levels
+// Concatenations assembled in place (layers/concat.hpp, and the neck's, which the backbone's levels
 // are written into) against torch::cat: the same bits for YOLOv9-t, folded and unfolded, NCHW and
 // channels_last, float32 and bfloat16 autocast (on the CPU each part is copied into its slice, exactly what
 // torch::cat does). Also: with autograd recording the blocks keep torch::cat (no slice of a shared tensor in

@@ -1,4 +1,4 @@
-// models/common/slice_ops.hpp on the CPU (ATen's pools copied into their slices; the strided copy
+// layers/slice_ops.hpp on the CPU (ATen's pools copied into their slices; the strided copy
 // of 2x upsampling): the same bits as ATen's ops, nothing written outside the slices.
 #include "libreyolo/errors.hpp"
 #include "slice_ops_check.hpp"

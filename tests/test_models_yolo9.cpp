@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "models/detector.hpp"
-#include "models/yolo9/yolo9.hpp"
+#include "families/yolo9/model.hpp"
 #include "support.hpp"
 
 using libreyolo::ModelError;

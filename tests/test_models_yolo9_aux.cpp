@@ -6,9 +6,9 @@
 #include <set>
 
 #include "io/pickle.hpp"
-#include "loss/yolo9_loss.hpp"
+#include "families/yolo9/loss.hpp"
 #include "models/detector.hpp"
-#include "models/yolo9/yolo9.hpp"
+#include "families/yolo9/model.hpp"
 #include "support.hpp"
 
 using namespace libreyolo;

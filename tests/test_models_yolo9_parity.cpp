@@ -1,7 +1,7 @@
 // YOLOv9-t parity with the Python reference on the CPU (fixtures/README.md): eval predictions,
 // train-mode raw maps and the BatchNorm running statistics after one train forward.
 #include "loss/loss.hpp"
-#include "models/yolo9/yolo9.hpp"
+#include "families/yolo9/model.hpp"
 #include "support.hpp"
 #include "yolo9_fixture.hpp"
 

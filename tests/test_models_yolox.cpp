@@ -12,10 +12,10 @@
 
 #include "core/config_schema.hpp"
 #include "engine/schedule.hpp"
-#include "loss/yolox_loss.hpp"
+#include "families/yolox/loss.hpp"
 #include "models/detector.hpp"
 #include "models/loaded_model.hpp"
-#include "models/yolox/yolox.hpp"
+#include "families/yolox/model.hpp"
 #include "support.hpp"
 
 using libreyolo::UsageError;

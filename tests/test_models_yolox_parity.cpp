@@ -6,9 +6,9 @@
 
 #include "fold_check.hpp"
 #include "io/pickle.hpp"
-#include "loss/yolox_loss.hpp"
+#include "families/yolox/loss.hpp"
 #include "models/detector.hpp"
-#include "models/yolox/yolox.hpp"
+#include "families/yolox/model.hpp"
 #include "support.hpp"
 
 using libreyolo::test::rel_err;

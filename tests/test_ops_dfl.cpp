@@ -2,8 +2,8 @@
 // decode through this one implementation.
 #include <libreyolo/errors.hpp>
 
-#include "loss/yolo9_loss.hpp"
-#include "models/yolo9/yolo9.hpp"
+#include "families/yolo9/loss.hpp"
+#include "families/yolo9/model.hpp"
 #include "ops/dfl.hpp"
 #include "support.hpp"
 

@@ -1,6 +1,6 @@
 // Configuration structs of the public API. Every field is also a key=value option of the CLI
 // and of the Kwargs overloads (same names as LibreYOLO's Python API). Defaults are the
-// reference's YOLOv9 recipe unless noted.
+// reference's recipe of the default family; each family overrides what differs (Family::train_defaults).
 #pragma once
 #include <string>
 
@@ -15,7 +15,7 @@ struct TrainConfig {
   std::string device = "auto";   // auto, cpu, cuda, cuda:N, N, "0,1"
   int workers = 8;               // loader threads (0 = load in the training thread)
   std::string cache = "false";   // false, ram (resized images in memory), disk (beside the images, reused by later runs)
-  std::string loader = "auto";  // auto (the CPU loader), cpu, gpu (nvJPEG decode + CUDA augmentation; YOLOv9 recipe, no mixup or cache)
+  std::string loader = "auto";  // auto (the CPU loader), cpu, gpu (nvJPEG decode + CUDA augmentation; blend recipes, no mixup or cache)
   int seed = 0;
   std::string resume;            // "", true (the loaded checkpoint), or a checkpoint path
   bool pretrained = true;        // use the loaded weights (false: fresh init of the same shape)
@@ -41,7 +41,7 @@ struct TrainConfig {
   int nbs = 0;                        // nominal batch for gradient accumulation (0 = off)
   double clip_max_norm = 0.0;         // 0 = no gradient clipping
   std::string freeze;                 // "", N, or comma-separated module names
-  // Weight of the training-only auxiliary branch's loss (YOLOv9's PGI neck and head); 0: no branch.
+  // Weight of the training-only auxiliary branch's loss (a PGI neck and head); 0: no branch.
   double aux_weight = 0.25;
 
   // Augmentation.
@@ -51,7 +51,7 @@ struct TrainConfig {
   double hsv_prob = 1.0;
   double flip_prob = 0.5;
   // The mosaic's random affine (rotation, translation as a fraction of imgsz, shear, scale
-  // range "lo,hi") and YOLOX's mixup partner scale range.
+  // range "lo,hi") and the scaled-paste mixup's partner scale range.
   double degrees = 0.0;
   double translate = 0.1;
   double shear = 0.0;
@@ -68,7 +68,7 @@ struct TrainConfig {
   int save_period = 10;
   bool save_plots = false;
   std::string project = "runs/train";
-  std::string name = "yolo9_exp";
+  std::string name = "exp";  // each family sets its own default (<family>_exp)
   bool exist_ok = false;
   bool sync_bn = true;
   bool verbose = true;  // progress lines

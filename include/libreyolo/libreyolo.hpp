@@ -1,6 +1,6 @@
 // LibreYOLO C++ API, shaped like the Python one:
 //
-//   libreyolo::LibreYOLO model("LibreYOLO9t.pt");          // or "yolo9t" for a fresh model
+//   libreyolo::LibreYOLO model("best.pt");                 // or a model name for a fresh model
 //   auto results = model.predict("image.jpg", {{"conf", "0.3"}});
 //   auto summary = model.train({{"data", "my.yaml"}, {"epochs", "100"}});
 //
@@ -108,8 +108,8 @@ struct ModelInfo {
 
 class LibreYOLO {
  public:
-  // `model` is a checkpoint path (LibreYOLO .pt), or a model name such as "yolo9t", "yolo9-s",
-  // "LibreYOLO9c" for a fresh, untrained model of that size (80 COCO class slots).
+  // `model` is a checkpoint path (LibreYOLO .pt), or a model name (a family and a size, as
+  // `libreyolo train --help` lists) for a fresh, untrained model of that size (80 COCO class slots).
   explicit LibreYOLO(const std::string& model, const std::string& device = "auto");
   // A fresh model of a family and size with `num_classes` classes.
   static LibreYOLO create(const std::string& family, const std::string& size, int num_classes = 80,

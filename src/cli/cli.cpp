@@ -19,6 +19,7 @@
 #include "dist/spawn.hpp"
 #include "data/dataset_yaml.hpp"
 #include "io/checkpoint.hpp"
+#include "models/detector.hpp"
 #include "profile/profile_cli.hpp"
 
 namespace libreyolo::cli {
@@ -70,15 +71,16 @@ void add_key(Command& cmd, const std::string& key, const std::string& help, bool
 std::vector<Command> commands() {
   std::vector<Command> out;
   {
-    Command c{"train", "train a model: libreyolo train model=yolo9t data=builtin epochs=10", {}, {}, {}};
-    add_key(c, "model", "str  [yolo9t]  checkpoint path or model name (yolo9t/s/m/c = fresh model)");
+    const std::string def = models::default_model_name();
+    Command c{"train", "train a model: libreyolo train model=" + def + " data=builtin epochs=10", {}, {}, {}};
+    add_key(c, "model", "str  [" + def + "]  checkpoint path or model name (family and size: a fresh model)");
     add_schema(c, train_schema(), TrainConfig{});
     add_key(c, "dry_run", "bool  [false]  print the resolved configuration and exit", true);
     out.push_back(c);
   }
   {
     Command c{"predict", "detect objects: libreyolo predict model=best.pt source=img.jpg", {}, {}, {}};
-    add_key(c, "model", "str  [yolo9t]  checkpoint path or model name");
+    add_key(c, "model", "str  [" + models::default_model_name() + "]  checkpoint path or model name");
     add_schema(c, predict_schema(), PredictConfig{});
     out.push_back(c);
   }
@@ -150,7 +152,7 @@ json detections_json(const PredictResult& r) {
 }
 
 int cmd_predict(const ParsedArgs& a, std::ostream& out) {
-  std::string model_name = kw_get(a.kwargs, "model", "yolo9t");
+  std::string model_name = kw_get(a.kwargs, "model", models::default_model_name());
   PredictConfig cfg;
   predict_schema().apply(cfg, kw_without(a.kwargs, {"model"}), "predict");
   validate(cfg);
@@ -179,7 +181,7 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
   std::ostream null_out(nullptr);
   const bool silent = dist::is_spawned_worker() || dist::is_secondary_rank();
   std::ostream& out = silent ? null_out : out_;
-  std::string model_name = kw_get(a.kwargs, "model", "yolo9t");
+  std::string model_name = kw_get(a.kwargs, "model", models::default_model_name());
   const bool dry_run = parse_bool("dry_run", kw_get(a.kwargs, "dry_run", "false"));
   TrainConfig cfg;
   train_schema().apply(cfg, kw_without(a.kwargs, {"model", "dry_run"}), "train");

@@ -13,6 +13,7 @@
 #include "cli/cli.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
+#include "models/detector.hpp"
 #include "profile/analysis.hpp"
 
 namespace fs = std::filesystem;
@@ -97,7 +98,7 @@ RunArgs parse(const std::vector<std::string>& args) {
 int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
   const RunArgs a = parse(raw);
   // Without --weights: a fresh model of the size (this build downloads nothing).
-  const std::string model_arg = a.weights.empty() ? "yolo9" + a.size : a.weights;
+  const std::string model_arg = a.weights.empty() ? models::families().front()->name + a.size : a.weights;
   std::vector<nlohmann::json> profiles;
   std::vector<std::string> paths;
   // Each invocation has a run directory of its own (prof, prof2, ...); repeated trials are its
@@ -242,7 +243,7 @@ InferArgs parse_infer(const std::vector<std::string>& args) {
 int cmd_profile_infer(const std::vector<std::string>& raw, std::ostream& out) {
   const InferArgs a = parse_infer(raw);
   // Without --weights: a fresh model of the size (this build downloads nothing).
-  LibreYOLO model(a.weights.empty() ? "yolo9" + a.size : a.weights, a.device);
+  LibreYOLO model(a.weights.empty() ? models::families().front()->name + a.size : a.weights, a.device);
   std::vector<InferenceProfile> runs;
   // As profile run: infer, infer2, ...; repeated trials inside as trial_0, trial_1, ...
   const std::string run_dir = a.repeat > 1 ? make_run_dir(a.cfg.project, "infer", /*exist_ok=*/false) : "";

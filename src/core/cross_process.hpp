@@ -1,5 +1,5 @@
 // The one collective the model and loss code needs under data parallelism: an element-wise sum
-// across the processes. The seams that take it (SyncBN statistics in models/conv_bn_act.hpp,
+// across the processes. The seams that take it (SyncBN statistics in layers/conv_bn_act.hpp,
 // loss normalisers in loss/normalizer.hpp) only see this interface; dist/ implements it on the
 // process group. Nothing is installed in one process.
 #pragma once

@@ -1,4 +1,5 @@
 #include "core/device.hpp"
+#include "core/env.hpp"
 
 #include <ATen/Context.h>
 #include <torch/cuda.h>
@@ -84,7 +85,7 @@ void synchronize(const torch::Device& device) {
 namespace {
 
 std::string env_setting(const char* name) {
-  const char* v = std::getenv(name);
+  const char* v = env_get(name);
   return v ? trim(v) : "";
 }
 

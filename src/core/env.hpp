@@ -1,23 +1,29 @@
-// On/off switches (and integer knobs) read from the environment (LIBREYOLO_FUSED_CONV, LIBREYOLO_FOLD_BN, ...): the
-// project's fast paths are on by default and an environment variable turns one off for comparisons.
+// The environment variables the product reads, listed in one place (env_vars(), core/env.cpp) with
+// what each changes; docs/cli.md's tables show them to users. The project's fast paths are on by
+// default and a variable turns one off for comparisons (LIBREYOLO_FUSED_CONV=0, ...); a few set
+// places and measurement knobs. Reading a variable that is not in the list is a programming error.
 #pragma once
-#include <cstdlib>
-#include <cstring>
+#include <vector>
 
 namespace libreyolo {
 
-// True unless the variable `name` is set to 0, false or off.
-inline bool env_switch_on(const char* name) {
-  const char* v = std::getenv(name);
-  return !(v && (std::strcmp(v, "0") == 0 || std::strcmp(v, "false") == 0 || std::strcmp(v, "off") == 0));
-}
+struct EnvVar {
+  const char* name;
+  const char* effect;  // what it changes, and its default
+};
 
-// The integer in the variable `name` when it is set and within [lo, hi], else `fallback`
+// Every LIBREYOLO_* variable the product reads.
+const std::vector<EnvVar>& env_vars();
+
+// The value of a listed variable (null when unset). Throws std::logic_error for a name that is
+// not in env_vars().
+const char* env_get(const char* name);
+
+// True unless the listed variable `name` is set to 0, false or off.
+bool env_switch_on(const char* name);
+
+// The integer in the listed variable `name` when it is set and within [lo, hi], else `fallback`
 // (measurement knobs such as LIBREYOLO_WGRAD_LAG).
-inline int env_int(const char* name, int lo, int hi, int fallback) {
-  const char* v = std::getenv(name);
-  const int n = v ? std::atoi(v) : 0;
-  return v && n >= lo && n <= hi ? n : fallback;
-}
+int env_int(const char* name, int lo, int hi, int fallback);
 
 }  // namespace libreyolo

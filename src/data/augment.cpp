@@ -272,11 +272,11 @@ Sample warp_affine(const Sample& in, const AffineParams& p, int S) {
   return out;
 }
 
-void mixup_yolox(Sample& base, const Sample& partner, double jit, bool flip, int off_x, int off_y, int S) {
+void mixup_paste(Sample& base, const Sample& partner, double jit, bool flip, int off_x, int off_y, int S) {
   StageScope timed(Stage::Mixup);
   check_image(base.image);
   check_image(partner.image);
-  if (base.image.size(0) != S || base.image.size(1) != S) throw UsageError("mixup_yolox: base must be S x S");
+  if (base.image.size(0) != S || base.image.size(1) != S) throw UsageError("mixup_paste: base must be S x S");
   // Partner letterboxed top-left into S x S, then the whole canvas resized by the jitter.
   const int ph = static_cast<int>(partner.image.size(0)), pw = static_cast<int>(partner.image.size(1));
   const double r = std::min(static_cast<double>(S) / ph, static_cast<double>(S) / pw);
@@ -325,7 +325,7 @@ TransformParams draw_transform(Rng& rng, const AugmentOptions& opt) {
   p.hsv = rng.uniform() < opt.hsv_prob;
   p.gains = draw_hsv_gains(rng, opt);
   p.flip = rng.uniform() < opt.flip_prob;
-  p.augment_empty = opt.style == AugmentStyle::Yolo9;
+  p.augment_empty = opt.recipe.augment_empty;
   return p;
 }
 
@@ -430,8 +430,9 @@ SampleDraw mosaic_sample_plan(const std::array<const Tile*, 4>& tiles, int xc, i
   SampleDraw d = mosaic_plan(tiles, S, xc, yc, &placed);
   warp_plan(d, affine, S, &placed);
   boxes->clear();
+  const double side = opt.recipe.drop_box_side;
   for (const Box& b : placed)
-    if (opt.style != AugmentStyle::Yolo9 || (b.x2 - b.x1 > 2.0 && b.y2 - b.y1 > 2.0)) boxes->push_back(b);
+    if (side <= 0 || (b.x2 - b.x1 > side && b.y2 - b.y1 > side)) boxes->push_back(b);
   return d;
 }
 
@@ -456,8 +457,8 @@ void apply_transform(const Sample& in, const TransformParams& p, int S, int max_
 
 // ---- plans ---------------------------------------------------------------------------------
 bool plannable(const AugmentOptions& opt, std::string* why) {
-  if (opt.style != AugmentStyle::Yolo9) {
-    if (why) *why = "the YOLOX recipe (its mixup)";
+  if (opt.recipe.mixup != Mixup::Blend) {
+    if (why) *why = "the recipe's scaled-paste mixup";
     return false;
   }
   if (opt.mixup_prob > 0) {
@@ -502,7 +503,7 @@ void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const 
   const size_t npix = static_cast<size_t>(S) * S * 3;
   if (mosaic && rng.uniform() < opt.mosaic_prob) {
     const Rng start = rng;
-    if (opt.style == AugmentStyle::Yolox) {
+    if (opt.recipe.mixup == Mixup::ScaledPaste) {
       Sample m;
       m.image = torch::empty({S, S, 3}, torch::kUInt8);
       SampleDraw d;
@@ -521,7 +522,7 @@ void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const 
           const int extra = std::max(1, static_cast<int>(S * jit)) - S;
           const int off_y = extra > 0 ? static_cast<int>(rng.randint(0, extra - 1)) : 0;
           const int off_x = extra > 0 ? static_cast<int>(rng.randint(0, extra - 1)) : 0;
-          mixup_yolox(m, partner, jit, flip, off_x, off_y, S);
+          mixup_paste(m, partner, jit, flip, off_x, off_y, S);
         }
       }
       apply_transform(m, draw_transform(rng, opt), S, opt.max_labels, image_out, targets_out);

@@ -1,4 +1,4 @@
-// Training augmentation and validation preprocessing of the YOLOv9 and YOLOX recipes: mosaic
+// Training augmentation and validation preprocessing of the detection recipes: mosaic
 // through a random affine, HSV, horizontal flip, top-left letterbox, box filters, mixup,
 // normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on the
 // same picture in BGR order (data/hsv.hpp).
@@ -14,18 +14,11 @@
 
 #include "data/dataset.hpp"
 #include "data/hsv.hpp"
+#include "data/recipe.hpp"
 #include "data/rng.hpp"
 
 namespace libreyolo::data {
 
-// The two recipes share the mosaic: four tiles on a 2S canvas, which a random affine (rotation,
-// scale, shear, translation about the canvas origin) takes to S x S, so that the output is a
-// window of the canvas at about the tiles' own scale. They differ after it. Yolo9: boxes of
-// at most 2 x 2 pixels dropped, then HSV and flip (also on images without boxes), then mixup
-// with a Beta(32, 32) weight keeping both label sets. Yolox: mixup pastes a scaled, maybe
-// flipped partner at a fixed 0.5 weight and keeps its labels; HSV and flip come after the
-// mixup and leave an image without boxes as it is.
-enum class AugmentStyle { Yolo9, Yolox };
 
 struct AugmentOptions {
   int imgsz = 640;
@@ -35,9 +28,9 @@ struct AugmentOptions {
   double hsv_prob = 1.0;
   double flip_prob = 0.5;
   double hgain = 5.0, sgain = 30.0, vgain = 30.0;
-  AugmentStyle style = AugmentStyle::Yolo9;
+  AugmentRecipe recipe;  // what the family's recipe does after the mosaic (data/recipe.hpp)
   // The mosaic's random affine: rotation (+-degrees), translation (+- fraction of S), shear
-  // (+-degrees), scale range; YOLOv9's values. The mixup partner's scale range (YOLOX).
+  // (+-degrees), scale range. The scaled-paste mixup's partner scale range.
   double degrees = 0.0, translate = 0.1, shear = 0.0;
   double mosaic_scale_lo = 0.5, mosaic_scale_hi = 1.5;
   double mixup_scale_lo = 0.5, mixup_scale_hi = 1.5;
@@ -56,7 +49,7 @@ struct MosaicParams {
 MosaicParams draw_mosaic(Rng& rng, int imgsz, int64_t dataset_size,
                          const std::function<int64_t(int64_t)>& labels = {});
 MosaicParams draw_mosaic(Rng& rng, int imgsz, const YoloDataset& ds);
-// One partner index as draw_mosaic draws them (also the YOLOv9 mixup's partner).
+// One partner index as draw_mosaic draws them (also the blend mixup's partner).
 int64_t draw_partner(Rng& rng, int64_t dataset_size, const std::function<int64_t(int64_t)>& labels);
 
 // The 2x3 matrix taking canvas pixels to output pixels: m = {a, b, tx, c, d, ty}.
@@ -125,26 +118,27 @@ void render_sample(const SampleDraw& plan, const std::array<const torch::Tensor*
                    uint8_t* out);
 
 // The mosaic of four tiles for given draws (centre, affine): a plan of the S x S window of the
-// canvas, without HSV or flip, and its boxes (YOLOv9: those of at most 2 x 2 pixels dropped).
+// canvas, without HSV or flip, and its boxes (those with a side of at most the recipe's
+// drop_box_side pixels dropped).
 SampleDraw mosaic_sample_plan(const std::array<const Tile*, 4>& tiles, int xc, int yc, const AffineParams& affine,
                               const AugmentOptions& opt, std::vector<Box>* boxes);
 
-// Sample-level forms of the above (tests, the YOLOX mixup path): the 2S x 2S canvas of four
+// Sample-level forms of the above (tests, the scaled-paste mixup path): the 2S x 2S canvas of four
 // samples, boxes clipped to it; an image warped to S x S (bilinear, border 114) with its boxes.
 Sample mosaic_canvas(const std::array<const Sample*, 4>& tiles, int imgsz, int xc, int yc);
 Sample warp_affine(const Sample& in, const AffineParams& p, int imgsz);
 
-// YOLOX mixup of `base` (S x S) with `partner` (any size): the partner letterboxed top-left
+// The scaled-paste mixup of `base` (S x S) with `partner` (any size): the partner letterboxed top-left
 // into S x S, resized by `scale`, mirrored when `flip`, cropped S x S at (off_x, off_y) of its
 // max(scale S, S) canvas, blended 0.5 / 0.5 (truncated), its boxes moved alike and appended.
-void mixup_yolox(Sample& base, const Sample& partner, double scale, bool flip, int off_x, int off_y, int imgsz);
+void mixup_paste(Sample& base, const Sample& partner, double scale, bool flip, int off_x, int off_y, int imgsz);
 
 // ---- Per-sample transform -------------------------------------------------------------------
 struct TransformParams {
   bool hsv = false;
   HsvGains gains;
   bool flip = false;
-  bool augment_empty = true;  // an image without boxes is still shifted and flipped (YOLOv9)
+  bool augment_empty = true;  // an image without boxes is still shifted and flipped
 };
 TransformParams draw_transform(Rng& rng, const AugmentOptions& opt);
 // The transform of an h x w picture's plan (its boxes given): the plan's HSV and flip, and the
@@ -157,14 +151,14 @@ void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int 
                      uint8_t* image_out, float* targets_out);
 
 // ---- Whole samples --------------------------------------------------------------------------
-// A training sample's random draws, boxes and targets (written to targets_out) for the YOLOv9
+// A training sample's random draws, boxes and targets (written to targets_out) for a blend
 // recipe without mixup, with every tile's geometry taken from the image headers: the plan of
 // what make_train_sample draws. Images already found corrupt are replaced by their next
 // readable neighbour as the loads do. Throws UsageError for a recipe it cannot plan
 // (plannable() says which).
 SampleDraw plan_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
                              Rng& rng, float* targets_out);
-// Whether plan_train_sample covers `opt` (no mixup, YOLOv9 style); else the reason.
+// Whether plan_train_sample covers `opt` (a blend recipe, no mixup); else the reason.
 bool plannable(const AugmentOptions& opt, std::string* why = nullptr);
 // make_val_sample as a plan.
 SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out);

@@ -1,4 +1,5 @@
 #include "data/dataset_yaml.hpp"
+#include "core/env.hpp"
 
 #include <yaml-cpp/yaml.h>
 
@@ -119,7 +120,7 @@ void scan_directory(const fs::path& dir, std::vector<std::string>& out) {
 }  // namespace
 
 std::string datasets_dir() {
-  const char* env = std::getenv("LIBREYOLO_DATASETS_DIR");
+  const char* env = env_get("LIBREYOLO_DATASETS_DIR");
   if (env && *env) return expand_user(env).string();
   return (fs::path(home_dir()) / "datasets").string();
 }

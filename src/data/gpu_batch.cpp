@@ -1,4 +1,5 @@
 #include "data/gpu_batch.hpp"
+#include "core/env.hpp"
 
 #include <fstream>
 #include <libreyolo/errors.hpp>
@@ -56,7 +57,7 @@ struct NvjpegApi {
 NvjpegApi load_nvjpeg() {
   NvjpegApi a;
   std::vector<std::string> candidates;
-  if (const char* env = std::getenv("LIBREYOLO_NVJPEG"); env && *env) candidates.emplace_back(env);
+  if (const char* env = env_get("LIBREYOLO_NVJPEG"); env && *env) candidates.emplace_back(env);
   candidates.emplace_back("libnvjpeg.so.13");
 #ifdef LIBREYOLO_NVJPEG_DIR
   candidates.emplace_back(std::string(LIBREYOLO_NVJPEG_DIR) + "/libnvjpeg.so.13");

@@ -1,4 +1,5 @@
 #include "data/loader.hpp"
+#include "core/env.hpp"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/cuda.h>
@@ -21,7 +22,7 @@
 namespace libreyolo::data {
 
 int LoaderOptions::default_worker_nice() {
-  const char* v = std::getenv("LIBREYOLO_LOADER_NICE");
+  const char* v = env_get("LIBREYOLO_LOADER_NICE");
   if (v && *v) {
     char* end = nullptr;
     const long n = std::strtol(v, &end, 10);

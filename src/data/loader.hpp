@@ -50,7 +50,7 @@ struct LoaderOptions {
   // >= 0: the GPU loader on this CUDA device (data/gpu_batch.hpp): workers plan samples and read
   // files; each batch is decoded (nvJPEG) and drawn there, and Batch::images is a CUDA tensor.
   // Same samples and targets as the CPU loader with DatasetOptions::reduced_decode = false (pixels
-  // differ only by the JPEG decoder). The YOLOv9 recipe without mixup, no dataset cache
+  // differ only by the JPEG decoder). A blend recipe without mixup, no dataset cache
   // (gpu_loader_supports says why not).
   int gpu = -1;
 };

@@ -1,6 +1,6 @@
 // A generated detection dataset in the YOLO layout: coloured geometric shapes on a textured
 // background, with exact labels. Backs the built-in default dataset ("builtin") and the tests.
-// Learnable by design: YOLOv9-t from scratch on the builtin set (imgsz 160, batch 8, SGD with a
+// Learnable by design: the default model from scratch on the builtin set (imgsz 160, batch 8, SGD with a
 // 3-epoch warmup, one CPU core) measured val mAP50 0.15 / 0.47 / 0.72 / 0.83 after about
 // 45 s / 90 s / 2 min / 5 min.
 #pragma once

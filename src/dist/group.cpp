@@ -1,4 +1,5 @@
 #include "dist/group.hpp"
+#include "core/env.hpp"
 
 #include <condition_variable>
 #include <cstdio>
@@ -72,7 +73,7 @@ std::optional<RankEnv> rank_env_from_environment() {
   e.master_addr = env_text("MASTER_ADDR").value_or("127.0.0.1");
   e.master_port = env_int("MASTER_PORT", 29500);
   e.agent_store = env_text("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True";
-  e.spawned = env_text("LIBREYOLO_DDP_WORKER").has_value();
+  e.spawned = env_get("LIBREYOLO_DDP_WORKER") != nullptr;
   if (e.world_size < 1 || e.rank >= e.world_size)
     throw UsageError(strfmt("RANK=%d is outside WORLD_SIZE=%d", e.rank, e.world_size), "", "config_invalid");
   if (e.local_world_size < 1 || e.local_rank >= e.local_world_size)

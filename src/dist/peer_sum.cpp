@@ -1,4 +1,5 @@
 #include "dist/peer_sum.hpp"
+#include "core/env.hpp"
 
 #include <unistd.h>
 
@@ -52,7 +53,7 @@ std::shared_ptr<PeerSum> PeerSum::create(const std::shared_ptr<Group>& group, st
   const int world = group->world_size(), me = group->rank();
   if (world > kernels::kPeerSumMaxWorld)
     return fail("more than " + std::to_string(kernels::kPeerSumMaxWorld) + " ranks");
-  const char* env = std::getenv("LIBREYOLO_PEER_SUM");
+  const char* env = env_get("LIBREYOLO_PEER_SUM");
   // Every step below is collective and taken by every rank, whatever this rank found so far, so
   // that all ranks agree on the outcome.
   std::string reason = env && std::string(env) == "0" ? "LIBREYOLO_PEER_SUM=0" : "";

@@ -1,4 +1,5 @@
 #include "dist/spawn.hpp"
+#include "core/env.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -62,7 +63,7 @@ std::string child_device_mask(const std::vector<int>& devices, const char* curre
   return out;
 }
 
-bool is_spawned_worker() { return std::getenv("LIBREYOLO_DDP_WORKER") != nullptr; }
+bool is_spawned_worker() { return env_get("LIBREYOLO_DDP_WORKER") != nullptr; }
 
 bool is_secondary_rank() {
   const char* rank = std::getenv("RANK");

@@ -3,7 +3,7 @@
 //  - gradients (engine/step.hpp GradSync): bucketed all-reduce after the last backward of an
 //    accumulation window, then divided by the world size: every rank steps with the mean;
 //  - a sum across processes (core/cross_process.hpp), which the BatchNorm statistics seam
-//    (models/conv_bn_act.hpp, sync_bn) and the loss-normaliser seam (loss/normalizer.hpp) take.
+//    (layers/conv_bn_act.hpp, sync_bn) and the loss-normaliser seam (loss/normalizer.hpp) take.
 // With all three, N ranks training at batch B/N compute the update of one process at batch B.
 #pragma once
 #include <memory>

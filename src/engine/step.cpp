@@ -8,8 +8,8 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/cuda_graph.hpp"
-#include "models/common/fold.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/fold.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "models/input.hpp"
 
 namespace libreyolo::engine {

@@ -1,4 +1,5 @@
 #include "engine/train.hpp"
+#include "core/env.hpp"
 
 #include <unistd.h>
 
@@ -195,7 +196,7 @@ TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
                                   const std::vector<std::shared_ptr<TrainHook>>& hooks, const Kwargs& given) {
   int code = 0;
   try {
-    if (const char* w = std::getenv("LIBREYOLO_DDP_WEIGHTS")) {
+    if (const char* w = env_get("LIBREYOLO_DDP_WEIGHTS")) {
       auto ck = io::load_torch_file(w);
       auto loaded = models::model_from_checkpoint(ck, w);
       loaded->weights = lm.weights;
@@ -203,7 +204,7 @@ TrainResult spawn_training(models::LoadedModel& lm, TrainConfig cfg) {
       lm = std::move(*loaded);
     }
     TrainResult r = train_here(lm, cfg, callbacks, hooks, given);
-    const char* rp = std::getenv("LIBREYOLO_DDP_RESULT");
+    const char* rp = env_get("LIBREYOLO_DDP_RESULT");
     const char* rank = std::getenv("RANK");
     if (rp && rank && std::string(rank) == "0") write_result(rp, r);
   } catch (const InterruptedError& e) {

@@ -64,7 +64,7 @@ std::string loss_list(const std::vector<std::pair<std::string, double>>& losses)
 }
 
 // ------------------------------------------------------------------------------------------------
-// Mosaic closes for the last no_aug_epochs; the family may switch its loss then (YOLOX's L1).
+// Mosaic closes for the last no_aug_epochs; the family may switch its loss then (an L1 term).
 class EpochActionsHook : public TrainHook {
  public:
   explicit EpochActionsHook(Trainer& t) : t_(t) {}
@@ -253,7 +253,7 @@ class CheckpointHook : public TrainHook {
       root->set("ema_updates", io::PyValue::from_int(t_.ema()->updates()));
     }
     root->set("scaler", t_.step_runner().scaler().state_dict());
-    // The close-mosaic switch (and with it the family's per-epoch change, e.g. YOLOX's L1 loss).
+    // The close-mosaic switch (and with it the family's per-epoch change, e.g. an L1 loss term).
     root->set("mosaic_closed", io::PyValue::from_bool(!t_.train_loader().mosaic()));
     return root;
   }

@@ -21,7 +21,7 @@
 #include "engine/autobatch.hpp"
 #include "engine/validator.hpp"
 #include "loss/normalizer.hpp"
-#include "models/conv_bn_act.hpp"
+#include "layers/conv_bn_act.hpp"
 #include "io/checkpoint.hpp"
 #include "models/coco_names.hpp"
 
@@ -229,7 +229,7 @@ void Trainer::setup_device() {
     // CPU training: the step and the loader share the cores, and torch's OpenMP threads spin
     // while they wait, so oversubscription slows every step several times over. Give the loader
     // a quarter of the cores (none on a small machine: it then runs between steps) and the
-    // step the rest. (2 cores, YOLOv9-t at 160 px: 47 img/s this way, 30 with one core each.)
+    // step the rest. (2 cores, the default model at 160 px: 47 img/s this way, 30 with one core each.)
     const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
     const int loader = std::min(cfg_.workers, cores / 4);
     const int threads = std::max(1, cores - loader);
@@ -346,7 +346,7 @@ void Trainer::setup_data() {
   lo.augment.mixup_prob = cfg_.mixup_prob;
   lo.augment.hsv_prob = cfg_.hsv_prob;
   lo.augment.flip_prob = cfg_.flip_prob;
-  lo.augment.style = lm_.family->augment == "yolox" ? data::AugmentStyle::Yolox : data::AugmentStyle::Yolo9;
+  lo.augment.recipe = lm_.family->augment;
   lo.augment.degrees = cfg_.degrees;
   lo.augment.translate = cfg_.translate;
   lo.augment.shear = cfg_.shear;
@@ -395,7 +395,7 @@ void Trainer::setup_model() {
   const int nc = static_cast<int>(names_.size());
   model_ = lm_.model;
   // A model that was never loaded from weights is initialised again here, after the seed was
-  // set, so that `train model=yolo9t seed=0` starts from the same weights in every process
+  // set, so that a fresh model's `train ... seed=0` starts from the same weights in every process
   // (LibTorch's default generator is seeded randomly at start-up).
   const bool fresh = lm_.weights.empty() && !lm_.checkpoint;
   if ((!cfg_.pretrained || fresh) && !resume_ckpt_) {

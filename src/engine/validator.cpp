@@ -1,4 +1,5 @@
 #include "engine/validator.hpp"
+#include "core/env.hpp"
 #include "core/device.hpp"
 
 #include <chrono>
@@ -41,7 +42,7 @@ double now_ms() {
 std::string resolve_data_arg(const std::string& data) {
   if (data != "builtin") return data;
   // Generated once into the cache directory (next to the torch environment) and reused.
-  const char* cache = std::getenv("LIBREYOLO_CACHE");
+  const char* cache = env_get("LIBREYOLO_CACHE");
   const char* home = std::getenv("HOME");
   fs::path base = cache && *cache ? fs::path(cache)
                                   : fs::path(home && *home ? home : "/tmp") / ".cache" / "libreyolo-cpp";

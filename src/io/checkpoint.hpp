@@ -16,7 +16,7 @@ inline constexpr const char* kCheckpointSchemaVersion = "1.0";
 
 // Metadata as found in a checkpoint; each field is empty when the checkpoint lacks it.
 struct CheckpointMeta {
-  std::optional<std::string> family;  // `model_family`, e.g. "yolo9"
+  std::optional<std::string> family;  // `model_family`: a registry name
   std::optional<std::string> size;    // "t" / "s" / "m" / "c" ...
   std::optional<std::string> task;    // "detect" ...
   std::optional<int64_t> nc;

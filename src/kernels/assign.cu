@@ -1,7 +1,7 @@
 // The assigner's per-pair metrics; see assign.hpp. One thread per (b, t, a), anchors fastest, so a
 // warp reads consecutive anchors of the predicted boxes and logits and writes consecutive outputs;
 // the ground-truth box of (b, t) is the same for the whole row (cached). The arithmetic follows
-// the composed form's order (loss/yolo9_loss.cpp pairwise_ciou); the compiler may contract
+// the composed form's order (the loss's pairwise_ciou); the compiler may contract
 // multiply-adds, so values agree to float32 rounding, not bit for bit.
 #include "kernels/assign.hpp"
 

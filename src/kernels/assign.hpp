@@ -1,9 +1,9 @@
-// The YOLOv9 assigner's per-pair metrics in one kernel: for every (image b, ground truth t,
+// The task-aligned assigner's per-pair metrics in one kernel: for every (image b, ground truth t,
 // anchor a) the CIoU of the ground-truth box and the predicted box clamped to [0, 1], and the
 // alignment sigmoid(class logit of t's class at a)^0.5 * iou^6. The composed ATen form
-// (loss/yolo9_loss.cpp: pairwise_ciou, sigmoid over every class, gathers, powers) takes about 30
+// (the loss's pairwise_ciou, sigmoid over every class, gathers, powers) takes about 30
 // passes over [B, T, A] float tensors (107 MB each at batch 32, 100 box slots, 640 px). Float32
-// only; plain pointers, loss/yolo9_loss.cpp is the torch side.
+// only; plain pointers, the family's loss is the torch side.
 #pragma once
 #include <cstdint>
 

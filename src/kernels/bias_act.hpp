@@ -1,6 +1,6 @@
 // The epilogue of a BatchNorm-folded inference convolution: y = act(y + bias[channel]) in place,
 // one elementwise kernel (ATen would take two: the bias add, then SiLU). Plain pointers and a
-// cudaStream_t only, so the .cu file needs no torch headers; models/conv_bn_act.cpp is the torch side.
+// cudaStream_t only, so the .cu file needs no torch headers; layers/conv_bn_act.cpp is the torch side.
 #pragma once
 #include <cstdint>
 

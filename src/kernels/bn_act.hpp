@@ -60,7 +60,7 @@ int bn_act_vector_width(int channels);
 // The kernels' fallback grid when a launch names none (block_groups 0): channels per block and
 // rows per thread. Training steps name theirs (bn_act_reduce_grid_for below);
 // LIBREYOLO_BN_BLOCK_CHANNELS and LIBREYOLO_BN_ROWS_PER_THREAD set one grid for every launch of a
-// step instead (models/conv_bn_act.cpp), for measurements.
+// step instead (layers/conv_bn_act.cpp), for measurements.
 constexpr int bn_act_reduce_block_channels() { return 256; }
 constexpr int bn_act_rows_per_thread() { return 4; }
 // The reductions' grid a training step uses for an [rows, channels] activation, by its size

@@ -1,5 +1,5 @@
 // 2x2 average pooling with stride 1 and no padding over NHWC (channels_last) activations, the
-// pooling of YOLOv9's AConv and ADown blocks: y[n, h, w, c] = (x[h, w] + x[h, w+1] + x[h+1, w] +
+// pooling of the AConv and ADown downsampling blocks: y[n, h, w, c] = (x[h, w] + x[h, w+1] + x[h+1, w] +
 // x[h+1, w+1]) / 4 in float32, rounded once to the element type, for h < H-1, w < W-1, in ATen's
 // order of summation (its NHWC kernels', so results are the same bits). The output's channels are
 // written split at `split` into two NHWC tensors (ADown convolves the halves separately; AConv
@@ -7,7 +7,7 @@
 //
 // ATen's NHWC pooling kernels compute one element per thread with 64-bit index arithmetic; these
 // move `vec` channels (16 bytes in bf16/fp16) per thread. Plain pointers and a cudaStream_t only,
-// so the .cu file needs no torch headers; models/pool2.cpp is the torch side.
+// so the .cu file needs no torch headers; layers/pool2.cpp is the torch side.
 #pragma once
 #include <cstdint>
 

@@ -1,4 +1,4 @@
-// The three chained 5x5 stride-1 max pools (padding 2) of YOLOv9's SPPELAN in one pass, for
+// The three chained 5x5 stride-1 max pools (padding 2) of an SPPELAN block in one pass, for
 // inference: from y0 [N, H, W, C] (NHWC, each pixel's C channels `in_pixel` elements after the
 // previous pixel's: a channel slice of a wider tensor), the maxima over the 5x5, 9x9 and 13x13
 // windows clipped to the image, written into three NHWC outputs of pixel stride `out_pixel`.

@@ -9,7 +9,7 @@
 // Layouts: x is NHWC, packed ([N, H, W, 3]); y is NHWC with `out_pixel` elements from one
 // pixel's channels to the next (a channel slice of a wider tensor), channels packed; weights are
 // [Cout, 3, 3, 3] with the strides given (in elements).
-// Plain pointers and a cudaStream_t only; models/stem_conv.cpp is the torch side.
+// Plain pointers and a cudaStream_t only; layers/stem_conv.cpp is the torch side.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -9,8 +9,7 @@
 
 namespace libreyolo {
 
-// A loss value: the backpropagated total plus the family's named terms (YOLOv9: box, cls, dfl;
-// YOLOX: iou, obj, cls, l1). Sums, CSV columns (train/<name>_loss) and logs follow the names.
+// A loss value: the backpropagated total plus the family's named terms (e.g. box, cls, dfl). Sums, CSV columns (train/<name>_loss) and logs follow the names.
 struct LossOutput {
   torch::Tensor total;   // scalar, backpropagated; already the weighted sum of the terms
   torch::Tensor terms;   // [K] weighted, detached, in the order of `names` (the loss dtype)
@@ -38,7 +37,7 @@ class DetectionLoss {
   virtual const std::vector<std::string>& term_names() const = 0;
   // What compute() reads that the loss keeps between calls (cached anchor grids and the like): a
   // captured step holds these handles, so that they outlive any later cache eviction. A loss whose
-  // compute() would change with host-side state (a switch such as YOLOX's L1 term) needs the
+  // compute() would change with host-side state (a switch such as an L1 term that starts later) needs the
   // trainer to invalidate captured steps when that state changes (Family::on_close_mosaic).
   virtual std::vector<std::shared_ptr<const void>> capture_keep_alive() const { return {}; }
 };

@@ -1,5 +1,5 @@
-// Loss normalisers under data parallelism. YOLOv9 divides its terms by the sum of the soft
-// targets, YOLOX by the positive count: per-batch counts. Under data parallelism each process
+// Loss normalisers under data parallelism. A loss divides its terms by a per-batch count (the
+// sum of the soft targets, or the positive count). Under data parallelism each process
 // sees only its shard, so every process divides by the mean over all processes of those counts
 // (the sum of the shards' counts, at least 1, over the world size). With the gradients averaged
 // across processes, the update then equals one process training on the global batch.

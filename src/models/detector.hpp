@@ -1,7 +1,7 @@
 // The family interface. The engine (trainer, predict, validation) and the CLI reach a model's
 // specifics only through Detector and Family: its sizes, weights rules, loss, recipe defaults,
 // per-epoch switches, input convention and postprocess. Adding a family touches its own folder
-// plus one registry line (models/registry.cpp).
+// plus one registry line (families/registry.cpp).
 #pragma once
 #include <torch/torch.h>
 
@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "data/recipe.hpp"
 #include "io/state_dict.hpp"
 #include "ops/postprocess.hpp"
 
@@ -24,7 +25,7 @@ namespace models {
 // keys exactly (persistent buffers only: non-persistent ones such as strides are plain members).
 class Detector : public torch::nn::Module {
  public:
-  // Raw per-level head outputs (train-time representation), e.g. YOLOv9: [B, 4*reg_max+nc, H/s, W/s].
+  // Raw per-level head outputs (train-time representation), e.g. a DFL head's [B, 4*reg_max+nc, H/s, W/s].
   virtual std::vector<torch::Tensor> forward_raw(const torch::Tensor& x) = 0;
   // Decoded predictions [B, 4+nc, A]: rows 0-3 xyxy in input pixels, then sigmoid class scores.
   virtual torch::Tensor decode(const std::vector<torch::Tensor>& raw) = 0;
@@ -40,7 +41,7 @@ class Detector : public torch::nn::Module {
   // Freeze groups in order (module-name prefixes), for `freeze=N`.
   virtual std::vector<std::string> freeze_groups() const { return {}; }
 
-  // A training-only auxiliary branch (YOLOv9's PGI neck and head): trained with the model, its
+  // A training-only auxiliary branch (a PGI neck and head): trained with the model, its
   // loss weighted `weight`, saved under the family's aux_prefixes, never run by inference.
   // weight 0 removes it. Returns false when the family has none.
   virtual bool enable_aux(double weight) {
@@ -54,12 +55,12 @@ class Detector : public torch::nn::Module {
 };
 
 // How a family wants its input: images arrive as NHWC uint8 RGB; the network gets float NCHW
-// `pixel / divisor`, channels reversed when `bgr` (YOLOX takes BGR 0-255: divisor 1).
+// `pixel / divisor`, channels reversed when `bgr` (a network taking BGR 0-255: bgr, divisor 1).
 struct InputSpec {
   bool bgr = false;
   double divisor = 255.0;
   // Under autocast the input may arrive in the autocast dtype: everything the network does to it
-  // before its first convolution (YOLOv9: nothing; YOLOX's Focus: strided copies) commutes with
+  // before its first convolution (none, or a space-to-depth stem's strided copies) commutes with
   // that cast, which the convolution would make anyway. A family whose first ops need float32
   // input says false.
   bool autocast_input = true;
@@ -74,7 +75,7 @@ struct PostprocessArgs {
 };
 
 struct Family {
-  std::string name;                // "yolo9"
+  std::string name;                // the registry name: model names are name + size
   std::vector<std::string> sizes;  // {"t","s","m","c"}
   std::string default_size;
   bool default_amp = true;
@@ -107,15 +108,15 @@ struct Family {
   // The training loss for a model of this family.
   std::function<std::unique_ptr<DetectionLoss>(const Detector& model)> make_loss;
 
-  // Recipe: option values (TrainConfig keys) that differ from the YOLOv9 defaults of config.hpp,
+  // Recipe: option values (TrainConfig keys) that differ from the defaults of config.hpp,
   // applied before the caller's own options.
   std::vector<std::pair<std::string, std::string>> train_defaults;
-  // Per-epoch switch when mosaic closes (no_aug_epochs before the end), e.g. YOLOX's L1 loss.
+  // Per-epoch switch when mosaic closes (no_aug_epochs before the end), e.g. an L1 box term that starts then.
   // Returns true when it changed what the training step computes (captured graphs must go).
   std::function<bool(Detector& model, DetectionLoss& loss)> on_close_mosaic;
   InputSpec input;
-  // Training augmentation pipeline (data/augment.hpp AugmentStyle): "yolo9" or "yolox".
-  std::string augment = "yolo9";
+  // What the training augmentation does after the shared mosaic (data/recipe.hpp).
+  data::AugmentRecipe augment;
   std::function<ops::Detections(const torch::Tensor& pred, const PostprocessArgs& args)> postprocess;
   // Optional: every image of a batch [B, ...] at once, the same detections as `postprocess` image
   // by image (fewer device synchronisations); unset: `postprocess` per image.
@@ -128,6 +129,8 @@ struct Family {
 // Registry.
 const std::vector<const Family*>& families();
 const Family* find_family(const std::string& name);  // nullptr if unknown
+// The first registered family with its default size: the model a command uses when given none.
+std::string default_model_name();
 const Family* detect_family(const io::StateDict& sd);
 
 // Copies `sd` into the model's parameters and buffers (shape-checked). Missing and unexpected

@@ -10,7 +10,7 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/strings.hpp"
-#include "models/cudnn_fusion.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "models/input.hpp"
 
 namespace libreyolo::models {
@@ -101,7 +101,7 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
 
 namespace {
 
-// Says what the first run of a shape cost in cuDNN fused-convolution plans (models/cudnn_fusion.hpp),
+// Says what the first run of a shape cost in cuDNN fused-convolution plans (layers/cudnn_fusion.hpp),
 // when it built any: the first process on a machine compiles them (seconds), later ones read them.
 class FusionReport {
  public:

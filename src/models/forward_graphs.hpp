@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "models/common/fold.hpp"
+#include "layers/fold.hpp"
 #include "models/detector.hpp"
 
 namespace libreyolo {

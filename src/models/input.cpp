@@ -6,7 +6,7 @@
 
 #include "core/env.hpp"
 #include "kernels/network_input.hpp"
-#include "models/kernel_dtype.hpp"
+#include "layers/kernel_dtype.hpp"
 #endif
 
 namespace libreyolo::models {

@@ -28,7 +28,8 @@ struct ModelName {
   std::string family, size;
 };
 
-// "yolo9t", "yolo9-s", "yolo9_m", "LibreYOLO9c", optionally with ".pt".
+// <family><size>, <family>-<size> or <family>_<size>, "LibreYOLO" standing for "yolo" (LibreYOLO's
+// file names), optionally with ".pt".
 std::optional<ModelName> parse_model_name(const std::string& text) {
   std::string s = fs::path(text).filename().string();
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));

@@ -33,7 +33,8 @@ struct LoadedModel {
   io::CheckpointMeta meta() const;
 };
 
-// A checkpoint path or a model name ("yolo9t", "yolo9-s", "LibreYOLO9c"). Throws ModelError.
+// A checkpoint path or a model name (family and size, as parse rules in loaded_model.cpp). Throws
+// ModelError.
 std::unique_ptr<LoadedModel> load_model(const std::string& model, const std::string& device);
 std::unique_ptr<LoadedModel> fresh_model(const std::string& family, const std::string& size, int nc,
                                          const std::string& device);

@@ -10,7 +10,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/dfl_decode.hpp"
-#include "models/kernel_dtype.hpp"
+#include "layers/kernel_dtype.hpp"
 #endif
 
 namespace libreyolo::ops {

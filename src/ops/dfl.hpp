@@ -1,5 +1,5 @@
 // Anchor points and DFL (distribution focal loss) box decoding of anchor-free detect heads, one
-// implementation for the YOLOv9 model's decode and its loss (the model's and the loss's decoders
+// implementation for a DFL model's decode and its loss (the model's and the loss's decoders
 // give the same boxes).
 #pragma once
 #include <torch/types.h>

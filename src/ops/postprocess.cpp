@@ -15,7 +15,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include "kernels/detect_nms.hpp"
-#include "models/kernel_dtype.hpp"
+#include "layers/kernel_dtype.hpp"
 #endif
 
 namespace libreyolo::ops {

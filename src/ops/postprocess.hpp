@@ -1,5 +1,5 @@
 // YOLO detect post-processing for one image: candidates, mapping to the original image,
-// class-aware NMS (reference: LibreYOLO postprocess/yolo9.py, detect branch).
+// class-aware NMS.
 #pragma once
 #include <torch/types.h>
 

@@ -28,7 +28,7 @@ const char* phase_name(Phase p);
 
 // Copied into every artifact.
 struct Meta {
-  std::string model;           // e.g. "YOLOv9-t"
+  std::string model;           // the model's display name and size
   std::string device;          // e.g. "cuda:0", "cpu"
   long long batch = 0;         // the resolved global batch
   std::vector<int> imgsz;      // {s} or {h, w}

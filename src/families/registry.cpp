@@ -1,0 +1,36 @@
+// The registry: every family this build has, in the order model names and weights are matched.
+// A new family adds its folder and one line here.
+#include "models/detector.hpp"
+#include "families/yolo9/model.hpp"
+#include "families/yolox/model.hpp"
+
+namespace libreyolo::models {
+
+const std::vector<const Family*>& families() {
+  static const std::vector<const Family*> all = {
+      &yolo9::family(),
+      &yolox::family(),
+  };
+  return all;
+}
+
+const Family* find_family(const std::string& name) {
+  for (const Family* f : families()) {
+    if (f->name == name) return f;
+  }
+  return nullptr;
+}
+
+std::string default_model_name() {
+  const Family* f = families().front();
+  return f->name + f->default_size;
+}
+
+const Family* detect_family(const io::StateDict& sd) {
+  for (const Family* f : families()) {
+    if (f->can_load && f->can_load(sd)) return f;
+  }
+  return nullptr;
+}
+
+}  // namespace libreyolo::models

@@ -1,0 +1,591 @@
+// See cudnn_fusion.hpp. One cudnn_frontend graph per configuration (shapes, pixel strides, dtype,
+// stride, padding, activation, residual, device): conv_fprop -> add bias -> SWISH_FWD (beta 1:
+// x * sigmoid(x)) -> add residual, float32 accumulation and epilogue, one rounding to the output
+// dtype; or, for training, one conv_fprop, conv_dgrad or conv_wgrad node. Plans are chosen, cached
+// and kept on disk the same way for both.
+#include "layers/cudnn_fusion.hpp"
+
+#include "core/env.hpp"
+#include "core/log.hpp"
+#include "layers/pixel_stride.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <array>
+#include <tuple>
+#include <vector>
+
+#ifdef LIBREYOLO_CUDNN_FUSION
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAEvent.h>
+#include <ATen/cudnn/Handle.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <dlfcn.h>
+#include <unistd.h>
+// The frontend reaches cuDNN through dlsym on this handle (NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING,
+// set by CMake): torch's own libcudnn.so.9, already loaded by libtorch_cuda; nothing else is opened.
+#include <cudnn_frontend.h>
+namespace cudnn_frontend {
+void* cudnn_dlhandle = nullptr;
+}
+#endif
+
+namespace libreyolo::models {
+
+bool cudnn_fusion_enabled() {
+#ifdef LIBREYOLO_CUDNN_FUSION
+  static const bool on = [] {
+    if (!env_switch_on("LIBREYOLO_CUDNN_FUSION")) return false;
+    cudnn_frontend::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_NOLOAD);
+    return cudnn_frontend::cudnn_dlhandle != nullptr;
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+bool cudnn_fusion_takes(at::ScalarType dtype) {
+  return dtype == at::kHalf || dtype == at::kBFloat16 ||
+         (dtype == at::kFloat && at::globalContext().allowTF32CuDNN(at::Float32Op::CONV));
+}
+
+#ifndef LIBREYOLO_CUDNN_FUSION
+
+torch::Tensor cudnn_conv_bias_act(const torch::Tensor&, const torch::Tensor&, const torch::Tensor&, int64_t, int64_t,
+                                  bool, const torch::Tensor&, const torch::Tensor&) {
+  return {};
+}
+torch::Tensor cudnn_conv_train(TrainConvOp, const torch::Tensor&, const torch::Tensor&, at::IntArrayRef, int64_t,
+                               int64_t) {
+  return {};
+}
+CudnnFusionStats cudnn_fusion_stats() { return {}; }
+void cudnn_fusion_forget_plans() {}
+
+#else
+
+namespace {
+
+namespace fe = cudnn_frontend;
+
+enum Uid : int64_t { kX = 1, kW = 2, kB = 3, kY = 4, kR = 5 };
+
+// Everything a plan depends on but the device; pointers are bound at execution.
+struct Shapes {
+  fe::DataType_t io;
+  std::vector<int64_t> x, w, y;  // all channels-last (w: [K, C, R, S] stored K, R, S, C)
+  int64_t stride, padding;
+  bool act;
+  std::array<int64_t, 3> pixel;  // elements from one pixel to the next in x, y, residual (0: none)
+  // -1: the fused inference convolution (bias, activation, residual); else a TrainConvOp, one
+  // plain convolution node (packed operands, no epilogue), deterministic engines only.
+  int op = -1;
+  bool operator<(const Shapes& o) const {
+    return std::tie(io, x, w, y, stride, padding, act, pixel, op) <
+           std::tie(o.io, o.x, o.w, o.y, o.stride, o.padding, o.act, o.pixel, o.op);
+  }
+};
+using Key = std::pair<int, Shapes>;  // device, configuration
+
+struct Plan {
+  std::shared_ptr<fe::graph::Graph> graph;  // null: declined; its candidate plan is the one executed
+  int64_t workspace = 0;
+  bool from_disk = false;
+};
+
+struct Cache {
+  std::mutex mutex;
+  std::map<Key, std::shared_ptr<Plan>> plans;
+  CudnnFusionStats stats;
+};
+
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+// Strides of [N, C, H, W] stored channels-last with `pixel` elements from one pixel to the next
+// (C for a packed tensor, more for a channel slice of a wider one).
+std::vector<int64_t> nhwc_strides(const std::vector<int64_t>& d, int64_t pixel = 0) {
+  if (pixel == 0) pixel = d[1];
+  return {pixel * d[2] * d[3], 1, d[3] * pixel, pixel};
+}
+
+
+// A training convolution's graph: one conv_fprop, conv_dgrad or conv_wgrad node over packed
+// channels-last operands, its output rounded once to the io dtype (what ATen's cuDNN convolution
+// computes); engines cuDNN marks non-deterministic are barred, so that a replayed step equals the
+// eager one bit for bit.
+std::shared_ptr<fe::graph::Graph> training_graph(cudnnHandle_t handle, const Shapes& s) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+  const auto operand = [&](const char* name, int64_t uid, const std::vector<int64_t>& dims) {
+    return g->tensor(fe::graph::Tensor_attributes().set_name(name).set_uid(uid).set_dim(dims).set_stride(
+        nhwc_strides(dims)));
+  };
+  const std::vector<int64_t> pad = {s.padding, s.padding}, stride = {s.stride, s.stride}, dilation = {1, 1};
+  std::shared_ptr<fe::graph::Tensor_attributes> out;
+  if (s.op == static_cast<int>(TrainConvOp::Forward)) {
+    out = g->conv_fprop(operand("x", kX, s.x), operand("w", kW, s.w),
+                        fe::graph::Conv_fprop_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation));
+    out->set_uid(kY).set_dim(s.y).set_stride(nhwc_strides(s.y));
+  } else if (s.op == static_cast<int>(TrainConvOp::InputGrad)) {
+    out = g->conv_dgrad(operand("dy", kY, s.y), operand("w", kW, s.w),
+                        fe::graph::Conv_dgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation));
+    out->set_uid(kX).set_dim(s.x).set_stride(nhwc_strides(s.x));
+  } else {
+    out = g->conv_wgrad(operand("dy", kY, s.y), operand("x", kX, s.x),
+                        fe::graph::Conv_wgrad_attributes().set_padding(pad).set_stride(stride).set_dilation(dilation));
+    out->set_uid(kW).set_dim(s.w).set_stride(nhwc_strides(s.w));
+  }
+  out->set_output(true).set_data_type(s.io);
+  if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
+      !g->create_execution_plans({fe::HeurMode_t::A}).is_good())
+    return nullptr;
+  g->deselect_numeric_notes({fe::NumericalNote_t::NONDETERMINISTIC});
+  if (!g->check_support(handle).is_good()) return nullptr;
+  return g;
+}
+
+// The operation graph with its heuristics' candidate list (mode A), or null when cuDNN has none.
+std::shared_ptr<fe::graph::Graph> operation_graph(cudnnHandle_t handle, const Shapes& s) {
+  if (s.op >= 0) return training_graph(handle, s);
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.io).set_intermediate_data_type(fe::DataType_t::FLOAT).set_compute_data_type(
+      fe::DataType_t::FLOAT);
+  auto X = g->tensor(fe::graph::Tensor_attributes().set_name("x").set_uid(kX).set_dim(s.x).set_stride(
+      nhwc_strides(s.x, s.pixel[0])));
+  auto W = g->tensor(fe::graph::Tensor_attributes().set_name("w").set_uid(kW).set_dim(s.w).set_stride(nhwc_strides(s.w)));
+  auto B = g->tensor(fe::graph::Tensor_attributes()
+                         .set_name("bias")
+                         .set_uid(kB)
+                         .set_dim({1, s.y[1], 1, 1})
+                         .set_stride({s.y[1], 1, s.y[1], s.y[1]})
+                         .set_data_type(fe::DataType_t::FLOAT));
+  auto conv = g->conv_fprop(X, W,
+                            fe::graph::Conv_fprop_attributes()
+                                .set_padding({s.padding, s.padding})
+                                .set_stride({s.stride, s.stride})
+                                .set_dilation({1, 1}));
+  auto Y = g->pointwise(conv, B, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD));
+  if (s.act)
+    Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::SWISH_FWD).set_swish_beta(1.f));
+  // Float32 without an activation: an identity after the bias. For conv + bias alone cuDNN lists
+  // only precompiled engines in float32, which write a channel-slice output through a packed copy
+  // (a second kernel); with a second pointwise op it lists its runtime-fused ones, which write the
+  // slice directly. H200, v9-t's six detection-head convolutions at batch 1: 7-11 us -> 2.4-4.4 us.
+  if (!s.act && s.io == fe::DataType_t::FLOAT)
+    Y = g->pointwise(Y, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::IDENTITY));
+  if (s.pixel[2] > 0) {
+    auto R = g->tensor(fe::graph::Tensor_attributes().set_name("residual").set_uid(kR).set_dim(s.y).set_stride(
+        nhwc_strides(s.y, s.pixel[2])));
+    Y = g->pointwise(Y, R, fe::graph::Pointwise_attributes().set_mode(fe::PointwiseMode_t::ADD));
+  }
+  Y->set_output(true).set_uid(kY).set_dim(s.y).set_stride(nhwc_strides(s.y, s.pixel[1])).set_data_type(s.io);
+  if (!g->validate().is_good() || !g->build_operation_graph(handle).is_good() ||
+      !g->create_execution_plans({fe::HeurMode_t::A}).is_good() || !g->check_support(handle).is_good())
+    return nullptr;
+  return g;
+}
+
+// Candidates to build and time per configuration while cuDNN autotuning is on (ForwardGraphs'
+// first run of a shape to be captured, training and its validation): 4, and 6 for float32 fused
+// convolutions; else 1 (the heuristics' first plan that builds); LIBREYOLO_CUDNN_FUSION_CANDIDATES=N
+// overrides. H200, v9-t graphed bf16 (one call, timing each candidate in a CUDA graph): batch 1
+// 2.09-2.11 ms with 1 candidate, 1.53-1.54 with 4, 1.44-1.64 with 10; batch 32 6.49-6.54 /
+// 6.21-6.24 / 6.48-6.58; compilation at the first call of a shape 3-6 s / 11-15 s / 20-21 s (then
+// read from disk: under 1 s). Float32 (TF32) at batch 1 (all 10-12 listed plans timed): the
+// fastest was the heuristics' fifth or sixth for 16 of v9-t's 62 configurations and a later one
+// for 1 (summed fastest times 0.323 ms among 4, 0.305 among 6 or all), for 8% more compilation
+// (17.2 -> 18.6 s); bfloat16 gained nothing measurable from 6 (summed 1.533 -> 1.528 ms at
+// batches 1 and 32) for 2.3x the compilation (21 -> 52 s).
+int64_t candidates(const Shapes& s) {
+  int64_t n = !at::globalContext().benchmarkCuDNN() ? 1 : s.op < 0 && s.io == fe::DataType_t::FLOAT ? 6 : 4;
+  if (const char* v = env_get("LIBREYOLO_CUDNN_FUSION_CANDIDATES")) n = std::max(1, std::atoi(v));
+  return n;
+}
+
+// GPU milliseconds per run of plan `index`, or -1 on failure. kRuns runs are captured in one CUDA
+// graph and the best of three replays is taken: a small convolution's kernel is shorter than the
+// host's launch, so timing runs launched one by one measures the host, not the plan.
+float time_plan(cudnnHandle_t handle, fe::graph::Graph& g, int64_t index, std::unordered_map<int64_t, void*>& ptrs,
+                const at::Tensor& like) {
+  constexpr int kRuns = 10;
+  int64_t wsz = 0;
+  if (!g.get_workspace_size_plan_at_index(index, wsz).is_good()) return -1;
+  at::Tensor space = at::empty({std::max<int64_t>(wsz, 1)}, like.options().dtype(at::kByte));
+  const auto current = at::cuda::getCurrentCUDAStream(like.device().index());
+  if (!g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good()) return -1;
+  current.synchronize();
+  const auto side = at::cuda::getStreamFromPool(false, like.device().index());
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  bool ok = fe::detail::set_stream(handle, side.stream()) == CUDNN_STATUS_SUCCESS &&
+            cudaStreamBeginCapture(side.stream(), cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+  if (ok) {
+    for (int r = 0; r < kRuns && ok; ++r) ok = g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good();
+    ok = cudaStreamEndCapture(side.stream(), &graph) == cudaSuccess && ok;
+  }
+  fe::detail::set_stream(handle, current.stream());
+  ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, side.stream()) == cudaSuccess;
+  float best = -1;
+  for (int r = 0; r < 3 && ok; ++r) {
+    at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
+    a.record(side);
+    ok = cudaGraphLaunch(exec, side.stream()) == cudaSuccess;
+    b.record(side);
+    b.synchronize();
+    const float t = a.elapsed_time(b) / kRuns;
+    if (ok && (best < 0 || t < best)) best = t;
+  }
+  side.synchronize();
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a failed capture or launch above is reported by the -1, not left pending
+  return ok ? best : -1;
+}
+
+// ---- plans kept on disk: a runtime-compiled plan's serialized form carries its compiled kernel,
+// so a later process loads it instead of compiling again (~0.1 s per convolution). One file per
+// configuration under $LIBREYOLO_CUDNN_PLAN_CACHE (off: none), else $XDG_CACHE_HOME/libreyolo-cpp/
+// cudnn-plans, else ~/.cache/libreyolo-cpp/cudnn-plans. A file is used only when its magic, its key
+// (cuDNN and frontend versions, GPU, configuration) and its payload checksum match; anything else
+// (a torn write, another version, a corrupt byte) is ignored and the plan built and written again.
+
+constexpr char kMagic[8] = {'L', 'Y', 'C', 'P', 'L', 'A', 'N', '1'};
+
+std::string plan_dir() {
+  if (const char* v = env_get("LIBREYOLO_CUDNN_PLAN_CACHE"); v && *v) {
+    const std::string d = v;
+    return d == "off" || d == "0" ? "" : d;
+  }
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/libreyolo-cpp/cudnn-plans";
+  if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/libreyolo-cpp/cudnn-plans";
+  return "";
+}
+
+uint64_t fnv1a(const uint8_t* p, size_t n, uint64_t h = 1469598103934665603ULL) {
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+// The configuration in words, for plan keys and logs.
+std::string describe(const Shapes& s) {
+  std::ostringstream d;
+  d << "io " << static_cast<int>(s.io) << " x";
+  for (auto v : s.x) d << ' ' << v;
+  d << " w";
+  for (auto v : s.w) d << ' ' << v;
+  d << " stride " << s.stride << " pad " << s.padding << " act " << s.act << " pixel " << s.pixel[0] << ' '
+    << s.pixel[1] << ' ' << s.pixel[2];
+  if (s.op >= 0) d << " training op " << s.op;
+  return d.str();
+}
+
+// Bumped when operation_graph() builds a configuration differently (2: float32's identity op), so
+// that plans kept on disk from an older build are not taken for the new graph.
+constexpr int kGraphVersion = 2;
+
+std::string plan_key(const Shapes& s, int device) {
+  const auto* prop = at::cuda::getDeviceProperties(device);
+  std::ostringstream k;
+  k << "cudnn " << fe::detail::get_backend_version() << " fe " << CUDNN_FRONTEND_VERSION << " gpu " << prop->name
+    << " sm " << prop->major << prop->minor << ' ' << describe(s) << " candidates " << candidates(s)
+    << " graph " << kGraphVersion;
+  return k.str();
+}
+
+std::string plan_path(const std::string& dir, const std::string& key) {
+  char name[32];
+  std::snprintf(name, sizeof name, "%016llx.plan",
+                static_cast<unsigned long long>(fnv1a(reinterpret_cast<const uint8_t*>(key.data()), key.size())));
+  return dir + "/" + name;
+}
+
+// The payload stored for `key`, or empty.
+std::vector<uint8_t> read_plan(const std::string& path, const std::string& key) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return {};
+  char magic[8];
+  uint64_t key_len = 0, len = 0, sum = 0;
+  if (!f.read(magic, 8) || std::memcmp(magic, kMagic, 8) != 0) return {};
+  if (!f.read(reinterpret_cast<char*>(&key_len), 8) || key_len != key.size()) return {};
+  std::string stored(key_len, '\0');
+  if (!f.read(stored.data(), static_cast<std::streamsize>(key_len)) || stored != key) return {};
+  if (!f.read(reinterpret_cast<char*>(&len), 8) || !f.read(reinterpret_cast<char*>(&sum), 8)) return {};
+  if (len == 0 || len > (64u << 20)) return {};
+  std::vector<uint8_t> data(len);
+  if (!f.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(len))) return {};
+  if (fnv1a(data.data(), data.size()) != sum) return {};
+  return data;
+}
+
+void write_plan(const std::string& dir, const std::string& path, const std::string& key,
+                const std::vector<uint8_t>& data) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) return;
+    const uint64_t key_len = key.size(), len = data.size(), sum = fnv1a(data.data(), data.size());
+    f.write(kMagic, 8);
+    f.write(reinterpret_cast<const char*>(&key_len), 8);
+    f.write(key.data(), static_cast<std::streamsize>(key.size()));
+    f.write(reinterpret_cast<const char*>(&len), 8);
+    f.write(reinterpret_cast<const char*>(&sum), 8);
+    f.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size()));
+    if (!f) {
+      f.close();
+      std::filesystem::remove(tmp, ec);
+      return;
+    }
+  }
+  std::filesystem::rename(tmp, path, ec);  // atomic: readers see the old file or the whole new one
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+// The plan stored on disk for these shapes, or null.
+std::shared_ptr<fe::graph::Graph> load_plan(cudnnHandle_t handle, const std::string& path, const std::string& key) {
+  const std::vector<uint8_t> data = read_plan(path, key);
+  if (data.empty()) return nullptr;
+  try {
+    auto g = std::make_shared<fe::graph::Graph>();
+    if (!g->deserialize(handle, data).is_good()) return nullptr;
+    return g;
+  } catch (const std::exception&) {  // a payload the JSON reader rejects
+    return nullptr;
+  }
+}
+
+// Builds the graph and picks a plan; a Plan with no graph when cuDNN declines. Runtime-compiled
+// engines compile while they build (~0.1 s each): with several candidates each is built on its own
+// thread, in its own copy of the graph with its own cuDNN handle, then timed here one by one.
+std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordered_map<int64_t, void*>& ptrs,
+                            const at::Tensor& x) {
+  auto plan = std::make_shared<Plan>();
+  const std::string dir = plan_dir();
+  const std::string key = dir.empty() ? "" : plan_key(s, x.device().index());
+  const std::string path = dir.empty() ? "" : plan_path(dir, key);
+  if (!dir.empty()) {
+    if (auto stored = load_plan(handle, path, key); stored && stored->get_workspace_size(plan->workspace).is_good()) {
+      plan->graph = std::move(stored);
+      plan->from_disk = true;
+      return plan;
+    }
+  }
+  auto g = operation_graph(handle, s);
+  if (!g) return plan;
+  static std::once_flag said_fused, said_training;
+  std::call_once(s.op < 0 ? said_fused : said_training, [&] {
+    const std::string where = dir.empty() ? std::string("the disk cache is off") : "kept in " + dir;
+    log_info(s.op < 0 ? "cuDNN fusion: compiling fused convolution kernels for new shapes (up to ~0.5 s each, once "
+                        "per machine: " + where + ")"
+                      : "cuDNN: timing training convolution plans for new shapes (once per machine: " + where + ")");
+  });
+  const int64_t total = g->get_execution_plan_count();
+  const int64_t count = std::min(total, candidates(s));
+  std::shared_ptr<fe::graph::Graph> best_graph;
+  int64_t best = -1;
+  if (count <= 1) {  // the heuristics' first plan that builds
+    for (int64_t i = 0; i < total && best < 0; ++i)
+      if (g->build_plan_at_index(i).is_good()) best = i;
+    best_graph = g;
+  } else {
+    // The first `count` candidates that build (a barred engine, e.g. a non-deterministic one, or
+    // one that fails to build makes room for the next), each in its own copy of the graph. Fused
+    // plans compile their kernels while they build: `count` at a time on threads with their own
+    // cuDNN handles; a training convolution's engines are precompiled, built here one by one.
+    std::vector<std::shared_ptr<fe::graph::Graph>> graphs(total);
+    const int device = x.device().index();
+    const auto build_one = [&](cudnnHandle_t h, int64_t i) {
+      auto gi = i == 0 ? g : operation_graph(h, s);
+      if (gi && gi->build_plan_at_index(i).is_good()) graphs[i] = std::move(gi);
+    };
+    int64_t built = 0;
+    for (int64_t start = 0; start < total && built < count; start += count) {
+      const int64_t end = std::min(total, start + count);
+      if (s.op >= 0) {
+        for (int64_t i = start; i < end; ++i) build_one(handle, i);
+      } else {
+        std::vector<std::thread> threads;
+        for (int64_t i = start; i < end; ++i)
+          threads.emplace_back([&, i] {
+            c10::cuda::set_device(device);
+            cudnnHandle_t h = nullptr;
+            if (fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) return;
+            build_one(h, i);
+            fe::detail::destroy_handle(h);
+          });
+        for (auto& t : threads) t.join();
+      }
+      for (int64_t i = start; i < end; ++i) built += graphs[i] ? 1 : 0;
+    }
+    float best_ms = -1;
+    std::string timings;  // for the debug log: each candidate's engine and time
+    for (int64_t i = 0, timed = 0; i < total && timed < count; ++i) {
+      if (!graphs[i]) continue;
+      ++timed;
+      const float ms = time_plan(handle, *graphs[i], i, ptrs, x);
+      if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_graph = graphs[i];
+      if (log_level() <= LogLevel::Debug) {
+        std::string name;
+        if (!graphs[i]->get_plan_name_at_index(i, name).is_good()) name = "?";
+        timings += strfmt(" [%lld] %s %.4f ms;", static_cast<long long>(i), name.c_str(), ms);
+      }
+    }
+    if (log_level() <= LogLevel::Debug)
+      log_debug(strfmt("cuDNN plans for %s: %lld listed, chose [%lld]:", describe(s).c_str(),
+                       static_cast<long long>(total), static_cast<long long>(best)) + timings);
+  }
+  if (best < 0 || !best_graph->get_workspace_size(plan->workspace).is_good()) return plan;
+  if (!dir.empty()) {
+    std::vector<uint8_t> data;
+    if (best_graph->serialize(data, /*serialize_structure=*/false).is_good()) write_plan(dir, path, key, data);
+  }
+  plan->graph = std::move(best_graph);
+  return plan;
+}
+
+// The frontend's name for a dtype cudnn_fusion_takes.
+fe::DataType_t fe_dtype(at::ScalarType t) {
+  return t == at::kHalf ? fe::DataType_t::HALF : t == at::kBFloat16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::FLOAT;
+}
+
+// Output extent of a convolution along one side (dilation 1).
+int64_t out_side(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
+  return (in + 2 * padding - kernel) / stride + 1;
+}
+
+// The cached plan for `shapes` (built on its first use, never inside a capture) run on `ptrs`;
+// false when cuDNN has no engine for it or the launch failed (then nothing was written).
+bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, const at::Tensor& like) {
+  const Key key{like.device().index(), shapes};
+  const auto stream = at::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  if (fe::detail::set_stream(handle, stream) != CUDNN_STATUS_SUCCESS) return false;
+  std::shared_ptr<Plan> plan;
+  {
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    auto it = c.plans.find(key);
+    if (it == c.plans.end()) {
+      // Building times candidates (synchronising) and may compile kernels: never inside a capture.
+      // Captures run each shape eagerly first (ForwardGraphs, the training step's first
+      // occurrences), so this only declines strays.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
+        return false;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto built = build(handle, shapes, ptrs, like);
+      c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++(built->graph ? c.stats.fused : c.stats.declined);
+      if (built->from_disk) ++c.stats.loaded;
+      it = c.plans.emplace(key, std::move(built)).first;
+    }
+    plan = it->second;
+  }
+  if (!plan->graph) return false;
+  at::Tensor space = at::empty({std::max<int64_t>(plan->workspace, 1)}, like.options().dtype(at::kByte));
+  return plan->graph->execute(handle, ptrs, space.data_ptr()).is_good();
+}
+
+}  // namespace
+
+CudnnFusionStats cudnn_fusion_stats() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().stats;
+}
+
+void cudnn_fusion_forget_plans() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  cache().plans.clear();
+}
+
+torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
+                                  int64_t stride, int64_t padding, bool act, const torch::Tensor& residual,
+                                  const torch::Tensor& out) {
+  if (!cudnn_fusion_enabled() || !x.is_cuda() || x.dim() != 4 || w.dim() != 4) return {};
+  const auto io = x.scalar_type();
+  if (!cudnn_fusion_takes(io) || w.scalar_type() != io || bias32.scalar_type() != at::kFloat ||
+      !bias32.is_contiguous() || bias32.numel() != w.size(0) || w.size(1) != x.size(1))  // groups 1 only
+    return {};
+  const int64_t oh = out_side(x.size(2), w.size(2), stride, padding);
+  const int64_t ow = out_side(x.size(3), w.size(3), stride, padding);
+  if (oh <= 0 || ow <= 0 || x.size(0) == 0) return {};
+  const std::vector<int64_t> ysize = {x.size(0), w.size(0), oh, ow};
+  for (const at::Tensor* t : {&residual, &out})
+    if (t->defined() && (t->sizes() != at::IntArrayRef(ysize) || t->scalar_type() != io || t->device() != x.device()))
+      return {};
+  // Every operand 16-byte aligned, and in a channel slice each pixel's channels too (plans are
+  // built for aligned vector loads and stores).
+  const auto aligned = [&](const at::Tensor& t, int64_t pixel) {  // pixel 0: a plain vector
+    return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+           (pixel == 0 || pixel == t.size(1) || (pixel * t.element_size()) % 16 == 0);
+  };
+  const int64_t xp = common::pixel_stride(x);
+  const int64_t rp = residual.defined() ? common::pixel_stride(residual) : 0;
+  if (xp == 0 || !aligned(x, xp) || !aligned(bias32, 0) || (residual.defined() && (rp == 0 || !aligned(residual, rp))))
+    return {};
+  const at::Tensor wc = w.is_contiguous(at::MemoryFormat::ChannelsLast) ? w : w.contiguous(at::MemoryFormat::ChannelsLast);
+  if (!aligned(wc, wc.size(1))) return {};
+  c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor y = out.defined() ? out : at::empty(ysize, x.options().memory_format(at::MemoryFormat::ChannelsLast));
+  const int64_t yp = common::pixel_stride(y);
+  if (yp == 0 || !aligned(y, yp)) return {};
+  const Shapes shapes{fe_dtype(io), x.sizes().vec(), wc.sizes().vec(), ysize, stride, padding, act, {xp, yp, rp}};
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kX, x.data_ptr()}, {kW, wc.data_ptr()}, {kB, bias32.data_ptr()}, {kY, y.data_ptr()}};
+  if (residual.defined()) ptrs[kR] = residual.data_ptr();
+  // A failed launch leaves y unwritten: decline, the caller computes it its own way.
+  return run_plan(shapes, ptrs, x) ? y : at::Tensor();
+}
+
+torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const torch::Tensor& b, at::IntArrayRef out_sizes,
+                               int64_t stride, int64_t padding) {
+  static const bool on = env_switch_on("LIBREYOLO_CUDNN_TRAIN_CONV");
+  if (!on || !cudnn_fusion_enabled() || !a.is_cuda() || a.dim() != 4 || b.dim() != 4 || out_sizes.size() != 4 ||
+      b.device() != a.device())
+    return {};
+  const auto io = a.scalar_type();
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  if (!cudnn_fusion_takes(io) || b.scalar_type() != io || !a.is_contiguous(cl) || !b.is_contiguous(cl)) return {};
+  // x, w and y of the convolution, whichever two are given.
+  const bool fwd = op == TrainConvOp::Forward, dgrad = op == TrainConvOp::InputGrad;
+  const std::vector<int64_t> out(out_sizes.begin(), out_sizes.end());
+  const std::vector<int64_t> x = fwd ? a.sizes().vec() : dgrad ? out : b.sizes().vec();
+  const std::vector<int64_t> w = fwd ? b.sizes().vec() : dgrad ? b.sizes().vec() : out;
+  const std::vector<int64_t> y = fwd ? out : a.sizes().vec();
+  if (x[0] == 0 || w[1] != x[1] || y[0] != x[0] || y[1] != w[0] ||  // groups 1 only
+      y[2] != out_side(x[2], w[2], stride, padding) || y[3] != out_side(x[3], w[3], stride, padding) ||
+      y[2] <= 0 || y[3] <= 0)
+    return {};
+  // Plans are built for 16-byte-aligned vector accesses.
+  if (reinterpret_cast<uintptr_t>(a.data_ptr()) % 16 != 0 || reinterpret_cast<uintptr_t>(b.data_ptr()) % 16 != 0)
+    return {};
+  c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor result = at::empty(out, a.options().memory_format(cl));
+  Shapes shapes{fe_dtype(io), x, w, y, stride, padding, false, {x[1], y[1], 0}};
+  shapes.op = static_cast<int>(op);
+  std::unordered_map<int64_t, void*> ptrs;
+  ptrs[kX] = fwd ? a.data_ptr() : dgrad ? result.data_ptr() : b.data_ptr();
+  ptrs[kW] = fwd || dgrad ? b.data_ptr() : result.data_ptr();
+  ptrs[kY] = fwd ? result.data_ptr() : a.data_ptr();
+  return run_plan(shapes, ptrs, a) ? result : at::Tensor();
+}
+
+#endif
+
+}  // namespace libreyolo::models
