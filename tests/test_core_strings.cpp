@@ -27,3 +27,15 @@ TEST(Strings, StartsWith) {
 }
 
 }  // namespace
+
+TEST(Strings, CountsAndDurationsReadAsEnglish) {
+  EXPECT_EQ(libreyolo::count_of(1, "epoch"), "1 epoch");
+  EXPECT_EQ(libreyolo::count_of(0, "epoch"), "0 epochs");
+  EXPECT_EQ(libreyolo::count_of(1, "batch", "batches"), "1 batch");
+  EXPECT_EQ(libreyolo::count_of(7, "batch", "batches"), "7 batches");
+  EXPECT_EQ(libreyolo::duration_text(0.04), "0.0 s");
+  EXPECT_EQ(libreyolo::duration_text(42.26), "42.3 s");
+  EXPECT_EQ(libreyolo::duration_text(245.0), "4 min 05 s");
+  EXPECT_EQ(libreyolo::duration_text(7620.0), "2 h 07 min");
+  EXPECT_EQ(libreyolo::duration_text(-3.0), "0.0 s");
+}

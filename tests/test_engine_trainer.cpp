@@ -238,6 +238,35 @@ TEST(Predict, SavedWeightsRoundTrip) {
   for (size_t i = 0; i < ra[0].detections.size(); ++i) EXPECT_FLOAT_EQ(ra[0].detections[i].score, rb[0].detections[i].score);
 }
 
+// A class count far beyond what a confusion matrix can show (its (nc + 1)^2 counts once ended
+// validation with bad_alloc, a warning, exit 0 and no best.pt): the run validates, keeps a best
+// model and draws every validation picture but the matrix.
+TEST(Trainer, HundredThousandClassesValidateAndKeepABestModel) {
+  const std::string project = test::temp_dir("trainer_many_classes");
+  const fs::path base = fs::path(tiny_dataset()).parent_path();
+  const std::string yaml = project + "/many.yaml";
+  {
+    std::ofstream f(yaml);
+    f << "path: " << base.string() << "\ntrain: images/train\nval: images/val\nnames: [";
+    for (int i = 0; i < 100000; ++i) f << (i ? ", " : "") << "c" << i;
+    f << "]\n";
+  }
+  Kwargs kw = base_options(project);
+  for (auto& [k, v] : kw) {
+    if (k == "epochs") v = "1";
+    if (k == "data") v = yaml;
+  }
+  kw.emplace_back("aux_weight", "0");
+  LibreYOLO model = LibreYOLO::create("yolo9", "t", 3, "cpu");
+  TrainResult r = model.train(kw);
+  ASSERT_FALSE(r.best_checkpoint.empty());
+  EXPECT_TRUE(fs::exists(r.best_checkpoint));
+  const fs::path dir = fs::path(r.best_checkpoint).parent_path().parent_path();
+  EXPECT_TRUE(fs::exists(dir / "PR_curve.png"));
+  EXPECT_FALSE(fs::exists(dir / "confusion_matrix.png"));
+  EXPECT_EQ(model.info().num_classes, 100000);
+}
+
 TEST(Trainer, FreezeKeepsTheBackboneAndPythonReadsTheCheckpoint) {
   const std::string project = test::temp_dir("trainer_freeze");
   // Fine-tuning from saved weights (a fresh model would be re-initialised from the seed).

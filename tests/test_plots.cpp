@@ -191,7 +191,7 @@ TEST(Plots, ValidationCurvesAndTable) {
   cm.add_image(torch::tensor({0.f, 0.f, 40.f, 40.f}).view({1, 4}), torch::tensor({0}),
                torch::tensor({0.f, 0.f, 40.f, 40.f}).view({1, 4}), torch::tensor({0.9f}), torch::tensor({0}));
   const std::string dir = test::temp_dir("plots_val") + "/val";
-  const auto files = plots::plot_validation(stats, cm, {"circle", "square"}, dir);
+  const auto files = plots::plot_validation(stats, &cm, {"circle", "square"}, dir);
   ASSERT_EQ(files.size(), 5u);
   for (const char* name : {"confusion_matrix.png", "PR_curve.png", "F1_curve.png", "P_curve.png", "R_curve.png"}) {
     const std::string path = dir + "/" + name;

@@ -234,8 +234,8 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
     out << j.dump() << "\n";
     return 0;
   }
-  out << "Training complete: " << r.epochs.size() << " epochs in " << std::fixed << std::setprecision(2) << hours
-      << "h\n";
+  out << "Training complete: " << count_of(static_cast<long long>(r.epochs.size()), "epoch") << " in "
+      << duration_text(r.total_seconds) << "\n" << std::fixed;
   if (r.best_epoch > 0)
     out << "Best results at epoch " << r.best_epoch << ":\n  mAP50: " << std::setprecision(4) << r.best_mAP50
         << "  mAP50-95: " << r.best_mAP50_95 << "\n";

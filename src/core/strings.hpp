@@ -11,5 +11,10 @@ std::string lower(std::string s);
 std::string trim(const std::string& s);
 // True when `s` begins with `prefix`.
 bool starts_with(const std::string& s, const std::string& prefix);
+// "1 epoch", "3 epochs", "1 batch", "2 batches": the count and the noun, `many` (default: `one`
+// and an "s") unless the count is 1.
+std::string count_of(long long n, const std::string& one, const std::string& many = "");
+// A duration for people: "42.3 s", "4 min 05 s", "2 h 07 min".
+std::string duration_text(double seconds);
 
 }  // namespace libreyolo

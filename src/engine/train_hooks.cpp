@@ -17,6 +17,7 @@
 #endif
 
 #include "core/log.hpp"
+#include "core/strings.hpp"
 #include "core/paths.hpp"
 #include "engine/trainer.hpp"
 #include "engine/validator.hpp"
@@ -128,8 +129,11 @@ class EvalHook : public TrainHook {
     try {
       e.metrics = validate(s, last);
     } catch (const std::exception& ex) {
-      log_warn(std::string("Validation failed: ") + ex.what());
-      return;
+      // A run whose validation fails has no best model and no metrics to report: it ends with the
+      // error (its exit code), not with a warning and exit 0. weights/last.pt keeps the last
+      // epoch saved.
+      log_error(strfmt("Validation failed after epoch %d: %s", s.epoch + 1, ex.what()));
+      throw;
     }
     e.validated = true;
     for (const auto& [k, v] : e.metrics) {
@@ -451,8 +455,8 @@ class ProgressHook : public TrainHook {
   }
   void after_train(TrainState&, TrainResult& r) override {
     clear_line();
-    log_info(strfmt("Training complete in %.2f hours (%d epochs)", r.total_seconds / 3600.0,
-                    static_cast<int>(r.epochs.size())));
+    log_info("Training complete in " + duration_text(r.total_seconds) + " (" +
+             count_of(static_cast<long long>(r.epochs.size()), "epoch") + ")");
   }
   void on_exception(TrainState&, const std::exception&) override { clear_line(); }
 

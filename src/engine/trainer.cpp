@@ -384,8 +384,8 @@ void Trainer::setup_data() {
     throw DataError("The training split has " + std::to_string(train_set_->size()) + " images, fewer than one batch of " +
                         std::to_string(cfg_.batch),
                     "Use a smaller batch.", "data_invalid");
-  log_info(strfmt("Train: %lld images, %lld batches of %d per epoch%s%s", static_cast<long long>(train_set_->size()),
-                  static_cast<long long>(train_loader_->size()), cfg_.batch / ws,
+  log_info(strfmt("Train: %s, %s of %d per epoch%s%s", count_of(static_cast<long long>(train_set_->size()), "image").c_str(),
+                  count_of(static_cast<long long>(train_loader_->size()), "batch", "batches").c_str(), cfg_.batch / ws,
                   ws > 1 ? strfmt(" on each of %d ranks", ws).c_str() : "",
                   val_set_ ? strfmt("; val: %lld images", static_cast<long long>(val_set_->size())).c_str() : "")
            + loader_note);

@@ -100,7 +100,11 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
   eval::CocoEvaluator evaluator;
   const int nc = model.num_classes();
   std::unique_ptr<eval::ConfusionMatrix> confusion;
-  if (!opt.plot_dir.empty() && nc > 0) confusion = std::make_unique<eval::ConfusionMatrix>(nc);
+  if (!opt.plot_dir.empty() && nc > eval::ConfusionMatrix::kMaxClasses)
+    log_info(strfmt("Validation plots: no confusion matrix for %d classes (it is drawn up to %d)", nc,
+                    eval::ConfusionMatrix::kMaxClasses));
+  else if (!opt.plot_dir.empty() && nc > 0)
+    confusion = std::make_unique<eval::ConfusionMatrix>(nc);
   double t_pre = 0, t_inf = 0, t_post = 0;
   int64_t images = 0;
   const int S = opt.imgsz;
@@ -155,9 +159,9 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
   metrics.emplace_back("speed/images_seen", static_cast<double>(images));
   if (opt.log_table)
     for (const std::string& line : split_lines(format_val_table(report.stats, opt.names))) log_info(line);
-  if (confusion) {
+  if (!opt.plot_dir.empty()) {
     try {
-      report.plots = plots::plot_validation(report.stats, *confusion, opt.names, opt.plot_dir);
+      report.plots = plots::plot_validation(report.stats, confusion.get(), opt.names, opt.plot_dir);
     } catch (const std::exception& e) {
       log_warn(std::string("Validation plots could not be written to ") + opt.plot_dir + ": " + e.what());
     }

@@ -23,8 +23,8 @@ double iou_xyxy(const double* a, const double* b) {
 
 ConfusionMatrix::ConfusionMatrix(int num_classes, double conf, double iou)
     : nc_(num_classes), conf_(conf), iou_(iou) {
-  if (num_classes <= 0 || num_classes > 100000)
-    throw UsageError(strfmt("confusion matrix for %d classes", num_classes));
+  if (num_classes <= 0 || num_classes > kMaxClasses)
+    throw UsageError(strfmt("confusion matrix for %d classes: 1 to %d", num_classes, kMaxClasses));
   m_.assign(static_cast<size_t>(size()) * size(), 0);
 }
 

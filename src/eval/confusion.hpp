@@ -11,6 +11,9 @@ namespace libreyolo::eval {
 class ConfusionMatrix {
  public:
   // Defaults are Ultralytics': detections with score > 0.25, pairs with IoU > 0.45.
+  // The matrix holds (nc + 1)^2 counts and is drawn one cell per pair: classes up to kMaxClasses.
+  // More: UsageError (the validator then draws no matrix).
+  static constexpr int kMaxClasses = 1000;
   explicit ConfusionMatrix(int num_classes, double conf = 0.25, double iou = 0.45);
 
   // One image, boxes x1,y1,x2,y2 in any common pixel space: gt_xyxy [N,4] with gt_classes [N],

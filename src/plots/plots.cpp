@@ -452,7 +452,7 @@ void plot_conf_curve(const eval::CocoStats& stats, const std::vector<std::string
   c.save(png);
 }
 
-std::vector<std::string> plot_validation(const eval::CocoStats& stats, const eval::ConfusionMatrix& cm,
+std::vector<std::string> plot_validation(const eval::CocoStats& stats, const eval::ConfusionMatrix* cm,
                                          const std::vector<std::string>& names, const std::string& dir) {
   namespace fs = std::filesystem;
   std::vector<std::string> out;
@@ -460,7 +460,7 @@ std::vector<std::string> plot_validation(const eval::CocoStats& stats, const eva
     out.push_back((fs::path(dir) / f).string());
     return out.back();
   };
-  plot_confusion_matrix(cm, names, path("confusion_matrix.png"));
+  if (cm) plot_confusion_matrix(*cm, names, path("confusion_matrix.png"));
   plot_pr_curve(stats, names, path("PR_curve.png"));
   plot_conf_curve(stats, names, Curve::F1, path("F1_curve.png"));
   plot_conf_curve(stats, names, Curve::Precision, path("P_curve.png"));

@@ -56,10 +56,10 @@ enum class Curve { F1, Precision, Recall };
 void plot_conf_curve(const eval::CocoStats& stats, const std::vector<std::string>& names,
                      Curve which, const std::string& png);
 
-// The validation pictures into dir: confusion_matrix.png, PR_curve.png, F1_curve.png,
-// P_curve.png, R_curve.png. Returns the files written.
+// The validation pictures into dir: confusion_matrix.png (when `cm` is given), PR_curve.png,
+// F1_curve.png, P_curve.png, R_curve.png. Returns the files written.
 std::vector<std::string> plot_validation(const eval::CocoStats& stats,
-                                         const eval::ConfusionMatrix& cm,
+                                         const eval::ConfusionMatrix* cm,
                                          const std::vector<std::string>& names,
                                          const std::string& dir);
 
