@@ -39,3 +39,13 @@ TEST(Strings, CountsAndDurationsReadAsEnglish) {
   EXPECT_EQ(libreyolo::duration_text(7620.0), "2 h 07 min");
   EXPECT_EQ(libreyolo::duration_text(-3.0), "0.0 s");
 }
+
+TEST(Strings, DisplayWidthCountsColumnsNotBytes) {
+  EXPECT_EQ(libreyolo::display_width("cat"), 3);
+  EXPECT_EQ(libreyolo::display_width("k\xC3\xA4tzchen"), 8);        // a-umlaut: 2 bytes, 1 column
+  EXPECT_EQ(libreyolo::display_width("\xE7\x8C\xAB"), 2);            // a CJK ideograph: 3 bytes, 2 columns
+  EXPECT_EQ(libreyolo::display_width("e\xCC\x81"), 1);               // e + combining acute accent
+  EXPECT_EQ(libreyolo::display_width("\xFF" "a"), 2);                // an invalid byte counts as one
+  EXPECT_EQ(libreyolo::pad_left("\xE7\x8C\xAB", 5), "   \xE7\x8C\xAB");
+  EXPECT_EQ(libreyolo::pad_left("toolong", 3), "toolong");
+}

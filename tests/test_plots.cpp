@@ -14,6 +14,7 @@
 #include "io/image.hpp"
 #include "ops/draw.hpp"
 #include "plots/plots.hpp"
+#include "core/strings.hpp"
 #include "support.hpp"
 
 namespace fs = std::filesystem;
@@ -217,6 +218,14 @@ TEST(Plots, ValidationCurvesAndTable) {
   EXPECT_EQ(lines[3].substr(16, 6), "square");
   // "square": 2 images, 2 instances.
   EXPECT_EQ(lines[3].substr(22, 22), std::string(10, ' ') + "2" + std::string(10, ' ') + "2");
+  // Non-ASCII names are padded by display columns: every row is as wide on screen, and the
+  // numbers start in the same column.
+  const std::string wide = engine::format_val_table(stats, {"k\xC3\xA4tzchen", "\xE7\x8C\xAB\xE7\x8C\xAB"});
+  std::vector<std::string> rows;
+  for (size_t b = 0, e; (e = wide.find('\n', b)) != std::string::npos; b = e + 1) rows.push_back(wide.substr(b, e - b));
+  ASSERT_EQ(rows.size(), 4u) << wide;
+  for (const auto& r : rows) EXPECT_EQ(display_width(r), display_width(rows[0])) << r;
+  EXPECT_EQ(rows[3].substr(rows[3].size() - 66), lines[3].substr(lines[3].size() - 66));
 }
 
 TEST(Plots, ValCommandWritesRunDirectoryAndTable) {

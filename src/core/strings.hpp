@@ -16,5 +16,10 @@ bool starts_with(const std::string& s, const std::string& prefix);
 std::string count_of(long long n, const std::string& one, const std::string& many = "");
 // A duration for people: "42.3 s", "4 min 05 s", "2 h 07 min".
 std::string duration_text(double seconds);
+// The columns UTF-8 text takes in a terminal: East Asian wide and fullwidth characters and emoji
+// take 2, combining marks 0, everything else 1 (an invalid byte counts as one column).
+int display_width(const std::string& utf8);
+// `s` right-aligned in `width` display columns (as printf's %*s, counting columns, not bytes).
+std::string pad_left(const std::string& s, int width);
 
 }  // namespace libreyolo

@@ -9,6 +9,7 @@
 
 #include "models/loaded_model.hpp"
 #include "core/log.hpp"
+#include "core/strings.hpp"
 #include "data/dataset_yaml.hpp"
 #include "data/loader.hpp"
 #include "data/synthetic.hpp"
@@ -60,7 +61,8 @@ std::string format_val_table(const eval::CocoStats& s, const std::vector<std::st
                            "mAP50-95");
   auto row = [&](const std::string& name, int64_t images, int64_t instances, double p, double r, double m50,
                  double m) {
-    out += strfmt("%22s%11lld%11lld%11.3f%11.3f%11.3f%11.3f\n", name.c_str(), static_cast<long long>(images),
+    // Names padded by display columns, so that non-ASCII names keep the numbers aligned.
+    out += pad_left(name, 22) + strfmt("%11lld%11lld%11.3f%11.3f%11.3f%11.3f\n", static_cast<long long>(images),
                   static_cast<long long>(instances), p, r, m50, m);
   };
   // COCO's "undefined" (-1: no labels at all) prints as 0, as the table's other empty cells.
