@@ -87,18 +87,22 @@ def merge_group(runs: list[dict], a) -> dict:
                 maps[s] = row.get("map50_95")
                 maps50[s] = row.get("map50")
                 losses[s] = row.get("loss")
+            # A seed mean only where every seed reached the epoch: the mean of a subset is
+            # another quantity (a run stopped early would otherwise shift the curve).
+            whole = len(maps) == len(by_impl[impl])
             entry[impl] = {
                 "map50_95": maps,
-                "map50_95_mean": mean(maps.values()),
-                "map50_mean": mean(maps50.values()),
+                "map50_95_mean": mean(maps.values()) if whole else None,
+                "map50_mean": mean(maps50.values()) if whole else None,
                 "loss": losses,
-                "loss_mean": mean(losses.values()),
+                "loss_mean": mean(losses.values()) if whole else None,
             }
         o, r = entry["ours"]["map50_95_mean"], entry["ref"]["map50_95_mean"]
         entry["diff_ours_minus_ref"] = None if o is None or r is None else o - r
         per_epoch.append(entry)
 
-    walls = {impl: {str(r["seed"]): r.get("wall_s") for r in by_impl[impl]} for impl in IMPLS}
+    # Whole-run times of the runs that finished (a stopped run's wall time is not a run's).
+    walls = {impl: {str(r["seed"]): r.get("wall_s") for r in by_impl[impl] if r.get("ok", True)} for impl in IMPLS}
     wall_mean = {impl: mean(walls[impl].values()) for impl in IMPLS}
     concurrent = max([int(r.get("concurrent") or 1) for r in runs] + [1])
     g = {
