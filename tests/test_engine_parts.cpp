@@ -76,62 +76,44 @@ TEST(Optimizer, ParamGroupsFollowTheReferenceRule) {
 }
 
 // SGD with Nesterov momentum and decay, against the textbook update written out in double.
-TEST(Optimizer, SgdMatchesNesterovFormula) {
-  torch::manual_seed(1);
+// SGD (lr 0.05, weight decay 0.01) with momentum momenta[k] at step k, against the update written
+// out in doubles; momentum and warmup_momentum are the optimizer's options.
+static void expect_sgd_formula(bool nesterov, double momentum, double warmup_momentum, const std::vector<double>& momenta,
+                        uint64_t seed) {
+  torch::manual_seed(seed);
   TinyNet net;
   engine::OptimizerOptions o;
   o.lr = 0.05;
-  o.momentum = 0.9;
+  o.momentum = momentum;
+  o.warmup_momentum = warmup_momentum;
   o.weight_decay = 0.01;
+  o.nesterov = nesterov;
   auto opt = engine::make_optimizer(net, o);
-  auto w0 = net.conv->weight.detach().to(torch::kDouble).clone();
-  torch::Tensor buf;
-  torch::Tensor w = w0.clone();
-  for (int step = 0; step < 3; ++step) {
+  torch::Tensor w = net.conv->weight.detach().to(torch::kDouble).clone();
+  torch::Tensor buf = torch::zeros_like(w);
+  for (size_t step = 0; step < momenta.size(); ++step) {
+    const double m = momenta[step];
+    opt->set_momentum(m);
     auto x = torch::randn({2, 3, 6, 6});
     opt->zero_grad();
     net.forward(x).square().mean().backward();
     auto g = net.conv->weight.grad().to(torch::kDouble) + 0.01 * w;
-    buf = step == 0 ? g.clone() : 0.9 * buf + g;
-    auto upd = g + 0.9 * buf;
-    w = w - 0.05 * upd;
+    buf = m * buf + g;  // the first step stores g (buf starts at zero)
+    w = w - 0.05 * (nesterov ? g + m * buf : buf);
     opt->step();
-    EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "step " << step;
+    EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "nesterov " << nesterov << " step " << step;
   }
+  // The state dict reports the momentum of the next update.
+  auto sd = opt->state_dict();
+  EXPECT_NEAR(sd->get("param_groups")->items[0]->get("momentum")->as_float("momentum"), momenta.back(), 1e-12);
 }
 
+TEST(Optimizer, SgdMatchesNesterovFormula) { expect_sgd_formula(true, 0.9, 0.9, {0.9, 0.9, 0.9}, 1); }
+
 // Momentum warm-up: set_momentum() between steps, for both update rules, against the formula
-// with the momentum of each step.
+// with the momentum of each step; the steps after warm-up take the plain update.
 TEST(Optimizer, SgdFollowsAChangingMomentum) {
-  for (const bool nesterov : {true, false}) {
-    torch::manual_seed(2);
-    TinyNet net;
-    engine::OptimizerOptions o;
-    o.lr = 0.05;
-    o.momentum = 0.937;
-    o.warmup_momentum = 0.8;
-    o.weight_decay = 0.01;
-    o.nesterov = nesterov;
-    auto opt = engine::make_optimizer(net, o);
-    torch::Tensor w = net.conv->weight.detach().to(torch::kDouble).clone();
-    torch::Tensor buf = torch::zeros_like(w);
-    const double schedule[] = {0.8, 0.85, 0.9, 0.937, 0.937};
-    for (int step = 0; step < 5; ++step) {
-      const double m = schedule[step];
-      opt->set_momentum(m);
-      auto x = torch::randn({2, 3, 6, 6});
-      opt->zero_grad();
-      net.forward(x).square().mean().backward();
-      auto g = net.conv->weight.grad().to(torch::kDouble) + 0.01 * w;
-      buf = m * buf + g;
-      w = w - 0.05 * (nesterov ? g + m * buf : buf);
-      opt->step();
-      EXPECT_LT(test::rel_err(net.conv->weight, w), 1e-5) << "nesterov " << nesterov << " step " << step;
-    }
-    // The state dict reports the momentum of the next update.
-    auto sd = opt->state_dict();
-    EXPECT_NEAR(sd->get("param_groups")->items[0]->get("momentum")->as_float("momentum"), 0.937, 1e-12);
-  }
+  for (const bool nesterov : {true, false}) expect_sgd_formula(nesterov, 0.937, 0.8, {0.8, 0.85, 0.9, 0.937, 0.937}, 2);
 }
 
 TEST(Optimizer, FoundInfSkipsAStepWithWarmupMomentum) {

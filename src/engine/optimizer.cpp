@@ -118,7 +118,7 @@ torch::Tensor state_tensor(const PyValue& state, size_t idx, const char* key, co
 class SGD final : public Optimizer {
  public:
   SGD(std::vector<ParamGroup> groups, const OptimizerOptions& o)
-      : Optimizer(std::move(groups), o.lr), momentum_(o.momentum), current_(o.momentum), nesterov_(o.nesterov) {
+      : Optimizer(std::move(groups), o.lr), momentum_(o.momentum), current_(o.momentum), filled_(o.momentum), nesterov_(o.nesterov) {
     // A momentum that changes between updates (the warm-up) is device state, read by the update
     // as the learning rate is: ratio_ = current / momentum_ (see step()).
     if (momentum_ != 0.0 && o.warmup_momentum != o.momentum)
@@ -152,7 +152,10 @@ class SGD final : public Optimizer {
         bufs.push_back(bufs_[gi][i]);
         has_state_[gi][i] = true;
       }
-      if (!ratio_t_.defined()) {
+      // The ramp's extra passes only while the momentum differs from the kernel's constant: after
+      // warm-up an update is the plain kernel call (a graph captured during warm-up keeps them,
+      // and stays right with r = 1).
+      if (!ratio_t_.defined() || current_ == momentum_) {
         at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
                         found_inf);
         continue;
@@ -175,7 +178,11 @@ class SGD final : public Optimizer {
 
   void set_momentum(double m) override {
     current_ = momentum_ == 0.0 ? 0.0 : m;
-    if (ratio_t_.defined()) ratio_t_.fill_(m / momentum_);
+    // A fill is a device write: only when the momentum changed (every step of warm-up, none after).
+    if (ratio_t_.defined() && current_ != filled_) {
+      ratio_t_.fill_(current_ / momentum_);
+      filled_ = current_;
+    }
   }
 
   PyValuePtr state_dict() const override {
@@ -243,6 +250,7 @@ class SGD final : public Optimizer {
   double momentum_;  // the kernel's constant, the momentum after warm-up
   double current_;   // the momentum of the next update
   torch::Tensor ratio_t_;  // current_ / momentum_ on the device; undefined when the momentum is constant
+  double filled_;          // the momentum ratio_t_ holds
   bool nesterov_;
   std::vector<std::vector<torch::Tensor>> bufs_;  // empty when momentum is 0
   std::vector<std::vector<bool>> has_state_;
