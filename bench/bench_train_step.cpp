@@ -249,7 +249,7 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
   tc.warmup_epochs = 0;
   tc.epochs = 1000000;
   b->runner = engine::make_step_runner(tc, b->model, fam.make_loss(*b->model), b->ema.get(), dev, b->sc.amp,
-                                       b->sc.channels_last, /*batches_per_epoch=*/1, fam.input)
+                                       b->sc.channels_last, /*batches_per_epoch=*/1, &fam)
                   .runner;
   if (c.graph) {
     const std::string why = b->runner->enable_cuda_graphs();

@@ -4,7 +4,8 @@
 1. Families are plug-ins: outside src/families/, no file under src/ or include/ names a family.
    The families are the folders of src/families/; a file names one when its text (code or
    comment) contains the folder name, case-insensitively, also with a "v" before its digits
-   ("yolo9" and "YOLOv9"). Named exceptions: EXCEPTIONS below, each with its reason.
+   ("yolo9" and "YOLOv9"). No exceptions: a family's own names for shared things (a schedule's
+   name, say) are declared by the family.
 2. Include rules: a folder of src/ includes only the folders ALLOWED lists for it (resolved as
    check_includes.py resolves them); nothing outside src/families/ includes a family, and a
    family includes no other family (the registry, src/families/registry.cpp, includes them all).
@@ -20,11 +21,6 @@ import tempfile
 
 EXTENSIONS = (".hpp", ".h", ".cpp", ".cc", ".cu", ".cuh")
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"')
-
-# Words that contain a family's name without naming the family in the code's sense.
-EXCEPTIONS = {
-    "yoloxwarmcos": "LibreYOLO's name of the quadratic warm-up cosine schedule: an option value users pass",
-}
 
 # Folder of src/ -> folders of src/ its files may include. A folder not listed may include every
 # folder but src/families/.
@@ -73,7 +69,6 @@ def check(root):
     src = os.path.join(root, "src")
     families = family_names(src)
     patterns = [(f, name_pattern(f)) for f in families]
-    masks = [re.compile(re.escape(w), re.IGNORECASE) for w in EXCEPTIONS]
     problems = []
     files = 0
     for rel in source_files(root, ["src", "include"]):
@@ -87,11 +82,8 @@ def check(root):
             lines = fh.read().splitlines()
         for number, line in enumerate(lines, 1):
             if folder != "families":
-                text = line
-                for m in masks:
-                    text = m.sub("", text)
                 for fam, pat in patterns:
-                    if pat.search(text):
+                    if pat.search(line):
                         problems.append(f"{rel}:{number}: names the family '{fam}' outside src/families/: {line.strip()}")
             inc = INCLUDE.match(line)
             if not inc or not in_src:

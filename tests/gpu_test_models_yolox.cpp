@@ -242,7 +242,7 @@ TEST(YoloxGpuStepGraph, GraphedStepsEqualEagerBitForBitAcrossTheL1Switch) {
     libreyolo::engine::to_channels_last(*model);
     model->train();
     auto setup = libreyolo::engine::make_step_runner(cfg, model, fam->make_loss(*model), nullptr, dev, amp, true, 3,
-                                                     fam->input);
+                                                     fam);
     auto& runner = *setup.runner;
     if (graphs) {
       EXPECT_EQ(runner.enable_cuda_graphs(), "");

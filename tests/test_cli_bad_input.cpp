@@ -411,6 +411,8 @@ TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
       {{"data=" + good, "resume=true"}, 2, "checkpoint"},
       {{"data=" + good, "project=/proc/no_such_dir"}, 1, "not writable"},
       {{"data=" + good, "imgsz=100000"}, 2, "above 8192"},
+      // Another family's name for a schedule (YOLOX's) means nothing to YOLOv9.
+      {{"data=" + good, "scheduler=yoloxwarmcos"}, 2, "'scheduler'"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = base;

@@ -6,6 +6,7 @@
 #include "engine/ema.hpp"
 #include "engine/optimizer.hpp"
 #include "engine/schedule.hpp"
+#include "models/detector.hpp"
 #include "support.hpp"
 
 using namespace libreyolo;
@@ -25,13 +26,38 @@ TEST(Schedule, LinearMatchesReferenceExample) {
 
 TEST(Schedule, CosineEndsAtMinAndWarmupClampsStart) {
   engine::LrSchedule s;
-  s.kind = "cos";
+  s.shape = engine::LrShape::Cosine;
   s.lr0 = 1e-5;  // below warmup_lr_start: start is clamped to lr0
   s.warmup_iters = 10;
   s.total_iters = 110;
   EXPECT_NEAR(s.at(0), 1e-5, 1e-15);
   EXPECT_NEAR(s.at(110), 1e-7, 1e-15);
   EXPECT_NEAR(s.at(60), 1e-7 + 0.5 * (1e-5 - 1e-7), 1e-15);
+}
+
+// Scheduler names: the generic ones for every model, a family's own only for its models, and an
+// unknown one is a usage error naming what is accepted.
+TEST(Schedule, NamesSelectShapesAndFamiliesAddTheirOwn) {
+  EXPECT_EQ(engine::lr_shape("linear"), engine::LrShape::Linear);
+  EXPECT_EQ(engine::lr_shape("cos"), engine::LrShape::Cosine);
+  EXPECT_EQ(engine::lr_shape("warmcos"), engine::LrShape::Cosine);
+  EXPECT_EQ(engine::lr_shape("cos_flat"), engine::LrShape::CosineFlat);
+  const std::vector<std::pair<std::string, std::string>> names = {{"steps_then_flat", "cos_flat"}};
+  EXPECT_EQ(engine::lr_shape("steps_then_flat", names), engine::LrShape::CosineFlat);
+  EXPECT_THROW(engine::lr_shape("steps_then_flat"), UsageError);
+  try {
+    engine::lr_shape("cosine", names);
+    FAIL() << "an unknown scheduler name was accepted";
+  } catch (const UsageError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("'cosine'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("cos_flat"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("steps_then_flat"), std::string::npos) << msg;
+  }
+  // Every name a registered family declares stands for a generic shape.
+  for (const models::Family* f : models::families())
+    for (const auto& [name, generic] : f->scheduler_names)
+      EXPECT_EQ(engine::lr_shape(name, f->scheduler_names), engine::lr_shape(generic)) << f->name << " " << name;
 }
 
 TEST(Schedule, MomentumWarmsUpLinearly) {

@@ -303,7 +303,7 @@ TEST(YoloxLoss, TermsBackgroundAndL1) {
 TEST(YoloxSchedule, WarmCosMatchesReferenceValues) {
   // The reference's values: ipe 100, 300 epochs, warm-up 5, no-aug 15, lr0 0.01, floor 5%.
   libreyolo::engine::LrSchedule s;
-  s.kind = "yoloxwarmcos";
+  s.shape = libreyolo::engine::lr_shape("yoloxwarmcos", libreyolo::models::find_family("yolox")->scheduler_names);
   s.lr0 = 0.01;
   s.warmup_lr_start = 0;
   s.min_lr_ratio = 0.05;

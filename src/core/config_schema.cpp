@@ -32,7 +32,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("warmup_momentum", &C::warmup_momentum, "SGD momentum at the start of warm-up (rises linearly to momentum)")
         .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
         .add("nesterov", &C::nesterov, "Nesterov momentum")
-        .add("scheduler", &C::scheduler, "linear, cos or yoloxwarmcos")
+        .add("scheduler", &C::scheduler, "linear, cos (warmcos), cos_flat, or the model family's name for one of them")
         .add("warmup_epochs", &C::warmup_epochs, "linear warm-up length in epochs")
         .add("warmup_lr_start", &C::warmup_lr_start, "learning rate at the start of warm-up")
         .add("min_lr_ratio", &C::min_lr_ratio, "final learning rate as a fraction of lr0")
@@ -178,7 +178,7 @@ void validate(const TrainConfig& c) {
   check_one_of("memory_format", c.memory_format, {"auto", "channels_last", "contiguous"});
   check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step"});
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
-  check_one_of("scheduler", c.scheduler, {"linear", "cos", "warmcos", "yoloxwarmcos"});
+  if (c.scheduler.empty()) range_error("scheduler", "must name a schedule");  // the family reads it (engine/schedule)
   check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});
   check_one_of("loader", c.loader, {"auto", "cpu", "gpu"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");

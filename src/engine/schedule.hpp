@@ -1,19 +1,32 @@
-// Per-iteration learning-rate schedules: linear warm-up then linear or cosine decay, and the
-// warm-cos with a quadratic warm-up, a cosine and a flat floor over the no-aug epochs (LibreYOLO
-// calls it yoloxwarmcos); and SGD momentum's linear warm-up.
+// Per-iteration learning-rate schedules, in three shapes: linear warm-up then linear or cosine
+// decay, and a quadratic warm-up, a cosine and a flat floor over the no-aug epochs; and SGD
+// momentum's linear warm-up. Scheduler names select a shape: the generic ones here, and the names
+// a model's family gives them (models::Family::scheduler_names).
 #pragma once
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace libreyolo::engine {
 
+enum class LrShape {
+  Linear,      // linear warm-up, linear decay to lr0 * min_lr_ratio
+  Cosine,      // linear warm-up, cosine decay to lr0 * min_lr_ratio
+  CosineFlat,  // quadratic warm-up, cosine to lr0 * min_lr_ratio, flat over the last plateau_iters
+};
+
+// The shape `name` selects: a generic name (linear; cos or warmcos; cos_flat) or one of
+// `family_names` ({name, generic name}). Throws UsageError listing the accepted names.
+LrShape lr_shape(const std::string& name, const std::vector<std::pair<std::string, std::string>>& family_names = {});
+
 struct LrSchedule {
-  std::string kind = "linear";  // linear, cos (warmcos), yoloxwarmcos
+  LrShape shape = LrShape::Linear;
   double lr0 = 0.01;
   double warmup_lr_start = 1e-4;
   double min_lr_ratio = 0.01;
   long long warmup_iters = 0;  // warmup_epochs * iterations per epoch
   long long total_iters = 1;   // epochs * iterations per epoch
-  long long plateau_iters = 0; // the flat floor's iterations (no_aug_epochs), yoloxwarmcos only
+  long long plateau_iters = 0; // the flat floor's iterations (no_aug_epochs), CosineFlat only
 
   double momentum = 0.937;         // after warm-up
   double warmup_momentum = 0.937;  // at step 0, rising linearly to `momentum` over warmup_iters

@@ -337,7 +337,7 @@ void StepRunner::optimizer_step() {
 StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detector> model,
                            std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
-                           const models::InputSpec& input) {
+                           const models::Family* family) {
   OptimizerOptions oo;
   oo.name = cfg.optimizer;
   oo.lr = cfg.lr0;
@@ -352,7 +352,7 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
     s.accumulate = static_cast<int>(
         std::max(1LL, static_cast<long long>(std::nearbyint(static_cast<double>(cfg.nbs) / cfg.batch))));
   s.steps_per_epoch = std::max<int64_t>(1, (batches_per_epoch + s.accumulate - 1) / s.accumulate);
-  s.schedule.kind = cfg.scheduler;
+  s.schedule.shape = family ? lr_shape(cfg.scheduler, family->scheduler_names) : lr_shape(cfg.scheduler);
   s.schedule.lr0 = cfg.lr0;
   s.schedule.warmup_lr_start = cfg.warmup_lr_start;
   s.schedule.min_lr_ratio = cfg.min_lr_ratio;
@@ -366,7 +366,7 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
   sc.amp = amp;
   sc.channels_last = channels_last;
   sc.clip_max_norm = cfg.clip_max_norm;
-  sc.input = input;
+  sc.input = family ? family->input : models::InputSpec{};
   s.runner = std::make_unique<StepRunner>(std::move(model), std::move(loss), std::move(optimizer),
                                           std::make_unique<GradScaler>(device, amp.scaler), ema, s.schedule, sc);
   return s;

@@ -200,8 +200,9 @@ class StepRunner {
 // weight_decay, nesterov), the accumulation window round(nbs / batch) (1 when nbs is 0), the
 // learning-rate schedule (scheduler, lr0, warmup_epochs, warmup_lr_start, min_lr_ratio, epochs,
 // counted in optimizer steps), the loss scaler (from `amp`) and clip_max_norm.
-// batches_per_epoch: loader batches per epoch. The model must already be on `device` (and in
-// channels_last when `channels_last`).
+// batches_per_epoch: loader batches per epoch. family: the model's family (its input spec and its
+// names for schedules; nullptr: the default input spec, generic schedule names only). The model
+// must already be on `device` (and in channels_last when `channels_last`).
 struct StepSetup {
   std::unique_ptr<StepRunner> runner;
   int accumulate = 1;           // micro-batches per optimizer step
@@ -211,7 +212,7 @@ struct StepSetup {
 StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detector> model,
                            std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
-                           const models::InputSpec& input = {});
+                           const models::Family* family = nullptr);
 
 // Converts every 4-d parameter to channels_last in place (grads will follow that layout).
 void to_channels_last(torch::nn::Module& m);

@@ -116,6 +116,8 @@ std::vector<std::pair<std::string, double>> Trainer::mean_losses() const {
 void Trainer::setup(bool dry_run) {
   started_ = Clock::now();
   setup_resume_config();
+  // A scheduler name is the family's to read: checked before anything is loaded.
+  lr_shape(cfg_.scheduler, lm_.family->scheduler_names);
   make_paths_absolute(cfg_);
   setup_device();
   setup_data();
@@ -513,7 +515,7 @@ void Trainer::apply_freeze() {
 
 void Trainer::setup_optimization() {
   StepSetup setup = make_step_runner(cfg_, model_, lm_.family->make_loss(*model_), ema_.get(), device_, amp_,
-                                     channels_last_, static_cast<int64_t>(train_loader_->size()), lm_.family->input);
+                                     channels_last_, static_cast<int64_t>(train_loader_->size()), lm_.family);
   step_ = std::move(setup.runner);
   accumulate_ = setup.accumulate;
   steps_per_epoch_ = setup.steps_per_epoch;

@@ -91,6 +91,9 @@ struct Family {
   // Key prefixes of the training-only auxiliary branch (Detector::enable_aux): inference loading
   // sets these tensors aside, training puts them back when it enables the branch.
   std::vector<std::string> aux_prefixes;
+  // The family's own names for the generic learning-rate schedules (engine/schedule.hpp), as
+  // {name, generic name}: a `scheduler` value means the same only for models of this family.
+  std::vector<std::pair<std::string, std::string>> scheduler_names;
 
   // A fresh model (default init) of a size and class count.
   std::function<std::shared_ptr<Detector>(const std::string& size, int nc)> build;

@@ -114,6 +114,8 @@ Family make_family() {
   f.infer_num_classes = infer_num_classes;
   f.normalize_keys = normalize_keys;
   f.make_loss = make_loss;
+  // LibreYOLO's name for the quadratic warm-up cosine with a flat tail.
+  f.scheduler_names = {{"yoloxwarmcos", "cos_flat"}};
   // LibreYOLO's YOLOXConfig where it differs from the defaults of config.hpp.
   f.train_defaults = {
       {"momentum", "0.9"},       {"warmup_momentum", "0.9"}, {"aux_weight", "0"},
