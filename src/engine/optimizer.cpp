@@ -53,6 +53,30 @@ void Optimizer::zero_grad() {
   if (!grads.empty()) at::_foreach_zero_(grads);
 }
 
+io::PyValuePtr Optimizer::torch_state_dict(const std::function<io::PyValuePtr(size_t, size_t)>& param_state,
+                                       const std::function<io::PyValuePtr(size_t)>& group_options) const {
+  auto root = io::PyValue::new_dict();
+  auto state = io::PyValue::new_dict();
+  auto pgs = io::PyValue::new_list();
+  int64_t base = 0;
+  for (size_t gi = 0; gi < groups_.size(); ++gi) {
+    const size_t n = groups_[gi].params.size();
+    auto indices = io::PyValue::new_list();
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t index = base + static_cast<int64_t>(i);
+      indices->items.push_back(io::PyValue::from_int(index));
+      if (auto s = param_state(gi, i)) state->set(io::PyValue::from_int(index), s);
+    }
+    auto g = group_options(gi);
+    g->set("params", indices);
+    pgs->items.push_back(g);
+    base += static_cast<int64_t>(n);
+  }
+  root->set("state", state);
+  root->set("param_groups", pgs);
+  return root;
+}
+
 std::vector<torch::Tensor> Optimizer::grads() const {
   std::vector<torch::Tensor> out;
   for (const auto& g : groups_)
@@ -80,12 +104,6 @@ Live live_params(const ParamGroup& g) {
     l.grads.push_back(p.grad());
     l.index.push_back(i);
   }
-  return l;
-}
-
-PyValuePtr index_list(size_t start, size_t n) {
-  auto l = PyValue::new_list();
-  for (size_t i = 0; i < n; ++i) l->items.push_back(PyValue::from_int(static_cast<int64_t>(start + i)));
   return l;
 }
 
@@ -186,34 +204,26 @@ class SGD final : public Optimizer {
   }
 
   PyValuePtr state_dict() const override {
-    auto root = PyValue::new_dict();
-    auto state = PyValue::new_dict();
-    auto pgs = PyValue::new_list();
-    size_t base = 0;
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        if (momentum_ == 0.0 || !has_state_[gi][i]) continue;
-        auto s = PyValue::new_dict();
-        s->set("momentum_buffer", PyValue::from_tensor(bufs_[gi][i]));
-        state->set(PyValue::from_int(static_cast<int64_t>(base + i)), s);
-      }
-      auto g = PyValue::new_dict();
-      g->set("lr", PyValue::from_float(lr_));
-      g->set("momentum", PyValue::from_float(current_));
-      g->set("dampening", PyValue::from_int(0));
-      g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
-      g->set("nesterov", PyValue::from_bool(nesterov_));
-      g->set("maximize", PyValue::from_bool(false));
-      g->set("foreach", PyValue::none());
-      g->set("differentiable", PyValue::from_bool(false));
-      g->set("fused", PyValue::from_bool(true));
-      g->set("params", index_list(base, groups_[gi].params.size()));
-      pgs->items.push_back(g);
-      base += groups_[gi].params.size();
-    }
-    root->set("state", state);
-    root->set("param_groups", pgs);
-    return root;
+    return torch_state_dict(
+        [&](size_t gi, size_t i) -> PyValuePtr {
+          if (momentum_ == 0.0 || !has_state_[gi][i]) return nullptr;
+          auto s = PyValue::new_dict();
+          s->set("momentum_buffer", PyValue::from_tensor(bufs_[gi][i]));
+          return s;
+        },
+        [&](size_t gi) {
+          auto g = PyValue::new_dict();
+          g->set("lr", PyValue::from_float(lr_));
+          g->set("momentum", PyValue::from_float(current_));
+          g->set("dampening", PyValue::from_int(0));
+          g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
+          g->set("nesterov", PyValue::from_bool(nesterov_));
+          g->set("maximize", PyValue::from_bool(false));
+          g->set("foreach", PyValue::none());
+          g->set("differentiable", PyValue::from_bool(false));
+          g->set("fused", PyValue::from_bool(true));
+          return g;
+        });
   }
 
   void load_state_dict(const PyValue& sd) override {
@@ -303,38 +313,30 @@ class Adam final : public Optimizer {
   }
 
   PyValuePtr state_dict() const override {
-    auto root = PyValue::new_dict();
-    auto state = PyValue::new_dict();
-    auto pgs = PyValue::new_list();
-    size_t base = 0;
-    for (size_t gi = 0; gi < groups_.size(); ++gi) {
-      for (size_t i = 0; i < groups_[gi].params.size(); ++i) {
-        if (!has_state_[gi][i]) continue;
-        auto s = PyValue::new_dict();
-        s->set("step", PyValue::from_tensor(steps_[gi][i]));
-        s->set("exp_avg", PyValue::from_tensor(m_[gi][i]));
-        s->set("exp_avg_sq", PyValue::from_tensor(v_[gi][i]));
-        state->set(PyValue::from_int(static_cast<int64_t>(base + i)), s);
-      }
-      auto g = PyValue::new_dict();
-      g->set("lr", PyValue::from_float(lr_));
-      g->set("betas", PyValue::new_tuple({PyValue::from_float(kBeta1), PyValue::from_float(kBeta2)}));
-      g->set("eps", PyValue::from_float(kEps));
-      g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
-      g->set("amsgrad", PyValue::from_bool(false));
-      g->set("maximize", PyValue::from_bool(false));
-      g->set("foreach", PyValue::none());
-      g->set("capturable", PyValue::from_bool(false));
-      g->set("differentiable", PyValue::from_bool(false));
-      g->set("fused", PyValue::from_bool(true));
-      g->set("decoupled_weight_decay", PyValue::from_bool(decoupled_));
-      g->set("params", index_list(base, groups_[gi].params.size()));
-      pgs->items.push_back(g);
-      base += groups_[gi].params.size();
-    }
-    root->set("state", state);
-    root->set("param_groups", pgs);
-    return root;
+    return torch_state_dict(
+        [&](size_t gi, size_t i) -> PyValuePtr {
+          if (!has_state_[gi][i]) return nullptr;
+          auto s = PyValue::new_dict();
+          s->set("step", PyValue::from_tensor(steps_[gi][i]));
+          s->set("exp_avg", PyValue::from_tensor(m_[gi][i]));
+          s->set("exp_avg_sq", PyValue::from_tensor(v_[gi][i]));
+          return s;
+        },
+        [&](size_t gi) {
+          auto g = PyValue::new_dict();
+          g->set("lr", PyValue::from_float(lr_));
+          g->set("betas", PyValue::new_tuple({PyValue::from_float(kBeta1), PyValue::from_float(kBeta2)}));
+          g->set("eps", PyValue::from_float(kEps));
+          g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
+          g->set("amsgrad", PyValue::from_bool(false));
+          g->set("maximize", PyValue::from_bool(false));
+          g->set("foreach", PyValue::none());
+          g->set("capturable", PyValue::from_bool(false));
+          g->set("differentiable", PyValue::from_bool(false));
+          g->set("fused", PyValue::from_bool(true));
+          g->set("decoupled_weight_decay", PyValue::from_bool(decoupled_));
+          return g;
+        });
   }
 
   void load_state_dict(const PyValue& sd) override {

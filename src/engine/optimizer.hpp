@@ -4,6 +4,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -59,6 +60,11 @@ class Optimizer {
 
  protected:
   Optimizer(std::vector<ParamGroup> groups, double lr);
+  // torch.optim's layout from the optimizer's parts: param_state(group, index) gives a parameter's
+  // state (nullptr: none yet), group_options(group) a group's options in torch's key order; the
+  // global parameter indices ("params", the state's keys) are numbered here.
+  io::PyValuePtr torch_state_dict(const std::function<io::PyValuePtr(size_t, size_t)>& param_state,
+                                  const std::function<io::PyValuePtr(size_t)>& group_options) const;
   std::vector<ParamGroup> groups_;
   double lr_;
   torch::Tensor lr_t_;

@@ -7,10 +7,15 @@
 namespace libreyolo::models {
 
 const std::vector<const Family*>& families() {
-  static const std::vector<const Family*> all = {
-      &yolo9::family(),
-      &yolox::family(),
+  static const std::vector<Family> entries = {
+      yolo9::make_family(),
+      yolox::make_family(),
   };
+  static const std::vector<const Family*> all = [] {
+    std::vector<const Family*> v;
+    for (const Family& f : entries) v.push_back(&f);
+    return v;
+  }();
   return all;
 }
 

@@ -77,7 +77,6 @@ std::shared_ptr<Detector> build(const std::string& size, int nc) {
   return std::make_shared<Yolo9Model>(size, nc);
 }
 
-// nc <= 0 takes the class count from the weights.
 std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   const auto size = infer_size(sd);
   if (!size) {
@@ -86,11 +85,6 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   }
   const auto hc = out_channels(sd, "head.cv3.0.0.conv.weight");
   if (!hc) throw ModelError("YOLOv9 weights lack head.cv3.0.0.conv.weight");
-  if (nc <= 0) {
-    const auto from_weights = infer_num_classes(sd);
-    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOv9 weights");
-    nc = *from_weights;
-  }
   return std::make_shared<Yolo9Model>(*size, nc, *hc);
 }
 
@@ -98,6 +92,8 @@ std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
   return std::make_unique<loss::Yolo9Loss>(model.num_classes(), model.strides(), static_cast<int>(kRegMax),
                                            model.aux_weight());
 }
+
+}  // namespace
 
 Family make_family() {
   Family f;
@@ -131,13 +127,6 @@ Family make_family() {
     const auto& a = args.front();  // thresholds are the call's, the same for every image
     return ops::postprocess_yolo_batch(pred, a.conf, a.iou, a.max_det, geometry);
   };
-  return f;
-}
-
-}  // namespace
-
-const Family& family() {
-  static const Family f = make_family();
   return f;
 }
 

@@ -214,7 +214,7 @@ class Yolo9Model : public Detector {
   std::vector<AnchorGrid> grids_;  // small, most recent last
 };
 
-// The registry entry.
-const Family& family();
+// The registry entry (src/families/registry.cpp lists it).
+Family make_family();
 
 }  // namespace libreyolo::models::yolo9

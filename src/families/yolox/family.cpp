@@ -53,17 +53,11 @@ void normalize_keys(io::StateDict& sd) {
 
 std::shared_ptr<Detector> build(const std::string& size, int nc) { return std::make_shared<YoloxModel>(size, nc); }
 
-// nc <= 0 takes the class count from the weights.
 std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   const auto size = infer_size(sd);
   if (!size)
     throw ModelError("cannot tell the YOLOX size from the weights (backbone.backbone.stem.conv.conv.weight missing "
                      "or of an unknown width)");
-  if (nc <= 0) {
-    const auto from_weights = infer_num_classes(sd);
-    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOX weights");
-    nc = *from_weights;
-  }
   return std::make_shared<YoloxModel>(*size, nc);
 }
 
@@ -93,6 +87,8 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
   return ops::postprocess_yolo(torch::cat({p.slice(0, 0, 4), single}, 0), a.conf, a.iou, a.max_det, a.ratio,
                                a.orig_h, a.orig_w);
 }
+
+}  // namespace
 
 Family make_family() {
   Family f;
@@ -135,13 +131,6 @@ Family make_family() {
   f.input = InputSpec{/*bgr=*/true, /*divisor=*/1.0};
   f.postprocess = postprocess;
   f.train_val_thresholds = ops::kTrainValThresholds;  // conf 0.001, iou 0.65, max_det 300
-  return f;
-}
-
-}  // namespace
-
-const Family& family() {
-  static const Family f = make_family();
   return f;
 }
 

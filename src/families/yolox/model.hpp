@@ -204,7 +204,7 @@ class YoloxModel : public Detector {
 std::pair<torch::Tensor, torch::Tensor> make_grid(const std::vector<std::array<int64_t, 2>>& level_hw,
                                                   const std::vector<int64_t>& strides, const torch::Device& device);
 
-// The registry entry.
-const Family& family();
+// The registry entry (src/families/registry.cpp lists it).
+Family make_family();
 
 }  // namespace libreyolo::models::yolox
