@@ -8,7 +8,7 @@
 // consecutive groups of a row, so a warp's loads are contiguous in NHWC.
 #include "kernels/bn_act.hpp"
 
-#include "kernels/bn_act_common.cuh"
+#include "kernels/bn_act.cuh"
 
 namespace libreyolo::kernels {
 

@@ -3,7 +3,7 @@
 // bn_act.cu.
 #include "kernels/bn_act.hpp"
 
-#include "kernels/bn_act_common.cuh"
+#include "kernels/bn_act.cuh"
 
 namespace libreyolo::kernels {
 
