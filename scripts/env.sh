@@ -21,7 +21,7 @@ _ly_log() { printf '[env] %s\n' "$*" >&2; }
 
 _ly_apt_deps() {
   # Debian packages the build needs; installed only when missing.
-  local pkgs="cmake g++ make ninja-build libjpeg-dev libpng-dev libyaml-cpp-dev nlohmann-json3-dev libgtest-dev python3-venv chromium"
+  local pkgs="cmake g++ make ninja-build libjpeg-dev libpng-dev libfreetype-dev fonts-dejavu-core libyaml-cpp-dev nlohmann-json3-dev libgtest-dev python3-venv chromium"
   local missing=""
   command -v dpkg-query >/dev/null 2>&1 || return 0
   for p in $pkgs; do

@@ -2,6 +2,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "ops/draw.hpp"
+#include "ops/font.hpp"
 #include "support.hpp"
 
 namespace ops = libreyolo::ops;
@@ -18,6 +19,7 @@ torch::Tensor mask_of(const torch::Tensor& img, ops::Rgb8 c) {
 int64_t count(const torch::Tensor& img, ops::Rgb8 c) { return mask_of(img, c).sum().item<int64_t>(); }
 
 const ops::Rgb8 kRed{255, 0, 0};
+const ops::Rgb8 kWhite{255, 255, 255};
 
 }  // namespace
 
@@ -43,10 +45,10 @@ TEST(Draw, RectangleOutline) {
   EXPECT_EQ(count(clip, {0, 0, 255}), 20);
 }
 
-TEST(Draw, TextUsesTheFont) {
+TEST(Draw, BitmapFontGlyphs) {
   // '1' is .#. over ##. ... over ###: 1 + 2 + 1 + 1 + 1 + 1 + 3 = 10 pixels.
   auto img = black(7, 5);
-  ops::draw_text(img, 0, 0, "1", kRed);
+  ops::draw_bitmap_text(img, 0, 0, "1", kRed);
   EXPECT_EQ(count(img, kRed), 10);
   const auto m = mask_of(img, kRed);
   EXPECT_TRUE(m[0][2].item<bool>());
@@ -55,34 +57,73 @@ TEST(Draw, TextUsesTheFont) {
   EXPECT_FALSE(m[0][0].item<bool>());
   // Scale 2 doubles every font pixel.
   auto big = black(14, 10);
-  ops::draw_text(big, 0, 0, "1", kRed, 2);
+  ops::draw_bitmap_text(big, 0, 0, "1", kRed, 2);
   EXPECT_EQ(count(big, kRed), 40);
   // Upper case draws as lower case; unknown characters as '?'.
   auto upper = black(7, 11), lower = black(7, 11), odd = black(7, 5), q = black(7, 5);
-  ops::draw_text(upper, 0, 0, "AB", kRed);
-  ops::draw_text(lower, 0, 0, "ab", kRed);
+  ops::draw_bitmap_text(upper, 0, 0, "AB", kRed);
+  ops::draw_bitmap_text(lower, 0, 0, "ab", kRed);
   EXPECT_TRUE(torch::equal(upper, lower));
-  ops::draw_text(odd, 0, 0, "@", kRed);
-  ops::draw_text(q, 0, 0, "?", kRed);
+  ops::draw_bitmap_text(odd, 0, 0, "@", kRed);
+  ops::draw_bitmap_text(q, 0, 0, "?", kRed);
   EXPECT_TRUE(torch::equal(odd, q));
   EXPECT_GT(count(q, kRed), 0);
   // Sizes: 6 px per glyph minus the trailing gap.
-  EXPECT_EQ(ops::text_width("ab", 1), 11);
-  EXPECT_EQ(ops::text_width("dog 0.87", 2), (8 * 6 - 1) * 2);
-  EXPECT_EQ(ops::text_width("", 3), 0);
-  EXPECT_EQ(ops::text_height(3), 21);
+  EXPECT_EQ(ops::bitmap_text_width("ab", 1), 11);
+  EXPECT_EQ(ops::bitmap_text_width("dog 0.87", 2), (8 * 6 - 1) * 2);
+  EXPECT_EQ(ops::bitmap_text_width("", 3), 0);
+  EXPECT_EQ(ops::bitmap_text_height(3), 21);
   // Every character the label format produces has a glyph of its own (not '?').
   for (char c : std::string("abcdefghijklmnopqrstuvwxyz0123456789.,:-_%()/'!+")) {
     auto g = black(7, 5);
-    ops::draw_text(g, 0, 0, std::string(1, c), kRed);
+    ops::draw_bitmap_text(g, 0, 0, std::string(1, c), kRed);
     EXPECT_GT(count(g, kRed), 0) << c;
     if (c != '?') EXPECT_FALSE(torch::equal(g, q)) << c;
   }
   // Clipped at the borders.
   auto edge = black(5, 5);
-  ops::draw_text(edge, -2, -2, "88", kRed, 3);  // the left column of row 1 lands at x = 0
-  ops::draw_text(edge, -20, -20, "88", kRed, 1);
+  ops::draw_bitmap_text(edge, -2, -2, "88", kRed, 3);  // the left column of row 1 lands at x = 0
+  ops::draw_bitmap_text(edge, -20, -20, "88", kRed, 1);
   EXPECT_GT(count(edge, kRed), 0);
+}
+
+// The text of pictures comes from a TrueType font: letters the bitmap font drew alike ("s9uare",
+// "trian9le", "ePoch") are told apart, widths are proportional, non-ASCII names draw as
+// themselves, and the measures are those of the drawing.
+TEST(Draw, TrueTypeTextTellsLettersApart) {
+  if (!ops::truetype_built())
+    GTEST_SKIP() << "this build has no FreeType headers (Debian: libfreetype-dev): pictures use the bitmap font";
+  ASSERT_TRUE(ops::truetype_text()) << "no TrueType font (Debian: apt install fonts-dejavu-core, or set LIBREYOLO_FONT)";
+  EXPECT_FALSE(ops::truetype_font_path().empty());
+  const int h = ops::text_height(2);
+  EXPECT_GE(h, 14);  // the line box holds the bitmap font's 7 x 2 rows
+  auto drawn = [&](const std::string& t) {
+    auto img = black(h, std::max(1, ops::text_width(t, 2)));
+    ops::draw_text(img, 0, 0, t, kWhite, 2);
+    return img;
+  };
+  auto ink = [](const torch::Tensor& img) { return img.to(torch::kInt64).sum().item<int64_t>(); };
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {"q", "9"}, {"g", "9"}, {"p", "P"}, {"square", "s9uare"}, {"epoch", "ePoch"}, {"\xc3\xbc", "u"}}) {
+    const auto x = drawn(a), y = drawn(b);
+    EXPECT_GT(ink(x), 0) << a;
+    EXPECT_FALSE(x.sizes() == y.sizes() && torch::equal(x, y)) << a << " and " << b << " draw the same";
+  }
+  // An umlaut is not a replacement character or a question mark.
+  const auto u = drawn("\xc3\xbc"), fffd = drawn("\xef\xbf\xbd"), qm = drawn("?");
+  EXPECT_FALSE(u.sizes() == fffd.sizes() && torch::equal(u, fffd));
+  EXPECT_FALSE(u.sizes() == qm.sizes() && torch::equal(u, qm));
+  // Proportional: four i are narrower than four W; widths add up; anti-aliased edges.
+  EXPECT_LT(ops::text_width("iiii", 2), ops::text_width("WWWW", 2));
+  EXPECT_EQ(ops::text_width("ab", 2), ops::text_width("a", 2) + ops::text_width("b", 2));
+  const auto w = drawn("Wg");
+  const auto grey = (w.select(2, 0) > 0).logical_and(w.select(2, 0) < 255);
+  EXPECT_GT(grey.sum().item<int64_t>(), 0) << "no partial coverage: not anti-aliased";
+  // Descenders stay inside the line box: the bottom rows of "gjpqy" have ink, the box holds it.
+  const auto d = drawn("gjpqy");
+  EXPECT_GT(ink(d.slice(0, h * 2 / 3, h)), 0);
+  // Invalid UTF-8 bytes each become U+FFFD.
+  EXPECT_EQ(ops::utf8_code_points("a\xff\xc3\xbc\xe2\x82"), (std::vector<uint32_t>{'a', 0xFFFD, 0xFC, 0xFFFD, 0xFFFD}));
 }
 
 TEST(Draw, DetectionsGetBoxAndLabel) {
@@ -99,18 +140,20 @@ TEST(Draw, DetectionsGetBoxAndLabel) {
   EXPECT_TRUE(m[40][10].item<bool>());
   EXPECT_TRUE(m[89][59].item<bool>());
   EXPECT_EQ(img[70][35].sum().item<int>(), 0);
-  // Its tag sits above the box: "dog 0.87" is 47 px wide + 2 px padding, 9 px tall.
-  EXPECT_TRUE(m[31][10].item<bool>());
-  EXPECT_TRUE(m[39][58].item<bool>());
-  EXPECT_FALSE(m[30][10].item<bool>());
-  // The text inside the tag is black or white, and there is some.
-  const auto tag = img.slice(0, 31, 40).slice(1, 10, 59);
-  const auto tag_text = tag.to(torch::kInt).sum(2);
-  EXPECT_GT((tag_text.eq(0) | tag_text.eq(765)).sum().item<int64_t>(), 20);
+  // Its tag sits above the box: the label's measured size plus 1 px of padding on each side.
+  const int tw = ops::text_width("dog 0.87", 1) + 2, th = ops::text_height(1) + 2;
+  ASSERT_LT(th, 20);
+  EXPECT_TRUE(m[40 - th][10].item<bool>());
+  EXPECT_TRUE(m[39][10 + tw - 1].item<bool>());
+  EXPECT_FALSE(m[40 - th - 1][10].item<bool>());
+  EXPECT_FALSE(m[39][10 + tw].item<bool>());
+  // The text inside the tag is drawn over it: some of the tag's pixels are not the tag colour.
+  const auto tag = m.slice(0, 40 - th + 1, 39).slice(1, 11, 10 + tw - 1);
+  EXPECT_GT(tag.logical_not().sum().item<int64_t>(), 20);
   // Box 2 touches the image top, so its tag ("7 0.50", class id outside names) is inside.
-  // Row 8 is the tag's bottom padding; x = 20 is inside the box, away from its outline.
-  EXPECT_TRUE(mask_of(img, seven)[8][20].item<bool>());
-  EXPECT_FALSE(mask_of(img, seven)[9][20].item<bool>());
+  // Row th - 1 is the tag's bottom padding; x = 20 is inside the box, away from its outline.
+  EXPECT_TRUE(mask_of(img, seven)[th - 1][20].item<bool>());
+  EXPECT_FALSE(mask_of(img, seven)[th][20].item<bool>());
 
   // Empty detections change nothing; bad images are refused.
   auto untouched = black(10, 10);

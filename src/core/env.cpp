@@ -19,6 +19,7 @@ const std::vector<EnvVar>& env_vars() {
       {"LIBREYOLO_CUDNN_FUSION_CANDIDATES", "fused inference plans timed per configuration (4; float32 6)"},
       {"LIBREYOLO_LOADER_NICE", "niceness of the loader threads (5; 0 leaves them as they are)"},
       {"LIBREYOLO_NVJPEG", "path of the nvJPEG library to load first"},
+      {"LIBREYOLO_FONT", "TrueType font file for the text in pictures (DejaVu Sans, Liberation Sans or FreeSans where found)"},
       // Fast paths: =0 turns one off.
       {"LIBREYOLO_FUSED_CONV", "0: no fused Conv+BatchNorm(+SiLU) training node"},
       {"LIBREYOLO_FUSED_CONV_KERNELS", "0: the fused nodes with ATen's ops inside"},

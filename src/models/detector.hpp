@@ -98,8 +98,7 @@ struct Family {
   // A fresh model (default init) of a size and class count.
   std::function<std::shared_ptr<Detector>(const std::string& size, int nc)> build;
   // A model shaped like the given state dict (size and hidden widths read from its shapes),
-  // with nc classes (nc >= 1: the caller resolves it, from the checkpoint or infer_num_classes).
-  // Weights are NOT loaded.
+  // with nc classes (nc <= 0: the count the weights have). Weights are NOT loaded.
   std::function<std::shared_ptr<Detector>(const io::StateDict& sd, int nc)> build_like;
   // True when the keys look like this family.
   std::function<bool(const io::StateDict& sd)> can_load;

@@ -9,6 +9,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
+#include "ops/font.hpp"
 
 namespace libreyolo::ops {
 namespace {
@@ -174,8 +175,23 @@ void outline(const View& v, int x1, int y1, int x2, int y2, Rgb8 c, int t) {
   fill(v, std::max(x2 - t + 1, x1), y1, x2, y2, c);  // right
 }
 
-void text(const View& v, int x, int y, const std::string& s, Rgb8 c, int scale,
-          bool keep_case = false) {
+// Coverage blended over the image: p + (c - p) * a / 255, rounded.
+void blend_mask(const View& v, int x, int y, const TextMask& m, Rgb8 c) {
+  for (int r = 0; r < m.height; ++r) {
+    const int py = y + r;
+    if (py < 0 || py >= v.h) continue;
+    for (int q = 0; q < m.width; ++q) {
+      const int px = x + q;
+      const int a = m.alpha[static_cast<size_t>(r) * m.width + q];
+      if (a == 0 || px < 0 || px >= v.w) continue;
+      uint8_t* p = v.data + (static_cast<int64_t>(py) * v.w + px) * 3;
+      const uint8_t rgb[3] = {c.r, c.g, c.b};
+      for (int k = 0; k < 3; ++k) p[k] = static_cast<uint8_t>(p[k] + ((rgb[k] - p[k]) * a + (rgb[k] >= p[k] ? 127 : -127)) / 255);
+    }
+  }
+}
+
+void bitmap_text(const View& v, int x, int y, const std::string& s, Rgb8 c, int scale, bool keep_case) {
   for (char ch : s) {
     const uint8_t* rows = keep_case ? glyph_rows_cased(ch) : nullptr;
     if (!rows) rows = glyph_rows(ch);
@@ -186,6 +202,11 @@ void text(const View& v, int x, int y, const std::string& s, Rgb8 c, int scale,
                y + r * scale + scale - 1, c);
     x += kAdvance * scale;
   }
+}
+
+void text(const View& v, int x, int y, const std::string& s, Rgb8 c, int scale, bool keep_case = false) {
+  if (auto m = truetype_mask(s, scale)) return blend_mask(v, x, y, *m, c);
+  bitmap_text(v, x, y, s, c, scale, keep_case);
 }
 
 }  // namespace
@@ -210,10 +231,26 @@ void draw_text(const torch::Tensor& img, int x, int y, const std::string& s, Rgb
 }
 
 int text_width(const std::string& s, int scale) {
+  if (s.empty()) return 0;
+  if (auto e = truetype_extent(s, scale)) return e->first;
+  return bitmap_text_width(s, scale);
+}
+
+int text_height(int scale) {
+  if (auto e = truetype_extent("", scale)) return e->second;
+  return bitmap_text_height(scale);
+}
+
+void draw_bitmap_text(const torch::Tensor& img, int x, int y, const std::string& s, Rgb8 color, int scale,
+                      bool keep_case) {
+  bitmap_text(view_of(img), x, y, s, color, std::max(scale, 1), keep_case);
+}
+
+int bitmap_text_width(const std::string& s, int scale) {
   return s.empty() ? 0 : (static_cast<int>(s.size()) * kAdvance - 1) * std::max(scale, 1);
 }
 
-int text_height(int scale) { return kGlyphH * std::max(scale, 1); }
+int bitmap_text_height(int scale) { return kGlyphH * std::max(scale, 1); }
 
 void draw_detections(const torch::Tensor& img, const Detections& det,
                      const std::vector<std::string>& names, int thickness) {

@@ -119,7 +119,7 @@ void Canvas::text_up(double x, double y, const std::string& s, Rgb8 c, int scale
   const int bottom = static_cast<int>(std::lround(y + ax * tw));
   for (int r = 0; r < th; ++r)
     for (int q = 0; q < tw; ++q)
-      if (m[(static_cast<int64_t>(r) * tw + q) * 3]) blend(left + r, bottom - 1 - q, c, 1.0);
+      if (const uint8_t a = m[(static_cast<int64_t>(r) * tw + q) * 3]) blend(left + r, bottom - 1 - q, c, a / 255.0);
 }
 
 void Canvas::save(const std::string& path) const {

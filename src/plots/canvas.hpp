@@ -1,5 +1,5 @@
 // A small raster canvas for the plots: anti-aliased lines and dots with alpha, rectangles, text
-// in the project's bitmap font (ops/draw), and chart axes with "nice" ticks. Internal to
+// (ops/draw: a TrueType font, else the bitmap font), and chart axes with "nice" ticks. Internal to
 // src/plots; the images are written with io::save_image.
 #pragma once
 #include <torch/types.h>
@@ -41,7 +41,7 @@ class Canvas {
                 double alpha = 1.0);
   void disc(double cx, double cy, double radius, Rgb8 c, double alpha = 1.0);
 
-  // Text in the bitmap font (case kept). (x, y) is the anchor; ax / ay place it: 0 = left / top
+  // Text (ops::draw_text, case kept). (x, y) is the anchor; ax / ay place it: 0 = left / top
   // edge at the anchor, 0.5 = centred, 1 = right / bottom edge at the anchor.
   void text(double x, double y, const std::string& s, Rgb8 c, int scale = 2, double ax = 0,
             double ay = 0);

@@ -77,6 +77,7 @@ std::shared_ptr<Detector> build(const std::string& size, int nc) {
   return std::make_shared<Yolo9Model>(size, nc);
 }
 
+// nc <= 0 takes the class count from the weights.
 std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   const auto size = infer_size(sd);
   if (!size) {
@@ -85,6 +86,11 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   }
   const auto hc = out_channels(sd, "head.cv3.0.0.conv.weight");
   if (!hc) throw ModelError("YOLOv9 weights lack head.cv3.0.0.conv.weight");
+  if (nc <= 0) {
+    const auto from_weights = infer_num_classes(sd);
+    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOv9 weights");
+    nc = *from_weights;
+  }
   return std::make_shared<Yolo9Model>(*size, nc, *hc);
 }
 

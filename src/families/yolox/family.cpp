@@ -53,11 +53,17 @@ void normalize_keys(io::StateDict& sd) {
 
 std::shared_ptr<Detector> build(const std::string& size, int nc) { return std::make_shared<YoloxModel>(size, nc); }
 
+// nc <= 0 takes the class count from the weights.
 std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   const auto size = infer_size(sd);
   if (!size)
     throw ModelError("cannot tell the YOLOX size from the weights (backbone.backbone.stem.conv.conv.weight missing "
                      "or of an unknown width)");
+  if (nc <= 0) {
+    const auto from_weights = infer_num_classes(sd);
+    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOX weights");
+    nc = *from_weights;
+  }
   return std::make_shared<YoloxModel>(*size, nc);
 }
 
