@@ -12,6 +12,7 @@
 
 #include "core/config_schema.hpp"
 #include "core/device.hpp"
+#include "core/env.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "core/strings.hpp"
@@ -227,19 +228,24 @@ void Trainer::setup_device() {
   if (cfg_.seed >= 0) torch::manual_seed(static_cast<uint64_t>(cfg_.seed));
   amp_ = plan_amp(cfg_.amp, cfg_.amp_dtype, device_);
   workers_ = cfg_.workers;
-  if (device_.is_cpu() && cfg_.workers > 0) {
-    // CPU training: the step and the loader share the cores, and torch's OpenMP threads spin
-    // while they wait, so oversubscription slows every step several times over. Give the loader
-    // a quarter of the cores (none on a small machine: it then runs between steps) and the
-    // step the rest. (2 cores, the default model at 160 px: 47 img/s this way, 30 with one core each.)
-    const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-    const int loader = std::min(cfg_.workers, cores / 4);
-    const int threads = std::max(1, cores - loader);
-    at::set_num_threads(threads);
-    if (loader != cfg_.workers)
-      log_info(strfmt("CPU training on %d cores: %d loader worker(s) instead of %d, %d compute threads", cores, loader,
-                      cfg_.workers, threads));
-    workers_ = loader;
+  if (device_.is_cpu()) {
+    // CPU training: the step and the loader share this run's cores (its share when other CPU
+    // trainings run: core/cpu_share.hpp), and torch's OpenMP threads spin while they wait, so
+    // oversubscription slows every step several times over. Give the loader a quarter of the
+    // cores (none on a small machine: it then runs between steps) and the step the rest.
+    // (2 cores, the default model at 160 px: 47 img/s this way, 30 with one core each.)
+    const char* share = env_get("LIBREYOLO_CPU_SHARE");
+    if (!share || std::string(share) != "0") cpu_share_ = std::make_unique<CpuShare>(available_cores());
+    const int cores = cpu_share_ ? cpu_share_->cores() : available_cores();
+    workers_ = std::min(cfg_.workers, cores / 4);
+    compute_threads_ = std::max(1, cores - workers_);
+    at::set_num_threads(compute_threads_);
+    const int trainings = cpu_share_ ? cpu_share_->trainings() : 1;
+    log_info(strfmt("CPU training on %s%s: %s (of %d asked), %s", count_of(cores, "core").c_str(),
+                    trainings > 1 ? strfmt(" (%d available, shared by %d trainings)", available_cores(), trainings).c_str()
+                                  : "",
+                    count_of(workers_, "loader worker").c_str(), cfg_.workers,
+                    count_of(compute_threads_, "compute thread").c_str()));
   }
   channels_last_ = cfg_.memory_format == "channels_last" || (cfg_.memory_format == "auto" && device_.is_cuda());
   // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
@@ -577,6 +583,21 @@ void Trainer::resume() {
 
 // ------------------------------------------------------------------------------------------------ the loop
 
+void Trainer::share_cpu() {
+  // Other CPU trainings started or ended: take this run's new share of the cores (looked at no
+  // more than once a second: a directory listing).
+  if (!cpu_share_) return;
+  const auto now = Clock::now();
+  if (now - cpu_share_checked_ < std::chrono::seconds(1)) return;
+  cpu_share_checked_ = now;
+  const int threads = std::max(1, cpu_share_->cores() - workers_);
+  if (threads == compute_threads_) return;
+  log_info(strfmt("CPU training: %s now (%d trainings share %s)", count_of(threads, "compute thread").c_str(),
+                  cpu_share_->trainings(), count_of(available_cores(), "core").c_str()));
+  at::set_num_threads(threads);
+  compute_threads_ = threads;
+}
+
 void Trainer::begin_epoch(TrainState& s) {
   model_->train();
   // Frozen layers keep their BatchNorm statistics.
@@ -592,6 +613,7 @@ void Trainer::begin_epoch(TrainState& s) {
 }
 
 bool Trainer::next_batch(TrainState& s) {
+  share_cpu();
   current_batch_ = nullptr;
   batch_ = train_loader_->next();
   if (!batch_) return false;

@@ -13,6 +13,7 @@
 #include <libreyolo/hooks.hpp>
 #include <libreyolo/libreyolo.hpp>
 
+#include "core/cpu_share.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "dist/group.hpp"
@@ -96,6 +97,8 @@ class Trainer : private EpochSteps {
   // it when `from_weights`; on resume only when the checkpoint has it.
   void setup_aux(bool from_weights);
   void apply_freeze();
+  // CPU training: this run's compute threads follow its share of the cores (core/cpu_share).
+  void share_cpu();
   // EpochSteps
   void begin_epoch(TrainState& s) override;
   bool has_next(const TrainState& s) const override { return s.batch_index + 1 < s.batches_per_epoch; }
@@ -130,6 +133,9 @@ class Trainer : private EpochSteps {
   std::string resume_path_;
   io::PyValuePtr resume_ckpt_;
   int workers_ = 0;  // loader threads actually used (cfg_.workers, capped on CPU)
+  std::unique_ptr<CpuShare> cpu_share_;  // CPU training: this run's share of the cores
+  int compute_threads_ = 0;               // CPU training: intra-op threads now
+  std::chrono::steady_clock::time_point cpu_share_checked_;
   int accumulate_ = 1;
   int64_t steps_per_epoch_ = 1;  // optimizer steps
   int64_t batches_done_ = 0;
