@@ -18,7 +18,7 @@ const std::vector<EnvVar>& env_vars() {
       {"LIBREYOLO_CUDNN_PLAN_CACHE", "folder of the chosen cuDNN plans, or off"},
       {"LIBREYOLO_CUDNN_FUSION_CANDIDATES", "fused inference plans timed per configuration (4; float32 6)"},
       {"LIBREYOLO_LOADER_NICE", "niceness of the loader threads (5; 0 leaves them as they are)"},
-      {"LIBREYOLO_CPU_SHARE", "0: a CPU training takes all its cores, whatever else trains on the CPU"},
+      {"LIBREYOLO_CPU_SHARE", "0: a CPU training takes the threads torch starts with, whatever else trains on the CPU"},
       {"LIBREYOLO_NVJPEG", "path of the nvJPEG library to load first"},
       {"LIBREYOLO_FONT", "TrueType font file for the text in pictures (DejaVu Sans, Liberation Sans or FreeSans where found)"},
       // Fast paths: =0 turns one off.

@@ -236,7 +236,7 @@ void Trainer::setup_device() {
     // (2 cores, the default model at 160 px: 47 img/s this way, 30 with one core each.)
     const char* share = env_get("LIBREYOLO_CPU_SHARE");
     if (!share || std::string(share) != "0") cpu_share_ = std::make_unique<CpuShare>(available_cores());
-    const int cores = cpu_share_ ? cpu_share_->cores() : available_cores();
+    const int cores = cpu_cores();
     workers_ = std::min(cfg_.workers, cores / 4);
     compute_threads_ = std::max(1, cores - workers_);
     at::set_num_threads(compute_threads_);
@@ -583,6 +583,13 @@ void Trainer::resume() {
 
 // ------------------------------------------------------------------------------------------------ the loop
 
+int Trainer::cpu_cores() const {
+  // At most the threads torch started with (OMP_NUM_THREADS, else its default; a spawned
+  // data-parallel rank has 1): what the process was given.
+  static const int at_start = std::max(1, at::get_num_threads());
+  return std::max(1, std::min(at_start, cpu_share_ ? cpu_share_->cores() : at_start));
+}
+
 void Trainer::share_cpu() {
   // Other CPU trainings started or ended: take this run's new share of the cores (looked at no
   // more than once a second: a directory listing).
@@ -590,7 +597,7 @@ void Trainer::share_cpu() {
   const auto now = Clock::now();
   if (now - cpu_share_checked_ < std::chrono::seconds(1)) return;
   cpu_share_checked_ = now;
-  const int threads = std::max(1, cpu_share_->cores() - workers_);
+  const int threads = std::max(1, cpu_cores() - workers_);
   if (threads == compute_threads_) return;
   log_info(strfmt("CPU training: %s now (%d trainings share %s)", count_of(threads, "compute thread").c_str(),
                   cpu_share_->trainings(), count_of(available_cores(), "core").c_str()));

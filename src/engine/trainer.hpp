@@ -99,6 +99,8 @@ class Trainer : private EpochSteps {
   void apply_freeze();
   // CPU training: this run's compute threads follow its share of the cores (core/cpu_share).
   void share_cpu();
+  // The cores of this CPU training: its share, at most the threads torch started with.
+  int cpu_cores() const;
   // EpochSteps
   void begin_epoch(TrainState& s) override;
   bool has_next(const TrainState& s) const override { return s.batch_index + 1 < s.batches_per_epoch; }
