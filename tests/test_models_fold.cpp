@@ -225,14 +225,22 @@ std::atomic<int>& cat_calls() {
   return n;
 }
 
-// torch::cat calls (aten::cat through the dispatcher) on this thread while `body` runs.
+// torch::cat calls (aten::cat through the dispatcher) made on this thread while `body` runs, by
+// the library itself: not those inside another ATen op (a CPU grouped convolution without oneDNN,
+// taken with one intra-op thread, concatenates its groups' outputs).
 int count_cats(const std::function<void()>& body) {
   cat_calls() = 0;
+  static thread_local int depth = 0;
+  depth = 0;
   const auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
-        if (std::strcmp(fn.name(), "aten::cat") == 0) ++cat_calls();
-        return nullptr;
-      }).scopes({at::RecordScope::FUNCTION}));
+      at::RecordFunctionCallback(
+          [](const at::RecordFunction& fn) -> std::unique_ptr<at::ObserverContext> {
+            if (depth == 0 && std::strcmp(fn.name(), "aten::cat") == 0) ++cat_calls();
+            ++depth;
+            return nullptr;
+          },
+          [](const at::RecordFunction&, at::ObserverContext*) { --depth; })
+          .scopes({at::RecordScope::FUNCTION}));
   body();
   at::removeCallback(handle);
   return cat_calls().load();

@@ -87,37 +87,49 @@ TEST(YoloxParity, CheckpointIsRecognisedAndNamesMatch) {
 
 // The eval tests run the unfolded forward (BatchNorm as its own op), the Python reference's
 // float32 operations: this untrained model on 0-255 inputs amplifies float32 rounding to ~3e-4 of
-// its predictions (against its own float64 forward), so only the same operations meet 1e-4. The
-// folded forward (the default) differs by ~5e-4 here and is checked against the float64 forward
-// instead: FoldBn.YoloxParityFixtureAgainstFloat64 (test_models_fold.cpp).
+// its predictions (against its own float64 forward). With the fixture maker's summation order
+// (its thread count and vector width) our float32 forward meets 1e-4; with another one, ours and
+// the fixture each carry their own float32 error. So each quantity's bound is 1e-4, or, where
+// float32 rounding on this machine is larger, the sum of both errors: ours measured against our
+// float64 forward (e), the fixture's taken as at most twice that, 3e. The folded forward (the
+// default) is checked against the float64 forward: FoldBn.YoloxParityFixtureAgainstFloat64.
 TEST(YoloxParity, EvalMapsAndDecodedPredictions) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   f.model->eval();
   libreyolo::test::FoldSwitch unfolded(false);
   torch::NoGradGuard no_grad;
-  const auto raw = f.model->forward_raw(f.expected("input"));
+  const auto input = f.expected("input");
+  const auto raw = f.model->forward_raw(input);
+  const auto got = f.model->decode(raw);
+  f.model->to(torch::kDouble);
+  const auto raw64 = f.model->forward_raw(input.to(torch::kDouble));
+  const auto got64 = f.model->decode(raw64);
+  f.model->to(torch::kFloat);
+  auto check = [](const std::string& what, const torch::Tensor& g, const torch::Tensor& g64, const torch::Tensor& want) {
+    check_rel(what, g, want, std::max(1e-4, 3.0 * rel_err(g, g64)));
+  };
   ASSERT_EQ(raw.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     const auto want = f.expected("eval_out_" + std::to_string(i));
     ASSERT_EQ(raw[i].sizes(), want.sizes());
-    check_rel("eval reg, level " + std::to_string(i), raw[i].narrow(1, 0, 4), want.narrow(1, 0, 4), 1e-4);
+    check("eval reg, level " + std::to_string(i), raw[i].narrow(1, 0, 4), raw64[i].narrow(1, 0, 4),
+          want.narrow(1, 0, 4));
     // obj/cls as probabilities, and as logits where float32 keeps 1 - p resolvable.
     const auto got_p = torch::sigmoid(raw[i].narrow(1, 4, 81)), want_p = want.narrow(1, 4, 81);
-    check_rel("eval obj/cls prob, level " + std::to_string(i), got_p, want_p, 1e-4);
+    check("eval obj/cls prob, level " + std::to_string(i), got_p, torch::sigmoid(raw64[i].narrow(1, 4, 81)), want_p);
     const auto ok = want_p < 0.999;
-    check_rel("eval obj/cls logit (p<0.999), level " + std::to_string(i), raw[i].narrow(1, 4, 81).masked_select(ok),
-              to_logit(want_p).masked_select(ok), 1e-4);
+    check("eval obj/cls logit (p<0.999), level " + std::to_string(i), raw[i].narrow(1, 4, 81).masked_select(ok),
+          raw64[i].narrow(1, 4, 81).masked_select(ok), to_logit(want_p).masked_select(ok));
   }
   // Decoded: [B, 4 + nc, A] xyxy + obj x cls against the fixture's cxcywh + obj + cls.
-  const auto got = f.model->decode(raw);
   const auto want = f.expected("eval_predictions");  // [2, 2100, 85]
   ASSERT_EQ(got.sizes(), (std::vector<int64_t>{2, 84, 2100}));
   const auto cx = want.select(2, 0), cy = want.select(2, 1), w = want.select(2, 2), h = want.select(2, 3);
   const auto want_xyxy = torch::stack({cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2}, 1);
-  check_rel("eval_predictions boxes", got.narrow(1, 0, 4), want_xyxy, 1e-4);
+  check("eval_predictions boxes", got.narrow(1, 0, 4), got64.narrow(1, 0, 4), want_xyxy);
   const auto want_scores = (want.narrow(2, 5, 80) * want.narrow(2, 4, 1)).transpose(1, 2);
-  check_rel("eval_predictions obj*cls", got.narrow(1, 4, 80), want_scores, 1e-4);
+  check("eval_predictions obj*cls", got.narrow(1, 4, 80), got64.narrow(1, 4, 80), want_scores);
 }
 
 TEST(YoloxParity, TrainForwardAndBatchNormUpdate) {
