@@ -131,15 +131,7 @@ void LibreYOLO::capture_graph(int imgsz, int batch, const std::string& dtype) {
 }
 
 GraphInfo LibreYOLO::graph_info() const {
-  const models::ForwardGraphInfo f = impl_->graphs->info();
-  GraphInfo g;
-  g.captured = f.captured;
-  g.replays = f.replays;
-  g.eager_runs = f.eager_runs;
-  g.captures = f.captures;
-  g.failures = f.failures;
-  g.releases = f.releases;
-  return g;
+  return impl_->graphs->info();
 }
 
 void LibreYOLO::release_graphs() { impl_->graphs->release("release_graphs()"); }

@@ -10,6 +10,8 @@
 #include <sstream>
 
 #include <libreyolo/errors.hpp>
+
+#include "core/error_report.hpp"
 #include <libreyolo/libreyolo.hpp>
 
 #include "core/config_schema.hpp"
@@ -479,16 +481,6 @@ int cmd_checks(const ParsedArgs& a, std::ostream& out) {
   return 0;
 }
 
-void report_error(const Error& e, bool as_json, std::ostream& out, std::ostream& err) {
-  if (as_json) {
-    json j = {{"schema_version", 1}, {"error", e.code()}, {"message", e.what()}};
-    j["suggestion"] = e.suggestion().empty() ? json(nullptr) : json(e.suggestion());
-    out << j.dump() << "\n";
-  } else {
-    err << "Error [" << e.code() << "]: " << e.what() << "\n";
-    if (!e.suggestion().empty()) err << "  Suggestion: " << e.suggestion() << "\n";
-  }
-}
 
 }  // namespace
 

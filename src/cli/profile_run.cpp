@@ -6,6 +6,9 @@
 #include <iomanip>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <utility>
+#include <vector>
 
 #include <libreyolo/errors.hpp>
 #include <libreyolo/libreyolo.hpp>
@@ -22,10 +25,22 @@ namespace libreyolo::cli {
 
 namespace {
 
-struct RunArgs {
-  std::string data, weights, size = "t", device = "auto", project = "runs/profile", amp_dtype;
-  int batch = 16, imgsz = 640, workers = 8, steps = 20, warmup = 5, repeat = 1;
-  bool amp = true, json = false, cuda_graph = false;
+// What both profile sub-commands take: the model (--weights, else a fresh one of --size), the
+// device, the trial count and the output form.
+struct ModelArgs {
+  std::string weights, size = "t", device = "auto";
+  int repeat = 1;
+  bool json = false;
+
+  std::string model() const { return weights.empty() ? models::families().front()->name + size : weights; }
+  // Takes the option when it is one of these; false otherwise.
+  bool take(const std::string& key, const std::string& value);
+};
+
+struct RunArgs : ModelArgs {
+  std::string data, project = "runs/profile", amp_dtype;
+  int batch = 16, imgsz = 640, workers = 8, steps = 20, warmup = 5;
+  bool amp = true, cuda_graph = false;
 };
 
 int to_int(const std::string& flag, const std::string& v) {
@@ -39,57 +54,82 @@ int to_int(const std::string& flag, const std::string& v) {
   }
 }
 
-RunArgs parse(const std::vector<std::string>& args) {
-  RunArgs r;
+// A profile sub-command's words: positionals, and options as (key, value) from --key=value,
+// --key value, a bare switch (--json: ("json", "true"); --no-amp: ("amp", "false")), or a key whose
+// value may be left out (a bare --cuda-graph is "true"; a following true, false or auto is its value).
+struct Words {
   std::vector<std::string> positional;
+  std::vector<std::pair<std::string, std::string>> options;
+};
+
+Words split_words(const std::vector<std::string>& args, const std::set<std::string>& switches) {
+  Words w;
   for (size_t i = 0; i < args.size(); ++i) {
-    std::string a = args[i];
-    if (a == "--json") {
-      r.json = true;
-      continue;
-    }
-    if (a == "--amp" || a == "--no-amp") {
-      r.amp = a == "--amp";
-      continue;
-    }
-    if (a == "--cuda-graph" || a == "--cuda_graph") {
-      r.cuda_graph = true;
-      continue;
-    }
+    const std::string& a = args[i];
     if (a.rfind("--", 0) != 0) {
-      positional.push_back(a);
+      w.positional.push_back(a);
       continue;
     }
     std::string key = a.substr(2), value;
+    for (char& c : key)
+      if (c == '_') c = '-';
     if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
+      value = a.substr(2 + eq + 1);
       key = key.substr(0, eq);
+    } else if (switches.count(key)) {
+      value = "true";
+    } else if (key.rfind("no-", 0) == 0 && switches.count(key.substr(3))) {
+      key = key.substr(3);
+      value = "false";
+    } else if (key == "cuda-graph") {
+      const bool has_value = i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false" || args[i + 1] == "auto");
+      value = has_value ? args[++i] : "true";
     } else {
       if (i + 1 >= args.size()) throw UsageError("--" + key + " requires a value", "", "config_type_error");
       value = args[++i];
     }
-    if (key == "weights") r.weights = value;
-    else if (key == "size") r.size = value;
-    else if (key == "device") r.device = value;
+    w.options.emplace_back(key, value);
+  }
+  return w;
+}
+
+bool ModelArgs::take(const std::string& key, const std::string& value) {
+  if (key == "json") json = value == "true";
+  else if (key == "weights") weights = value;
+  else if (key == "size") size = value;
+  else if (key == "device") device = value;
+  else if (key == "repeat") {
+    repeat = to_int(key, value);
+    if (repeat < 1) throw UsageError("--repeat must be at least 1", "", "config_range_error");
+  } else return false;
+  return true;
+}
+
+RunArgs parse(const std::vector<std::string>& args) {
+  RunArgs r;
+  const Words w = split_words(args, {"json", "amp"});
+  for (const auto& [key, value] : w.options) {
+    if (r.take(key, value)) continue;
+    if (key == "amp") r.amp = value == "true";
+    else if (key == "cuda-graph") r.cuda_graph = value != "false";
     else if (key == "project") r.project = value;
     else if (key == "batch") r.batch = to_int(key, value);
     else if (key == "imgsz") r.imgsz = to_int(key, value);
     else if (key == "workers") r.workers = to_int(key, value);
     else if (key == "steps") r.steps = to_int(key, value);
     else if (key == "warmup") r.warmup = to_int(key, value);
-    else if (key == "repeat") r.repeat = to_int(key, value);
-    else if (key == "amp-dtype" || key == "amp_dtype") r.amp_dtype = value;
+    else if (key == "amp-dtype") r.amp_dtype = value;
     else
       throw UsageError("Unknown option --" + key + " for 'profile run'",
                        "Options: --weights --size --batch --imgsz --workers --amp/--no-amp --amp-dtype --cuda-graph "
                        "--steps --warmup --repeat --device --project --json",
                        "config_unknown_key");
   }
+  const auto& positional = w.positional;
   if (positional.size() != 1)
     throw UsageError("profile run takes one dataset: libreyolo profile run <data.yaml|builtin> [options]", "",
                      "config_required_key");
   r.data = positional[0];
-  if (r.repeat < 1) throw UsageError("--repeat must be at least 1", "", "config_range_error");
   return r;
 }
 
@@ -98,7 +138,7 @@ RunArgs parse(const std::vector<std::string>& args) {
 int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
   const RunArgs a = parse(raw);
   // Without --weights: a fresh model of the size (this build downloads nothing).
-  const std::string model_arg = a.weights.empty() ? models::families().front()->name + a.size : a.weights;
+  const std::string model_arg = a.model();
   std::vector<nlohmann::json> profiles;
   std::vector<std::string> paths;
   // Each invocation has a run directory of its own (prof, prof2, ...); repeated trials are its
@@ -168,11 +208,8 @@ int cmd_profile_run(const std::vector<std::string>& raw, std::ostream& out) {
 
 namespace {
 
-struct InferArgs {
+struct InferArgs : ModelArgs {
   InferProfileConfig cfg;
-  std::string weights, size = "t", device = "auto";
-  int repeat = 1;
-  bool json = false;
 };
 
 double to_double(const std::string& flag, const std::string& v) {
@@ -187,50 +224,32 @@ double to_double(const std::string& flag, const std::string& v) {
 
 InferArgs parse_infer(const std::vector<std::string>& args) {
   InferArgs r;
-  std::vector<std::string> positional;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string a = args[i];
-    if (a == "--json") { r.json = true; continue; }
-    if (a == "--half" || a == "--no-half") { r.cfg.half = a == "--half"; continue; }
-    if (a == "--trace" || a == "--no-trace") { r.cfg.trace = a == "--trace"; continue; }
-    if (a.rfind("--", 0) != 0) { positional.push_back(a); continue; }
-    std::string key = a.substr(2), value;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      value = key.substr(eq + 1);
-      key = key.substr(0, eq);
-    } else if (key == "cuda-graph" || key == "cuda_graph") {
-      // A bare --cuda-graph means true; a following mode word is its value.
-      const bool has_value = i + 1 < args.size() && (args[i + 1] == "true" || args[i + 1] == "false" || args[i + 1] == "auto");
-      value = has_value ? args[++i] : "true";
-    } else {
-      if (i + 1 >= args.size()) throw UsageError("--" + key + " requires a value", "", "config_type_error");
-      value = args[++i];
-    }
-    if (key == "weights") r.weights = value;
-    else if (key == "size") r.size = value;
-    else if (key == "device") r.device = value;
+  const Words w = split_words(args, {"json", "half", "trace"});
+  for (const auto& [key, value] : w.options) {
+    if (r.take(key, value)) continue;
+    if (key == "half") r.cfg.half = value == "true";
+    else if (key == "trace") r.cfg.trace = value == "true";
     else if (key == "project") r.cfg.project = value;
     else if (key == "batch") r.cfg.batch = to_int(key, value);
     else if (key == "imgsz") r.cfg.imgsz = to_int(key, value);
     else if (key == "warmup") r.cfg.warmup = to_int(key, value);
     else if (key == "runs") r.cfg.runs = to_int(key, value);
-    else if (key == "repeat") r.repeat = to_int(key, value);
-    else if (key == "max-det" || key == "max_det") r.cfg.max_det = to_int(key, value);
+    else if (key == "max-det") r.cfg.max_det = to_int(key, value);
     else if (key == "conf") r.cfg.conf = to_double(key, value);
     else if (key == "iou") r.cfg.iou = to_double(key, value);
-    else if (key == "amp-dtype" || key == "amp_dtype") r.cfg.amp_dtype = value;
-    else if (key == "cuda-graph" || key == "cuda_graph") r.cfg.cuda_graph = value;
+    else if (key == "amp-dtype") r.cfg.amp_dtype = value;
+    else if (key == "cuda-graph") r.cfg.cuda_graph = value;
     else
       throw UsageError("Unknown option --" + key + " for 'profile infer'",
                        "Options: --weights --size --batch --imgsz --half/--no-half --amp-dtype --warmup --runs --repeat "
                        "--conf --iou --max-det --device --trace/--no-trace --cuda-graph --project --json",
                        "config_unknown_key");
   }
+  const auto& positional = w.positional;
   if (positional.size() > 1)
     throw UsageError("profile infer takes at most one source: libreyolo profile infer [image|folder] [options]", "",
                      "config_type_error");
   if (!positional.empty()) r.cfg.source = positional[0];
-  if (r.repeat < 1) throw UsageError("--repeat must be at least 1", "", "config_range_error");
   if (r.cfg.amp_dtype != "float16" && r.cfg.amp_dtype != "bfloat16" && r.cfg.amp_dtype != "fp16" &&
       r.cfg.amp_dtype != "bf16")
     throw UsageError("Invalid value for --amp-dtype: '" + r.cfg.amp_dtype + "' is not one of: float16, bfloat16", "",
@@ -243,7 +262,7 @@ InferArgs parse_infer(const std::vector<std::string>& args) {
 int cmd_profile_infer(const std::vector<std::string>& raw, std::ostream& out) {
   const InferArgs a = parse_infer(raw);
   // Without --weights: a fresh model of the size (this build downloads nothing).
-  LibreYOLO model(a.weights.empty() ? models::families().front()->name + a.size : a.weights, a.device);
+  LibreYOLO model(a.model(), a.device);
   std::vector<InferenceProfile> runs;
   // As profile run: infer, infer2, ...; repeated trials inside as trial_0, trial_1, ...
   const std::string run_dir = a.repeat > 1 ? make_run_dir(a.cfg.project, "infer", /*exist_ok=*/false) : "";

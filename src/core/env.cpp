@@ -72,4 +72,10 @@ int env_int(const char* name, int lo, int hi, int fallback) {
   return v && n >= lo && n <= hi ? n : fallback;
 }
 
+bool EnvFlag::first_load() const {
+  int unset = -1;
+  state_.compare_exchange_strong(unset, env_switch_on(name_) ? 1 : 0);  // a store() in between wins
+  return state_.load() != 0;
+}
+
 }  // namespace libreyolo

@@ -20,13 +20,10 @@
 namespace libreyolo::engine {
 
 namespace {
-std::atomic<bool>& ema_kernel_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_EMA_KERNEL")};
-  return on;
-}
+EnvFlag ema_kernel_flag{"LIBREYOLO_EMA_KERNEL"};
 }  // namespace
 
-void set_ema_kernel(bool on) { ema_kernel_flag().store(on); }
+void set_ema_kernel(bool on) { ema_kernel_flag.store(on); }
 
 std::vector<torch::Tensor> ModelEMA::float_state(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
@@ -81,7 +78,7 @@ void ModelEMA::apply(const torch::nn::Module& model) {
 // (a tensor was replaced since) takes the multi-tensor ops instead. False: not done.
 bool ModelEMA::apply_one_launch() {
 #ifdef LIBREYOLO_CUDA_KERNELS
-  if (!ema_kernel_flag().load() || !weight_.is_cuda()) return false;
+  if (!ema_kernel_flag.load() || !weight_.is_cuda()) return false;
   const auto stream = c10::cuda::getCurrentCUDAStream(weight_.device().index());
   bool fresh = !items_.defined() || item_addresses_.size() != 2 * ema_state_.size();
   for (size_t i = 0; !fresh && i < ema_state_.size(); ++i)

@@ -7,6 +7,7 @@
 
 #include "core/device.hpp"
 #include "core/log.hpp"
+#include "core/lru.hpp"
 #include "core/cuda_graph.hpp"
 #include "layers/fold.hpp"
 #include "layers/conv_bn_act.hpp"
@@ -102,18 +103,11 @@ StepRunner::Slot& StepRunner::slot_for(const torch::Tensor& images, const torch:
     key.insert(key.end(), targets->sizes().begin(), targets->sizes().end());
   else
     key.push_back(-1);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    if (slots_[i]->key != key) continue;
-    // Most recently used last.
-    std::rotate(slots_.begin() + static_cast<std::ptrdiff_t>(i), slots_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                slots_.end());
-    return *slots_.back();
-  }
-  if (slots_.size() >= kMaxSlots) {
-    // The least recently used shape goes, with its graph (after queued work that may use it).
-    if (slots_.front()->graph) synchronize(cfg_.device);
-    slots_.erase(slots_.begin());
-  }
+  if (Slot* hit = lru_touch(slots_, key)) return *hit;
+  // The least recently used shape goes, with its graph (after queued work that may use it).
+  lru_make_room(slots_, kMaxSlots, [&](const Slot& old) {
+    if (old.graph) synchronize(cfg_.device);
+  });
   torch::NoGradGuard ng;
   auto s = std::make_unique<Slot>();
   s->key = key;
@@ -338,13 +332,9 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
                            std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
                            const models::Family* family) {
-  OptimizerOptions oo;
-  oo.name = cfg.optimizer;
-  oo.lr = cfg.lr0;
-  oo.momentum = cfg.momentum;
-  oo.warmup_momentum = cfg.warmup_momentum;
-  oo.weight_decay = cfg.weight_decay;
-  oo.nesterov = cfg.nesterov;
+  // name, lr, momentum, warmup_momentum, weight_decay, nesterov
+  const OptimizerOptions oo{cfg.optimizer,       cfg.lr0,          cfg.momentum,
+                            cfg.warmup_momentum, cfg.weight_decay, cfg.nesterov};
   auto optimizer = make_optimizer(*model, oo);
   StepSetup s;
   // Python's round() (half to even) of nbs / batch: nearbyint in the default rounding mode.

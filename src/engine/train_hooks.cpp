@@ -170,16 +170,13 @@ class EvalHook : public TrainHook {
     eo.names = t_.names();
     eo.log_table = last;
     if (last) eo.plot_dir = s.save_dir;
-    const auto& th = t_.loaded().family->train_val_thresholds;
+    eo.thresholds = t_.loaded().family->train_val_thresholds;
     eo.imgsz = s.config->imgsz;
     eo.batch = s.config->batch;
     eo.workers = t_.workers();
-    eo.conf = th.conf;
-    eo.iou = th.iou;
-    eo.max_det = th.max_det;
-    eo.device = t_.device();
-    eo.amp = t_.amp().enabled;
-    eo.amp_dtype = t_.amp().dtype;
+    eo.inference.device = t_.device();
+    eo.inference.amp = t_.amp().enabled;
+    eo.inference.amp_dtype = t_.amp().dtype;
     models::Detector& m = t_.ema_model() ? *t_.ema_model() : t_.model();
     return evaluate_detector(m, *t_.loaded().family, t_.val_set(), eo);
   }

@@ -86,19 +86,13 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
   lo.batch = opt.batch;
   lo.workers = opt.workers;
   lo.shuffle = false;
-  lo.pin_memory = opt.device.is_cuda();
+  lo.pin_memory = opt.inference.device.is_cuda();
   data::DataLoader loader(dataset, lo);
   loader.set_epoch(0);
 
   const bool was_training = model.is_training();
   model.eval();
-  InferenceOptions io_opt;
-  io_opt.device = opt.device;
-  io_opt.amp = opt.amp;
-  io_opt.amp_dtype = opt.amp_dtype;
-  io_opt.graphs = opt.graphs;
-  io_opt.graph_mode = opt.graph_mode;
-  InferenceRunner runner(model, family, io_opt);
+  InferenceRunner runner(model, family, opt.inference);
   eval::CocoEvaluator evaluator;
   const int nc = model.num_classes();
   std::unique_ptr<eval::ConfusionMatrix> confusion;
@@ -117,14 +111,14 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
     double t1 = now_ms();
     t_pre += t1 - t0;
     torch::Tensor pred = runner.forward(batch->images);
-    libreyolo::synchronize(opt.device);
+    libreyolo::synchronize(opt.inference.device);
     double t2 = now_ms();
     t_inf += t2 - t1;
     std::vector<models::PostprocessArgs> args;
     for (size_t i = 0; i < batch->indices.size(); ++i) {
       const auto [h0, w0] = batch->orig_hw[i];
       const double ratio = std::min(static_cast<double>(S) / h0, static_cast<double>(S) / w0);
-      args.push_back({opt.conf, opt.iou, opt.max_det, ratio, static_cast<int>(h0), static_cast<int>(w0)});
+      args.push_back({opt.thresholds.conf, opt.thresholds.iou, opt.thresholds.max_det, ratio, static_cast<int>(h0), static_cast<int>(w0)});
     }
     std::vector<ops::Detections> dets = runner.postprocess_batch(pred, args);
     for (size_t i = 0; i < batch->indices.size(); ++i) {
@@ -252,16 +246,14 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) 
   eo.imgsz = cfg.imgsz;
   eo.batch = cfg.batch;
   eo.workers = cfg.workers;
-  eo.conf = cfg.conf;
-  eo.iou = cfg.iou;
-  eo.max_det = cfg.max_det;
-  eo.device = impl.device;
-  eo.amp = cfg.half;
+  eo.thresholds = {cfg.conf, cfg.iou, cfg.max_det};
+  eo.inference.device = impl.device;
+  eo.inference.amp = cfg.half;
   if (cfg.half && !impl.device.is_cuda())
     log_info("half=true asks for float16, which is CUDA-only: validating in float32 on the CPU");
-  eo.amp_dtype = torch::kHalf;
-  eo.graphs = impl.graphs.get();
-  eo.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
+  eo.inference.amp_dtype = torch::kHalf;
+  eo.inference.graphs = impl.graphs.get();
+  eo.inference.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
   eo.names = !spec.names.empty() ? spec.names : impl.names;
   ValResult r;
   r.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
@@ -272,17 +264,9 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) 
   r.metrics.emplace_back("val/images", static_cast<double>(report.stats.images));
   r.metrics.emplace_back("val/instances", static_cast<double>(report.stats.instances));
   for (const auto& c : report.stats.classes) {
-    ValClassResult v;
-    v.id = c.category;
-    v.name = eo.names.size() > static_cast<size_t>(c.category) && c.category >= 0 ? eo.names[c.category]
-                                                                                  : std::to_string(c.category);
-    v.images = c.images;
-    v.instances = c.instances;
-    v.precision = c.precision;
-    v.recall = c.recall;
-    v.mAP50 = c.ap50;
-    v.mAP50_95 = c.ap50_95;
-    r.classes.push_back(std::move(v));
+    const bool named = c.category >= 0 && eo.names.size() > static_cast<size_t>(c.category);
+    r.classes.push_back({c.category, named ? eo.names[c.category] : std::to_string(c.category), c.images, c.instances,
+                         c.precision, c.recall, c.ap50, c.ap50_95});
   }
   r.table = format_val_table(report.stats, eo.names);
   write_val_files(r.save_dir, cfg, r, report.stats.best_conf);

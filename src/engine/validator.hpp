@@ -11,9 +11,11 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "data/dataset.hpp"
+#include "engine/inference.hpp"
 #include "eval/coco_eval.hpp"
 #include "models/detector.hpp"
 #include "models/loaded_model.hpp"
+#include "ops/postprocess.hpp"
 
 namespace libreyolo::engine {
 
@@ -21,15 +23,10 @@ struct EvalOptions {
   int imgsz = 640;
   int batch = 16;
   int workers = 4;
-  double conf = 0.001;
-  double iou = 0.6;
-  int max_det = 300;
-  torch::Device device{torch::kCPU};
-  bool amp = false;                           // autocast during the forward (CUDA only)
-  torch::ScalarType amp_dtype = torch::kHalf;
-  // Captured forwards (the loaded model's cache) and when to use them (val cuda_graph=...).
-  models::ForwardGraphs* graphs = nullptr;
-  models::GraphMode graph_mode = models::GraphMode::Off;
+  ops::PostprocessThresholds thresholds = ops::kValThresholds;
+  // Device, autocast, and the captured forwards (the loaded model's cache) with when to use them
+  // (val cuda_graph=...).
+  InferenceOptions inference;
   bool progress = false;
   // Class names (index = class id) for the table and the plots; ids without a name print as
   // numbers.

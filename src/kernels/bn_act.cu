@@ -156,8 +156,7 @@ __global__ void __launch_bounds__(kThreads)
     scale[j] = gamma[c] * invstd[c];
     shift[j] = beta[c] - mean[c] * scale[j];
   }
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
+  for_my_rows(rows, [&](int64_t r) {
     const int64_t i = r * channels + g * V;
     load_pack<T, V>(x, i, v);
     if (addend) {
@@ -172,6 +171,44 @@ __global__ void __launch_bounds__(kThreads)
       v[j] = (act ? z * sigmoid(z) : z) + (after_act ? a[j] : 0.f);
     }
     store_pack<T, V>(y, i, v);
+  });
+}
+
+// One channel group's affine parameters.
+template <int V>
+__device__ void load_affine(int g, const float* __restrict__ gamma, const float* __restrict__ beta,
+                            const float* __restrict__ mean, const float* __restrict__ invstd, float (&ga)[V],
+                            float (&be)[V], float (&mu)[V], float (&is)[V]) {
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    const int c = g * V + j;
+    mu[j] = mean[c];
+    is[j] = invstd[c];
+    ga[j] = gamma[c];
+    be[j] = beta[c];
+  }
+}
+
+// Row r of one channel group: xhat = (x - mean) * invstd and the gradient at the BatchNorm's
+// output, gr (dy through the activation, whose input is xhat * gamma + beta + addend).
+template <typename T, int V>
+__device__ void bn_row_grads(const T* __restrict__ dy, int64_t ldy, const T* __restrict__ x,
+                             const T* __restrict__ addend, int64_t r, int channels, int g, const float (&mu)[V],
+                             const float (&is)[V], const float (&ga)[V], const float (&be)[V], bool act,
+                             float (&xhat)[V], float (&gr)[V]) {
+  float av[V];
+  const int64_t i = r * channels + g * V;
+  load_pack<T, V>(x, i, xhat);
+  load_pack<T, V>(dy, r * ldy + g * V, gr);
+  if (addend)
+    load_pack<T, V>(addend, i, av);
+  else
+#pragma unroll
+    for (int j = 0; j < V; ++j) av[j] = 0.f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    xhat[j] = (xhat[j] - mu[j]) * is[j];
+    gr[j] = bn_out_grad(gr[j], xhat[j] * ga[j] + be[j] + av[j], act);
   }
 }
 
@@ -182,68 +219,30 @@ __global__ void __launch_bounds__(kThreads)
                               const float* __restrict__ mean, const float* __restrict__ invstd, bool act,
                               const T* __restrict__ addend, float* partials, unsigned* counters, float* dsum,
                               float* dgamma, float* dbeta, bool accumulate, bool sync_sums) {
-  __shared__ float sa[V * kThreads], sb[V * kThreads];
+  __shared__ float s[2][V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
-  const int p_count = gridDim.x;
-  float sum_g[V], sum_gx[V];
+  float sums[2][V];  // sum(g), sum(g * xhat)
 #pragma unroll
-  for (int j = 0; j < V; ++j) sum_g[j] = sum_gx[j] = 0.f;
+  for (int j = 0; j < V; ++j) sums[0][j] = sums[1][j] = 0.f;
   if (mine) {
-    float mu[V], is[V], ga[V], be[V], xv[V], gv[V], av[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int c = g * V + j;
-      mu[j] = mean[c];
-      is[j] = invstd[c];
-      ga[j] = gamma[c];
-      be[j] = beta[c];
-      av[j] = 0.f;
-    }
-    const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-      const int64_t i = r * channels + g * V;
-      load_pack<T, V>(x, i, xv);
-      load_pack<T, V>(dy, r * ldy + g * V, gv);
-      if (addend) load_pack<T, V>(addend, i, av);
+    float mu[V], is[V], ga[V], be[V], xhat[V], gr[V];
+    load_affine<V>(g, gamma, beta, mean, invstd, ga, be, mu, is);
+    for_my_rows(rows, [&](int64_t r) {
+      bn_row_grads<T, V>(dy, ldy, x, addend, r, channels, g, mu, is, ga, be, act, xhat, gr);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float xhat = (xv[j] - mu[j]) * is[j];
-        const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j] + av[j], act);
-        sum_g[j] += gr;
-        sum_gx[j] += gr * xhat;
+        sums[0][j] += gr[j];
+        sums[1][j] += gr[j] * xhat[j];
       }
-    }
+    });
   }
-  block_sum2<V>(sum_g, sum_gx, sa, sb);
-  const int64_t plane = static_cast<int64_t>(p_count) * channels;
-  if (threadIdx.y == 0 && mine) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + g * V + j;
-      partials[at] = sa[j * kThreads + threadIdx.x];
-      partials[plane + at] = sb[j * kThreads + threadIdx.x];
-    }
-  }
-  if (!last_block(counters)) return;
-#pragma unroll
-  for (int j = 0; j < V; ++j) sum_g[j] = sum_gx[j] = 0.f;
-  if (mine) {
-    for (int p = threadIdx.y; p < p_count; p += blockDim.y) {
-      const int64_t at = static_cast<int64_t>(p) * channels + g * V;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        sum_g[j] += __ldcg(partials + at + j);
-        sum_gx[j] += __ldcg(partials + plane + at + j);
-      }
-    }
-  }
-  block_sum2<V>(sum_g, sum_gx, sa, sb);
+  if (!grid_channel_sums<2, V>(sums, s, mine, g, channels, partials, counters)) return;
   if (threadIdx.y == 0 && mine) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int c = g * V + j;
-      const float sg = sa[j * kThreads + threadIdx.x], sgx = sb[j * kThreads + threadIdx.x];
+      const float sg = s[0][j * kThreads + threadIdx.x], sgx = s[1][j * kThreads + threadIdx.x];
       dsum[c] = sg;
       dsum[channels + c] = sync_sums ? sgx / invstd[c] : sgx;
       if (dgamma) dgamma[c] = accumulate ? dgamma[c] + sgx : sgx;
@@ -262,35 +261,23 @@ __global__ void __launch_bounds__(kThreads)
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
   const float inv_m = 1.f / (count ? *count : static_cast<float>(rows));
-  float mu[V], is[V], ga[V], be[V], mean_g[V], mean_gx[V], xv[V], gv[V], av[V];
+  float mu[V], is[V], ga[V], be[V], mean_g[V], mean_gx[V], xhat[V], gr[V];
+  load_affine<V>(g, gamma, beta, mean, invstd, ga, be, mu, is);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int c = g * V + j;
-    av[j] = 0.f;
-    mu[j] = mean[c];
-    is[j] = invstd[c];
-    ga[j] = gamma[c];
-    be[j] = beta[c];
     mean_g[j] = dsum[c] * inv_m;
     // sum(g * xhat) = invstd * sum(g * (x - mean))
     mean_gx[j] = dsum[channels + c] * inv_m * (sync_sums ? is[j] : 1.f);
   }
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
+  for_my_rows(rows, [&](int64_t r) {
+    bn_row_grads<T, V>(dy, ldy, x, addend, r, channels, g, mu, is, ga, be, act, xhat, gr);
     const int64_t i = r * channels + g * V;
-    load_pack<T, V>(x, i, xv);
-    load_pack<T, V>(dy, r * ldy + g * V, gv);
-    if (addend) load_pack<T, V>(addend, i, av);
+    if (daddend) store_pack<T, V>(daddend, i, gr);
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float xhat = (xv[j] - mu[j]) * is[j];
-      const float gr = bn_out_grad(gv[j], xhat * ga[j] + be[j] + av[j], act);
-      xv[j] = ga[j] * is[j] * (gr - mean_g[j] - xhat * mean_gx[j]);
-      gv[j] = gr;
-    }
-    if (daddend) store_pack<T, V>(daddend, i, gv);
-    if (dx) store_pack<T, V>(dx, i, xv);
-  }
+    for (int j = 0; j < V; ++j) xhat[j] = ga[j] * is[j] * (gr[j] - mean_g[j] - xhat[j] * mean_gx[j]);
+    if (dx) store_pack<T, V>(dx, i, xhat);
+  });
 }
 
 }  // namespace

@@ -93,25 +93,32 @@ __device__ void block_welford(float n, const float (&mean)[V], const float (&m2)
   }
 }
 
-// Sums each thread's V pairs of values over threadIdx.y; the result lands in row 0.
-template <int V>
-__device__ void block_sum2(const float (&a)[V], const float (&b)[V], float* sa, float* sb) {
+// Calls f(r) for the rows this thread visits: a grid-stride loop over rows, blockDim.y rows per
+// block at a time.
+template <class F>
+__device__ __forceinline__ void for_my_rows(int64_t rows, F f) {
+  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
+  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) f(r);
+}
+
+// Sums each thread's K x V values over threadIdx.y; the result lands in row 0:
+// s[k][j * kThreads + threadIdx.x].
+template <int K, int V>
+__device__ void block_sum(const float (&v)[K][V], float (*s)[V * kThreads]) {
   const int tx = threadIdx.x, ty = threadIdx.y, cx = blockDim.x;
   const int i = ty * cx + tx;
 #pragma unroll
-  for (int j = 0; j < V; ++j) {
-    sa[j * kThreads + i] = a[j];
-    sb[j * kThreads + i] = b[j];
-  }
-  __syncthreads();
-  for (int s = blockDim.y / 2; s > 0; s >>= 1) {
-    if (ty < s) {
-      const int k = (ty + s) * cx + tx;
+  for (int k = 0; k < K; ++k)
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        sa[j * kThreads + i] += sa[j * kThreads + k];
-        sb[j * kThreads + i] += sb[j * kThreads + k];
-      }
+    for (int j = 0; j < V; ++j) s[k][j * kThreads + i] = v[k][j];
+  __syncthreads();
+  for (int step = blockDim.y / 2; step > 0; step >>= 1) {
+    if (ty < step) {
+      const int from = (ty + step) * cx + tx;
+#pragma unroll
+      for (int k = 0; k < K; ++k)
+#pragma unroll
+        for (int j = 0; j < V; ++j) s[k][j * kThreads + i] += s[k][j * kThreads + from];
     }
     __syncthreads();
   }
@@ -130,6 +137,42 @@ __device__ inline bool last_block(unsigned* counters) {
   }
   __syncthreads();
   return is_last;
+}
+
+// Channel sums over the whole grid of each thread's K x V values (thread (x, y) of block (bx, by)
+// holds channels g * V .. g * V + V - 1, g = by * blockDim.x + x; `mine` when they exist): every block
+// publishes its block sums into `partials` (K planes of gridDim.x * channels floats) and takes a
+// ticket; the last block re-reduces all of them. True in that block only, with the totals in row 0:
+// s[k][j * kThreads + threadIdx.x]. v is clobbered.
+template <int K, int V>
+__device__ bool grid_channel_sums(float (&v)[K][V], float (*s)[V * kThreads], bool mine, int g, int channels,
+                                  float* partials, unsigned* counters) {
+  block_sum<K, V>(v, s);
+  const int64_t plane = static_cast<int64_t>(gridDim.x) * channels;
+  if (threadIdx.y == 0 && mine) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + g * V + j;
+#pragma unroll
+      for (int k = 0; k < K; ++k) partials[k * plane + at] = s[k][j * kThreads + threadIdx.x];
+    }
+  }
+  if (!last_block(counters)) return false;
+#pragma unroll
+  for (int k = 0; k < K; ++k)
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[k][j] = 0.f;
+  if (mine) {
+    for (int p = threadIdx.y; p < static_cast<int>(gridDim.x); p += blockDim.y) {
+      const int64_t at = static_cast<int64_t>(p) * channels + g * V;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k][j] += __ldcg(partials + k * plane + at + j);
+    }
+  }
+  block_sum<K, V>(v, s);
+  return true;
 }
 
 // Gradient at the BatchNorm output: dy through SiLU (recomputed from the BN output z) or dy.

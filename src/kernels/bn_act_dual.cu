@@ -33,8 +33,7 @@ __global__ void __launch_bounds__(kThreads)
     s2[j] = a2.gamma[c] * a2.invstd[c];
     h[j] = (a1.beta[c] - a1.mean[c] * s1[j]) + (a2.beta[c] - a2.mean[c] * s2[j]);
   }
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
+  for_my_rows(rows, [&](int64_t r) {
     const int64_t i = r * channels + g * V;
     load_pack<T, V>(x1, i, v1);
     load_pack<T, V>(x2, i, v2);
@@ -44,33 +43,39 @@ __global__ void __launch_bounds__(kThreads)
       v1[j] = act ? z * sigmoid(z) : z;
     }
     store_pack<T, V>(y, i, v1);
-  }
+  });
 }
 
-// Sums each thread's V triples over threadIdx.y; the result lands in row 0.
+// Both branches' parameters of one channel group; be = beta1 + beta2.
 template <int V>
-__device__ void block_sum3(const float (&a)[V], const float (&b)[V], const float (&c)[V], float* sa, float* sb,
-                           float* sc) {
-  const int tx = threadIdx.x, ty = threadIdx.y, cx = blockDim.x;
-  const int i = ty * cx + tx;
+struct DualParams {
+  float mu1[V], is1[V], ga1[V], mu2[V], is2[V], ga2[V], be[V];
+  __device__ DualParams(const Affine& a1, const Affine& a2, int g) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const int c = g * V + j;
+      mu1[j] = a1.mean[c], is1[j] = a1.invstd[c], ga1[j] = a1.gamma[c];
+      mu2[j] = a2.mean[c], is2[j] = a2.invstd[c], ga2[j] = a2.gamma[c];
+      be[j] = a1.beta[c] + a2.beta[c];
+    }
+  }
+};
+
+// Row r of one channel group: both branches' normalised inputs h1, h2 and the gradient at the
+// sum's output, gr (dy through the activation).
+template <typename T, int V>
+__device__ void dual_row_grads(const T* __restrict__ dy, int64_t ldy, const T* __restrict__ x1,
+                               const T* __restrict__ x2, int64_t r, int channels, int g, const DualParams<V>& p,
+                               bool act, float (&h1)[V], float (&h2)[V], float (&gr)[V]) {
+  const int64_t i = r * channels + g * V;
+  load_pack<T, V>(x1, i, h1);
+  load_pack<T, V>(x2, i, h2);
+  load_pack<T, V>(dy, r * ldy + g * V, gr);
 #pragma unroll
   for (int j = 0; j < V; ++j) {
-    sa[j * kThreads + i] = a[j];
-    sb[j * kThreads + i] = b[j];
-    sc[j * kThreads + i] = c[j];
-  }
-  __syncthreads();
-  for (int s = blockDim.y / 2; s > 0; s >>= 1) {
-    if (ty < s) {
-      const int k = (ty + s) * cx + tx;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        sa[j * kThreads + i] += sa[j * kThreads + k];
-        sb[j * kThreads + i] += sb[j * kThreads + k];
-        sc[j * kThreads + i] += sc[j * kThreads + k];
-      }
-    }
-    __syncthreads();
+    h1[j] = (h1[j] - p.mu1[j]) * p.is1[j];
+    h2[j] = (h2[j] - p.mu2[j]) * p.is2[j];
+    gr[j] = bn_out_grad(gr[j], h1[j] * p.ga1[j] + h2[j] * p.ga2[j] + p.be[j], act);
   }
 }
 
@@ -80,70 +85,32 @@ __global__ void __launch_bounds__(kThreads)
                                    const T* __restrict__ x2, int64_t rows, int channels, Affine a1, Affine a2,
                                    bool act, float* partials, unsigned* counters, float* dsum, float* dgamma1,
                                    float* dbeta1, float* dgamma2, float* dbeta2, bool accumulate) {
-  __shared__ float sa[V * kThreads], sb[V * kThreads], sc[V * kThreads];
+  __shared__ float s[3][V * kThreads];
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   const bool mine = g * V < channels;
-  const int p_count = gridDim.x;
-  float sum_g[V], sum_g1[V], sum_g2[V];
+  float sums[3][V];  // sum(g), sum(g * h1), sum(g * h2)
 #pragma unroll
-  for (int j = 0; j < V; ++j) sum_g[j] = sum_g1[j] = sum_g2[j] = 0.f;
+  for (int j = 0; j < V; ++j) sums[0][j] = sums[1][j] = sums[2][j] = 0.f;
   if (mine) {
-    float mu1[V], is1[V], ga1[V], mu2[V], is2[V], ga2[V], be[V], v1[V], v2[V], gv[V];
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int c = g * V + j;
-      mu1[j] = a1.mean[c], is1[j] = a1.invstd[c], ga1[j] = a1.gamma[c];
-      mu2[j] = a2.mean[c], is2[j] = a2.invstd[c], ga2[j] = a2.gamma[c];
-      be[j] = a1.beta[c] + a2.beta[c];
-    }
-    const int64_t step = static_cast<int64_t>(p_count) * blockDim.y;
-    for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-      const int64_t i = r * channels + g * V;
-      load_pack<T, V>(x1, i, v1);
-      load_pack<T, V>(x2, i, v2);
-      load_pack<T, V>(dy, r * ldy + g * V, gv);
+    const DualParams<V> p(a1, a2, g);
+    float h1[V], h2[V], gr[V];
+    for_my_rows(rows, [&](int64_t r) {
+      dual_row_grads<T, V>(dy, ldy, x1, x2, r, channels, g, p, act, h1, h2, gr);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float h1 = (v1[j] - mu1[j]) * is1[j], h2 = (v2[j] - mu2[j]) * is2[j];
-        const float gr = bn_out_grad(gv[j], h1 * ga1[j] + h2 * ga2[j] + be[j], act);
-        sum_g[j] += gr;
-        sum_g1[j] += gr * h1;
-        sum_g2[j] += gr * h2;
+        sums[0][j] += gr[j];
+        sums[1][j] += gr[j] * h1[j];
+        sums[2][j] += gr[j] * h2[j];
       }
-    }
+    });
   }
-  block_sum3<V>(sum_g, sum_g1, sum_g2, sa, sb, sc);
-  const int64_t plane = static_cast<int64_t>(p_count) * channels;
-  if (threadIdx.y == 0 && mine) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const int64_t at = static_cast<int64_t>(blockIdx.x) * channels + g * V + j;
-      partials[at] = sa[j * kThreads + threadIdx.x];
-      partials[plane + at] = sb[j * kThreads + threadIdx.x];
-      partials[2 * plane + at] = sc[j * kThreads + threadIdx.x];
-    }
-  }
-  if (!last_block(counters)) return;
-#pragma unroll
-  for (int j = 0; j < V; ++j) sum_g[j] = sum_g1[j] = sum_g2[j] = 0.f;
-  if (mine) {
-    for (int p = threadIdx.y; p < p_count; p += blockDim.y) {
-      const int64_t at = static_cast<int64_t>(p) * channels + g * V;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        sum_g[j] += __ldcg(partials + at + j);
-        sum_g1[j] += __ldcg(partials + plane + at + j);
-        sum_g2[j] += __ldcg(partials + 2 * plane + at + j);
-      }
-    }
-  }
-  block_sum3<V>(sum_g, sum_g1, sum_g2, sa, sb, sc);
+  if (!grid_channel_sums<3, V>(sums, s, mine, g, channels, partials, counters)) return;
   if (threadIdx.y == 0 && mine) {
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const int c = g * V + j;
-      const float sg = sa[j * kThreads + threadIdx.x], s1 = sb[j * kThreads + threadIdx.x],
-                  s2 = sc[j * kThreads + threadIdx.x];
+      const float sg = s[0][j * kThreads + threadIdx.x], s1 = s[1][j * kThreads + threadIdx.x],
+                  s2 = s[2][j * kThreads + threadIdx.x];
       dsum[c] = sg;
       dsum[channels + c] = s1;
       dsum[2 * channels + c] = s2;
@@ -163,33 +130,26 @@ __global__ void __launch_bounds__(kThreads)
   const int g = blockIdx.y * blockDim.x + threadIdx.x;
   if (g * V >= channels) return;
   const float inv_m = 1.f / static_cast<float>(rows);
-  float mu1[V], is1[V], ga1[V], mu2[V], is2[V], ga2[V], be[V], mg[V], m1[V], m2[V], v1[V], v2[V], gv[V];
+  const DualParams<V> p(a1, a2, g);
+  float mg[V], m1[V], m2[V], h1[V], h2[V], gr[V];
 #pragma unroll
   for (int j = 0; j < V; ++j) {
     const int c = g * V + j;
-    mu1[j] = a1.mean[c], is1[j] = a1.invstd[c], ga1[j] = a1.gamma[c];
-    mu2[j] = a2.mean[c], is2[j] = a2.invstd[c], ga2[j] = a2.gamma[c];
-    be[j] = a1.beta[c] + a2.beta[c];
     mg[j] = dsum[c] * inv_m;
     m1[j] = dsum[channels + c] * inv_m;
     m2[j] = dsum[2 * channels + c] * inv_m;
   }
-  const int64_t step = static_cast<int64_t>(gridDim.x) * blockDim.y;
-  for (int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y; r < rows; r += step) {
-    const int64_t i = r * channels + g * V;
-    load_pack<T, V>(x1, i, v1);
-    load_pack<T, V>(x2, i, v2);
-    load_pack<T, V>(dy, r * ldy + g * V, gv);
+  for_my_rows(rows, [&](int64_t r) {
+    dual_row_grads<T, V>(dy, ldy, x1, x2, r, channels, g, p, act, h1, h2, gr);
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const float h1 = (v1[j] - mu1[j]) * is1[j], h2 = (v2[j] - mu2[j]) * is2[j];
-      const float gr = bn_out_grad(gv[j], h1 * ga1[j] + h2 * ga2[j] + be[j], act);
-      v1[j] = ga1[j] * is1[j] * (gr - mg[j] - h1 * m1[j]);
-      v2[j] = ga2[j] * is2[j] * (gr - mg[j] - h2 * m2[j]);
+      h1[j] = p.ga1[j] * p.is1[j] * (gr[j] - mg[j] - h1[j] * m1[j]);
+      h2[j] = p.ga2[j] * p.is2[j] * (gr[j] - mg[j] - h2[j] * m2[j]);
     }
-    if (dx1) store_pack<T, V>(dx1, i, v1);
-    if (dx2) store_pack<T, V>(dx2, i, v2);
-  }
+    const int64_t i = r * channels + g * V;
+    if (dx1) store_pack<T, V>(dx1, i, h1);
+    if (dx2) store_pack<T, V>(dx2, i, h2);
+  });
 }
 
 }  // namespace

@@ -32,6 +32,24 @@ __device__ __forceinline__ float quarter(T g) {
   return to_float(from_float<T>(to_float(g) / 4.f));
 }
 
+// Element i of a grid-stride loop over (pixel, channel group) of an NHWC map of height h and width
+// w, channel groups fastest: its pixel index (n * h + y) * w + x, and n, y, x, the group's first channel.
+struct PixelGroup {
+  int64_t pixel, n;
+  int y, x, c0;
+};
+template <int V>
+__device__ __forceinline__ PixelGroup pixel_group(int64_t i, int groups, int h, int w) {
+  PixelGroup p;
+  p.c0 = static_cast<int>(i % groups) * V;
+  p.pixel = i / groups;
+  p.x = static_cast<int>(p.pixel % w);
+  const int64_t rest = p.pixel / w;
+  p.y = static_cast<int>(rest % h);
+  p.n = rest / h;
+  return p;
+}
+
 template <typename T, int V>
 __global__ void __launch_bounds__(kThreads)
     avg_pool2_forward_kernel(const T* __restrict__ x, int64_t total, int H, int W, int C, int64_t P, int split,
@@ -39,14 +57,10 @@ __global__ void __launch_bounds__(kThreads)
   const int groups = C / V, oh_n = H - 1, ow_n = W - 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int g = static_cast<int>(i % groups);
-    const int64_t pixel = i / groups;  // output pixel, n * OH * OW + oh * OW + ow
-    const int ow = static_cast<int>(pixel % ow_n);
-    const int64_t rest = pixel / ow_n;
-    const int oh = static_cast<int>(rest % oh_n);
-    const int64_t n = rest / oh_n;
-    const int c0 = g * V;
-    const T* p = x + ((n * H + oh) * W + ow) * P + c0;
+    const PixelGroup o = pixel_group<V>(i, groups, oh_n, ow_n);  // an output pixel
+    const int64_t pixel = o.pixel;
+    const int c0 = o.c0;
+    const T* p = x + ((o.n * H + o.y) * W + o.x) * P + c0;
     float acc[V];
 #pragma unroll
     for (int j = 0; j < V; ++j) acc[j] = 0.f;
@@ -70,13 +84,9 @@ __global__ void __launch_bounds__(kThreads)
   const int groups = C / V, oh_n = H - 1, ow_n = W - 1;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += stride) {
-    const int g = static_cast<int>(i % groups);
-    const int64_t pixel = i / groups;  // input pixel, n * H * W + h * W + w
-    const int w = static_cast<int>(pixel % W);
-    const int64_t rest = pixel / W;
-    const int h = static_cast<int>(rest % H);
-    const int64_t n = rest / H;
-    const int c0 = g * V;
+    const PixelGroup in = pixel_group<V>(i, groups, H, W);  // an input pixel
+    const int64_t pixel = in.pixel, n = in.n;
+    const int h = in.y, w = in.x, c0 = in.c0;
     const bool first = c0 < split;
     const T* src = first ? ga : gb;
     const int width = first ? split : C - split;

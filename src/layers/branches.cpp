@@ -6,6 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime.h>
+
+#include "layers/event_pool.hpp"
 #endif
 
 namespace libreyolo::models::common {
@@ -30,12 +32,11 @@ struct ThreadStreams {
     cudaStream_t streams[kSideStreams] = {};
   };
   std::vector<Device> devices;
-  std::vector<cudaEvent_t> spare;
+  EventPool events{"Branches"};
   ~ThreadStreams() {
     for (auto& d : devices)
       for (auto s : d.streams)
         if (s) cudaStreamDestroy(s);
-    for (auto e : spare) cudaEventDestroy(e);
   }
   cudaStream_t stream(int device, int i) {
     for (auto& d : devices)
@@ -46,16 +47,6 @@ struct ThreadStreams {
     for (auto& s : d.streams) check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
     devices.push_back(d);
     return devices.back().streams[i];
-  }
-  cudaEvent_t event() {
-    if (spare.empty()) {
-      cudaEvent_t e = nullptr;
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
-      return e;
-    }
-    cudaEvent_t e = spare.back();
-    spare.pop_back();
-    return e;
   }
 };
 
@@ -82,15 +73,15 @@ void Branches::side(const std::function<void()>& work) {
   const auto current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
   const cudaStream_t s = t.stream(device_, next_);
   next_ = (next_ + 1) % kSideStreams;
-  cudaEvent_t fork = t.event();
+  cudaEvent_t fork = t.events.take();
   check(cudaEventRecord(fork, current.stream()), "record");
   check(cudaStreamWaitEvent(s, fork, 0), "wait");
-  t.spare.push_back(fork);  // reusable: the wait took the event's state at the call
+  t.events.give(fork);  // reusable: the wait took the event's state at the call
   {
     c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(s, static_cast<c10::DeviceIndex>(device_)));
     work();
   }
-  cudaEvent_t join = t.event();
+  cudaEvent_t join = t.events.take();
   check(cudaEventRecord(join, s), "record");
   joins_.push_back(join);
 #else
@@ -105,7 +96,7 @@ Branches::~Branches() {
   const auto current = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device_));
   for (void* j : joins_) {
     cudaStreamWaitEvent(current.stream(), static_cast<cudaEvent_t>(j), 0);
-    t.spare.push_back(static_cast<cudaEvent_t>(j));
+    t.events.give(static_cast<cudaEvent_t>(j));
   }
 #endif
 }

@@ -8,15 +8,12 @@ namespace libreyolo::models::common {
 
 namespace {
 
-std::atomic<bool>& flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_CONCAT_IN_PLACE")};
-  return on;
-}
+EnvFlag in_place_flag{"LIBREYOLO_CONCAT_IN_PLACE"};
 
 }  // namespace
 
-void set_concat_in_place(bool on) { flag().store(on); }
-bool concat_in_place() { return flag().load(); }
+void set_concat_in_place(bool on) { in_place_flag.store(on); }
+bool concat_in_place() { return in_place_flag.load(); }
 
 bool ChannelConcat::applies(const torch::Tensor& x) {
   return concat_in_place() && !torch::GradMode::is_enabled() && x.dim() == 4;

@@ -36,25 +36,13 @@ using detail::direct_cudnn;
 namespace {
 
 
-std::atomic<bool>& fused_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_CONV")};
-  return on;
-}
+EnvFlag fused_flag{"LIBREYOLO_FUSED_CONV"};
 
-std::atomic<bool>& repconvn_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_REPCONVN")};
-  return on;
-}
+EnvFlag repconvn_flag{"LIBREYOLO_FUSED_REPCONVN"};
 
-std::atomic<bool>& addend_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_ADDEND")};
-  return on;
-}
+EnvFlag addend_flag{"LIBREYOLO_FUSED_ADDEND"};
 
-std::atomic<bool>& kernels_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_CONV_KERNELS")};
-  return on;
-}
+EnvFlag kernels_flag{"LIBREYOLO_FUSED_CONV_KERNELS"};
 
 // Runs the body below autograd and autocast: the node does its own casts and its own backward.
 struct BelowAutograd {
@@ -117,7 +105,7 @@ KernelBuffers kernel_buffers(const at::Device& device, int64_t scratch_floats) {
 
 bool use_kernels(const at::Tensor& z, const ConvBnActParams& p) {
   kernels::DType dt;
-  return kernels_flag().load() && z.is_cuda() && kernel_dtype(z.scalar_type(), &dt) &&
+  return kernels_flag.load() && z.is_cuda() && kernel_dtype(z.scalar_type(), &dt) &&
          z.is_contiguous(at::MemoryFormat::ChannelsLast) && p.gamma->scalar_type() == at::kFloat &&
          p.beta->scalar_type() == at::kFloat && p.running_mean->scalar_type() == at::kFloat &&
          p.running_var->scalar_type() == at::kFloat && p.gamma->is_contiguous() &&
@@ -195,7 +183,7 @@ bool direct_cudnn(const at::Tensor& x, const at::Tensor& w, int64_t groups) {
          x.suggest_memory_format() == at::MemoryFormat::ChannelsLast && x.numel() < (int64_t{1} << 30);
 }
 
-bool fused_kernels_on() { return kernels_flag().load(); }
+bool fused_kernels_on() { return kernels_flag.load(); }
 
 }  // namespace detail
 
@@ -700,13 +688,13 @@ torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight) 
       .permute({0, 3, 1, 2});
 }
 
-void set_fused_conv_training(bool on) { fused_flag().store(on); }
-bool fused_conv_training() { return fused_flag().load(); }
+void set_fused_conv_training(bool on) { fused_flag.store(on); }
+bool fused_conv_training() { return fused_flag.load(); }
 
-void set_fused_conv_kernels(bool on) { kernels_flag().store(on); }
+void set_fused_conv_kernels(bool on) { kernels_flag.store(on); }
 
-void set_fused_addend(bool on) { addend_flag().store(on); }
-bool fused_addend() { return addend_flag().load(); }
+void set_fused_addend(bool on) { addend_flag.store(on); }
+bool fused_addend() { return addend_flag.load(); }
 
 
 bool fused_conv_cuda_kernels() {
@@ -725,7 +713,7 @@ bool conv_bn_act_applicable(const torch::Tensor& x, const ConvBnActParams& p) {
 
 bool repconvn_train_applicable(const torch::Tensor& x, const ConvBnActParams& p1, const ConvBnActParams& p2) {
 #ifdef LIBREYOLO_CUDA_KERNELS
-  if (!repconvn_flag().load() || !kernels_flag().load() || !conv_bn_act_applicable(x, p1)) return false;
+  if (!repconvn_flag.load() || !kernels_flag.load() || !conv_bn_act_applicable(x, p1)) return false;
   if (!x.is_cuda() || !x.is_contiguous(at::MemoryFormat::ChannelsLast) || bn_stats_sync()) return false;
   if (p1.groups != 1 || !p2.pointwise || p1.act || p2.act || p1.eps != p2.eps || p1.momentum != p2.momentum)
     return false;
@@ -752,7 +740,7 @@ torch::Tensor repconvn_train(const torch::Tensor& x, const ConvBnActParams& p1, 
 #endif
 }
 
-void set_fused_repconvn(bool on) { repconvn_flag().store(on); }
+void set_fused_repconvn(bool on) { repconvn_flag.store(on); }
 
 torch::Tensor conv_bn_act_train(const torch::Tensor& x, const ConvBnActParams& p) {
   return ConvBnActFn::apply(x, *p.weight, p.addend ? std::optional<torch::Tensor>(*p.addend) : std::nullopt, &p);

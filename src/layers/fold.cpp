@@ -12,15 +12,9 @@
 namespace libreyolo::models::common {
 namespace {
 
-std::atomic<bool>& fold_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FOLD_BN")};
-  return on;
-}
+EnvFlag fold_flag{"LIBREYOLO_FOLD_BN"};
 
-std::atomic<uint64_t>& generation() {
-  static std::atomic<uint64_t> g{0};
-  return g;
-}
+std::atomic<uint64_t> weights_generation{0};  // bumped by note_weights_changed()
 
 // Makes ordinary (not inference) tensors with no autograd history and no autocast casts, whatever
 // mode the caller is in: the folds are written in place later, possibly outside inference mode.
@@ -95,9 +89,9 @@ void push_tensor(std::vector<uint64_t>& out, const torch::Tensor& t) {
 
 }  // namespace
 
-void set_fold_bn(bool on) { fold_flag().store(on); }
-bool fold_bn() { return fold_flag().load(); }
-void note_weights_changed() { generation().fetch_add(1); }
+void set_fold_bn(bool on) { fold_flag.store(on); }
+bool fold_bn() { return fold_flag.load(); }
+void note_weights_changed() { weights_generation.fetch_add(1); }
 uint64_t fold_computations() { return computations().load(); }
 
 at::ScalarType fold_compute_dtype(const torch::Tensor& x) {
@@ -136,7 +130,7 @@ bool fold_allowed(const torch::Tensor& x, c10::ArrayRef<FoldSource> sources) {
 
 void FoldedConv::stamp_of(c10::ArrayRef<FoldSource> sources, std::vector<uint64_t>& s) {
   s.clear();
-  s.push_back(generation().load());
+  s.push_back(weights_generation.load());
   for (const auto& src : sources) {
     push_tensor(s, src.conv->weight);
     if (!src.bn) {

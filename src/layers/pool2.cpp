@@ -16,10 +16,7 @@
 namespace libreyolo::models {
 namespace {
 
-std::atomic<bool>& fused_pool_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_FUSED_POOL")};
-  return on;
-}
+EnvFlag fused_pool_flag{"LIBREYOLO_FUSED_POOL"};
 
 std::pair<torch::Tensor, torch::Tensor> aten_split(const torch::Tensor& x, int64_t split) {
   const torch::Tensor y = torch::avg_pool2d(x, {2, 2}, {1, 1}, {0, 0}, false, true);
@@ -29,7 +26,7 @@ std::pair<torch::Tensor, torch::Tensor> aten_split(const torch::Tensor& x, int64
 #ifdef LIBREYOLO_CUDA_KERNELS
 bool kernel_applies(const torch::Tensor& x) {
   kernels::DType dt;
-  return fused_pool_flag().load() && x.is_cuda() && x.dim() == 4 && kernel_dtype(x.scalar_type(), &dt) &&
+  return fused_pool_flag.load() && x.is_cuda() && x.dim() == 4 && kernel_dtype(x.scalar_type(), &dt) &&
          x.size(2) >= 2 && x.size(3) >= 2 && x.size(1) <= INT32_MAX && x.size(2) <= INT32_MAX &&
          x.size(3) <= INT32_MAX && common::pixel_stride(x) > 0;
 }
@@ -95,8 +92,8 @@ class Pool2Fn : public torch::autograd::Function<Pool2Fn> {
 
 }  // namespace
 
-void set_fused_pool(bool on) { fused_pool_flag().store(on); }
-bool fused_pool() { return fused_pool_flag().load(); }
+void set_fused_pool(bool on) { fused_pool_flag.store(on); }
+bool fused_pool() { return fused_pool_flag.load(); }
 
 std::pair<torch::Tensor, torch::Tensor> avg_pool2_split(const torch::Tensor& x, int64_t split) {
   TORCH_CHECK(x.dim() == 4 && split >= 0 && split <= x.size(1), "avg_pool2_split: bad input or split");

@@ -20,10 +20,7 @@ namespace {
 
 std::atomic<int64_t> launches{0};
 
-std::atomic<bool>& stem_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_STEM_KERNEL")};
-  return on;
-}
+EnvFlag stem_flag{"LIBREYOLO_STEM_KERNEL"};
 
 int64_t out_size(int64_t in, int64_t stride, int64_t padding) { return (in + 2 * padding - 3) / stride + 1; }
 
@@ -51,7 +48,7 @@ kernels::StemConvLaunch launch_for(const at::Tensor& x, const at::Tensor& w, int
 bool takes(const at::Tensor& x, at::IntArrayRef wsizes, int64_t stride, int64_t padding, int64_t groups) {
 #ifdef LIBREYOLO_CUDA_KERNELS
   kernels::DType dt;
-  if (!stem_flag().load() || !x.is_cuda() || groups != 1 || x.dim() != 4 || wsizes.size() != 4 || x.size(1) != 3 ||
+  if (!stem_flag.load() || !x.is_cuda() || groups != 1 || x.dim() != 4 || wsizes.size() != 4 || x.size(1) != 3 ||
       wsizes[1] != 3 || wsizes[2] != 3 || wsizes[3] != 3 || !kernel_dtype(x.scalar_type(), &dt) ||
       !kernels::stem_conv_supports(static_cast<int>(wsizes[0]), dt) || stride < 1 || padding < 0 || padding > 2)
     return false;
@@ -65,8 +62,8 @@ bool takes(const at::Tensor& x, at::IntArrayRef wsizes, int64_t stride, int64_t 
 
 }  // namespace
 
-void set_stem_kernel(bool on) { stem_flag().store(on); }
-bool stem_kernel() { return stem_flag().load(); }
+void set_stem_kernel(bool on) { stem_flag.store(on); }
+bool stem_kernel() { return stem_flag.load(); }
 int64_t stem_conv_launches() { return launches.load(); }
 
 bool stem_conv_applies(const at::Tensor& x, const at::Tensor& w, int64_t stride, int64_t padding, int64_t groups) {

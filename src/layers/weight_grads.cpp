@@ -6,15 +6,9 @@ namespace libreyolo::models {
 namespace wgrad {
 namespace {
 
-std::atomic<bool>& wgrad_stream_flag() {
-  static std::atomic<bool> on{env_switch_on("LIBREYOLO_WGRAD_STREAM")};
-  return on;
-}
+EnvFlag wgrad_stream_flag{"LIBREYOLO_WGRAD_STREAM"};
 
-std::atomic<int64_t>& wgrad_task_count() {
-  static std::atomic<int64_t> n{0};
-  return n;
-}
+std::atomic<int64_t> wgrad_task_count{0};  // side tasks run, for tests
 
 struct Deferred {
   std::mutex mutex;
@@ -38,7 +32,7 @@ bool deferring() {
 
 }  // namespace
 
-void count_task() { ++wgrad_task_count(); }
+void count_task() { ++wgrad_task_count; }
 
 #ifdef LIBREYOLO_CUDA_KERNELS
 // Only in a step being captured: an eager step is host-bound at the batch sizes trained here, so
@@ -46,7 +40,7 @@ void count_task() { ++wgrad_task_count(); }
 // reserved memory (H200, v9-t batch 32: +0.44 GB; inside a graph's private pool +0.08 GB). Eager
 // steps open the lane (its stream and events), so that a capture creates nothing.
 Lane* lane_for(const at::Tensor& dz, cudaStream_t main) {
-  if (!wgrad_stream_flag().load() || !dz.is_cuda() || !deferring()) return nullptr;
+  if (!wgrad_stream_flag.load() || !dz.is_cuda() || !deferring()) return nullptr;
   Lane& lane = deferred().lane;
   lane.open(dz.device().index());
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
@@ -148,7 +142,7 @@ void DeferredWeightGrads::flush() {
   }
 }
 
-void set_wgrad_stream(bool on) { wgrad::wgrad_stream_flag().store(on); }
-int64_t wgrad_side_tasks() { return wgrad::wgrad_task_count().load(); }
+void set_wgrad_stream(bool on) { wgrad::wgrad_stream_flag.store(on); }
+int64_t wgrad_side_tasks() { return wgrad::wgrad_task_count.load(); }
 
 }  // namespace libreyolo::models

@@ -13,6 +13,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
+
+#include "layers/event_pool.hpp"
 #endif
 
 #include "core/env.hpp"
@@ -88,16 +90,12 @@ class Lane {
     check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
     side_ = s;  // the previous device's stream, if any, is left to the process's end
     device_ = device;
-    while (static_cast<int>(spare_.size()) < lag() + 2) {  // what one capture uses at most
-      cudaEvent_t e = nullptr;
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
-      spare_.push_back(e);
-    }
+    events_.reserve(static_cast<size_t>(lag()) + 2);  // what one capture uses at most
   }
 
   Fork fork(cudaStream_t main) {
     std::lock_guard<std::mutex> lock(mutex_);
-    Fork f{event()};
+    Fork f{events_.take()};
     check(cudaEventRecord(f.event, main), "record");
     return f;
   }
@@ -106,13 +104,13 @@ class Lane {
   void run(const Fork& f, cudaStream_t main, std::vector<at::Tensor> hold, const std::function<void()>& work) {
     std::lock_guard<std::mutex> lock(mutex_);
     check(cudaStreamWaitEvent(side_, f.event, 0), "wait");
-    spare_.push_back(f.event);  // the wait took the event's state: reusable
+    events_.give(f.event);  // the wait took the event's state: reusable
     {
       c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromExternal(side_, static_cast<c10::DeviceIndex>(device_)));
       work();
     }
     count_task();
-    Pending p{event(), std::move(hold)};
+    Pending p{events_.take(), std::move(hold)};
     check(cudaEventRecord(p.done, side_), "record");
     pending_.push_back(std::move(p));
     while (static_cast<int>(pending_.size()) > lag()) retire(main);
@@ -143,21 +141,10 @@ class Lane {
     TORCH_CHECK(e == cudaSuccess, "weight-gradient stream: ", what, ": ", cudaGetErrorString(e));
   }
 
-  cudaEvent_t event() {
-    if (spare_.empty()) {
-      cudaEvent_t e = nullptr;
-      check(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "event");
-      return e;
-    }
-    cudaEvent_t e = spare_.back();
-    spare_.pop_back();
-    return e;
-  }
-
   void retire(cudaStream_t main) {
     Pending& p = pending_.front();
     const cudaError_t e = cudaStreamWaitEvent(main, p.done, 0);
-    spare_.push_back(p.done);
+    events_.give(p.done);
     pending_.pop_front();  // after the wait: the held tensors' memory is free in stream order
     check(e, "wait");
   }
@@ -166,7 +153,7 @@ class Lane {
   int device_ = -1;
   cudaStream_t side_ = nullptr;
   std::deque<Pending> pending_;
-  std::vector<cudaEvent_t> spare_;
+  common::EventPool events_{"weight-gradient stream"};
 };
 
 

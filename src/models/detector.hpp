@@ -110,6 +110,17 @@ struct Family {
   std::function<void(io::StateDict& sd)> normalize_keys;
   // The training loss for a model of this family.
   std::function<std::unique_ptr<DetectionLoss>(const Detector& model)> make_loss;
+  // The six weight functions above at once (every family has all of them).
+  void set_weight_functions(decltype(build) b, decltype(build_like) like, decltype(can_load) recognise,
+                            decltype(infer_size) size, decltype(infer_num_classes) classes,
+                            decltype(normalize_keys) normalize) {
+    build = std::move(b);
+    build_like = std::move(like);
+    can_load = std::move(recognise);
+    infer_size = std::move(size);
+    infer_num_classes = std::move(classes);
+    normalize_keys = std::move(normalize);
+  }
 
   // Recipe: option values (TrainConfig keys) that differ from the defaults of config.hpp,
   // applied before the caller's own options.

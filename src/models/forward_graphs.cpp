@@ -9,6 +9,7 @@
 #include "core/cuda_graph.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
+#include "core/lru.hpp"
 #include "core/strings.hpp"
 #include "layers/cudnn_fusion.hpp"
 #include "models/input.hpp"
@@ -76,16 +77,10 @@ ForwardGraphs::Entry& ForwardGraphs::entry_for(const torch::Tensor& images, cons
   key.push_back(spec.device.index());
   key.push_back(spec.channels_last ? 1 : 0);
   key.push_back(common::fold_bn() ? 1 : 0);
-  for (size_t i = 0; i < entries_.size(); ++i) {
-    if (entries_[i]->key != key) continue;
-    std::rotate(entries_.begin() + static_cast<std::ptrdiff_t>(i), entries_.begin() + static_cast<std::ptrdiff_t>(i) + 1,
-                entries_.end());
-    return *entries_.back();
-  }
-  if (entries_.size() >= kMaxGraphs) {
-    if (entries_.front()->graph) synchronize(spec.device);
-    entries_.erase(entries_.begin());
-  }
+  if (Entry* hit = lru_touch(entries_, key)) return *hit;
+  lru_make_room(entries_, kMaxGraphs, [&](const Entry& old) {
+    if (old.graph) synchronize(spec.device);
+  });
   auto e = std::make_unique<Entry>();
   e->key = key;
   e->param_dtype = param_dtype;

@@ -17,6 +17,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <libreyolo/libreyolo.hpp>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,10 +49,8 @@ struct ForwardSpec {
 torch::Tensor eager_forward(Detector& model, const Family& family, const torch::Tensor& images, const ForwardSpec& spec,
                             torch::Tensor* input = nullptr, bool autocast_cache = true);
 
-struct ForwardGraphInfo {
-  std::vector<std::string> captured;  // "1x3x640x640 bf16" per graph alive
-  int64_t replays = 0, eager_runs = 0, captures = 0, failures = 0, releases = 0;
-};
+// The cache's counts and the graphs alive ("1x3x640x640 bf16" each), as the API reports them.
+using ForwardGraphInfo = GraphInfo;
 
 class ForwardGraphs {
  public:

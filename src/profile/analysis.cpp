@@ -246,7 +246,9 @@ struct KAgg {
   long long count = 0;
 };
 
-json krows(const std::map<std::string, KAgg>& agg, int n_real, size_t limit) {
+// Rows of `agg`, most time first, at most `limit`: row(name, aggregate, share of the total in %).
+template <class Row>
+json ranked_rows(const std::map<std::string, KAgg>& agg, size_t limit, Row row) {
   double total = 0;
   for (const auto& [k, a] : agg) total += a.us;
   std::vector<std::pair<std::string, KAgg>> rows(agg.begin(), agg.end());
@@ -254,31 +256,30 @@ json krows(const std::map<std::string, KAgg>& agg, int n_real, size_t limit) {
   json out = json::array();
   for (const auto& [name, a] : rows) {
     if (out.size() >= limit) break;
-    out.push_back({{"kernel", kernel_label(name)},
-                   {"raw_name", name.substr(0, 90)},
-                   {"category", kernel_category(name)},
-                   {"tensorcore", is_tensorcore(name)},
-                   {"ms_per_step", round_to(a.us / 1000.0 / n_real, 4)},
-                   {"pct_of_gpu", round_to(total > 0 ? a.us / total * 100 : 0, 2)},
-                   {"count_per_step", std::max<long long>(a.count / n_real, 1)}});
+    out.push_back(row(name, a, round_to(total > 0 ? a.us / total * 100 : 0, 2)));
   }
   return out;
 }
 
+json krows(const std::map<std::string, KAgg>& agg, int n_real, size_t limit) {
+  return ranked_rows(agg, limit, [&](const std::string& name, const KAgg& a, double pct) {
+    return json{{"kernel", kernel_label(name)},
+                {"raw_name", name.substr(0, 90)},
+                {"category", kernel_category(name)},
+                {"tensorcore", is_tensorcore(name)},
+                {"ms_per_step", round_to(a.us / 1000.0 / n_real, 4)},
+                {"pct_of_gpu", pct},
+                {"count_per_step", std::max<long long>(a.count / n_real, 1)}};
+  });
+}
+
 json orows(const std::map<std::string, KAgg>& agg, int n_real, size_t limit) {
-  double total = 0;
-  for (const auto& [k, a] : agg) total += a.us;
-  std::vector<std::pair<std::string, KAgg>> rows(agg.begin(), agg.end());
-  std::stable_sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.us > b.second.us; });
-  json out = json::array();
-  for (const auto& [name, a] : rows) {
-    if (out.size() >= limit) break;
-    out.push_back({{"op", name.substr(0, 70)},
-                   {"ms_per_step", round_to(a.us / 1000.0 / n_real, 4)},
-                   {"pct_of_cpu_ops", round_to(total > 0 ? a.us / total * 100 : 0, 2)},
-                   {"count_per_step", std::max<long long>(a.count / n_real, 1)}});
-  }
-  return out;
+  return ranked_rows(agg, limit, [&](const std::string& name, const KAgg& a, double pct) {
+    return json{{"op", name.substr(0, 70)},
+                {"ms_per_step", round_to(a.us / 1000.0 / n_real, 4)},
+                {"pct_of_cpu_ops", pct},
+                {"count_per_step", std::max<long long>(a.count / n_real, 1)}};
+  });
 }
 
 json value_or_null(const std::optional<double>& v) { return v ? json(*v) : json(nullptr); }
@@ -492,24 +493,12 @@ json analyze_trace(const json& trace, const json* summary, const std::string& tr
 
   const json* comp = jget(summary, "composition_ms");
   json rows = json::array(), rows_gpu = json::array();
-  json metrics = {{"img_per_s", out["img_per_s"]},
-                  {"step_ms", out["step_ms"]},
-                  {"dataload_ms", out["dataload_ms"]},
-                  {"dataload_frac", out["dataload_frac"]},
-                  {"gpu_util", out["gpu_util"]},
-                  {"gpu_busy_ms", out["gpu_busy_ms_per_step"]},
-                  {"mean_kernel_us", out["mean_kernel_us"]},
-                  {"kernels_per_step", out["kernels_per_step"]},
-                  {"unique_kernels", out["unique_kernels"]},
-                  {"ops_per_step", ops_ps},
-                  {"memcpy_ms", out["memcpy_ms_per_step"]},
-                  {"tensorcore_pct", out["tensorcore_pct"]},
-                  {"peak_vram_mb", out["peak_vram_mb"]},
-                  {"host_overhead_ms", out["host_overhead_ms_per_step"]},
-                  {"launches_per_step", out["launches_per_step"]},
-                  {"cuda_mallocs_per_step", out["cuda_mallocs_per_step"]},
-                  {"memory_pressure", out["memory_pressure"]},
-                  {"bound", out["bound"]}};
+  json metrics = {{"ops_per_step", ops_ps}};
+  for (const char* k : {"img_per_s", "step_ms", "dataload_ms", "dataload_frac", "gpu_util", "mean_kernel_us",
+                        "kernels_per_step", "unique_kernels", "tensorcore_pct", "peak_vram_mb", "launches_per_step",
+                        "cuda_mallocs_per_step", "memory_pressure", "bound"})
+    metrics[k] = out[k];
+  for (const char* k : {"gpu_busy_ms", "memcpy_ms", "host_overhead_ms"}) metrics[k] = out[std::string(k) + "_per_step"];
   json kbp = json::object(), obp = json::object();
   for (const auto& ph : phases) {
     const double gpu_ms = round_to(gpu_us_by_phase.count(ph) ? gpu_us_by_phase[ph] / 1000.0 / n_real : 0, 3);

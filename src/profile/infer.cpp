@@ -20,6 +20,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "profile/analysis.hpp"
+#include "profile/user_scope.hpp"
 
 namespace libreyolo::profile {
 
@@ -29,25 +30,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// A user scope (ProfilerStep#i, step/<stage>) in the trace; nothing when no profiler is on.
-struct Scope {
-  std::unique_ptr<at::RecordFunction> rf;
-  explicit Scope(const std::string& name) {
-    rf = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
-    if (rf->isActive())
-      rf->before(name);
-    else
-      rf.reset();
-  }
-  ~Scope() {
-    if (rf) rf->end();
-  }
-};
 
 double round_half_even(double x) {
   const double f = std::floor(x), d = x - f;
@@ -70,19 +52,20 @@ std::pair<std::string, std::string> inference_verdict(double pre, double fwd, do
   const double step = pre + fwd + post;
   if (step <= 0) return {"inference", "insufficient timing to classify"};
   char buf[256];
-  if (post >= fwd && post / step >= 0.35) {
-    std::snprintf(buf, sizeof buf,
-                  "postprocess takes %.0f%% of the iteration (%.2f ms): lower max_det, raise conf, fewer classes, or an "
-                  "NMS-free model",
-                  100 * post / step, post);
-    return {"nms / postprocess", buf};
-  }
-  if (pre >= fwd && pre / step >= 0.35) {
-    std::snprintf(buf, sizeof buf,
-                  "preprocess takes %.0f%% of the iteration (%.2f ms): a larger batch, faster decode, or GPU "
-                  "preprocessing",
-                  100 * pre / step, pre);
-    return {"preprocess", buf};
+  // A host-side stage that takes at least as long as the forward and over a third of the iteration.
+  const struct {
+    double ms;
+    const char* verdict;
+    const char* name;
+    const char* remedy;
+  } stages[] = {{post, "nms / postprocess", "postprocess", "lower max_det, raise conf, fewer classes, or an NMS-free model"},
+                {pre, "preprocess", "preprocess", "a larger batch, faster decode, or GPU preprocessing"}};
+  for (const auto& st : stages) {
+    if (st.ms >= fwd && st.ms / step >= 0.35) {
+      std::snprintf(buf, sizeof buf, "%s takes %.0f%% of the iteration (%.2f ms): %s", st.name, 100 * st.ms / step,
+                    st.ms, st.remedy);
+      return {st.verdict, buf};
+    }
   }
   if (!cuda) {
     std::snprintf(buf, sizeof buf, "forward takes %.0f%% of the iteration on the CPU", 100 * fwd / step);
@@ -151,19 +134,19 @@ InferReport profile_inference(const InferOptions& opt_in, const InferStages& st,
   int synced = 0;
   for (int m = 0; m < opt.runs; ++m) {
     const int i = opt.warmup + m;
-    Scope step("ProfilerStep#" + std::to_string(m));
+    UserScope step("ProfilerStep#" + std::to_string(m));
     if (m < half) {
       const auto t0 = Clock::now();
       {
-        Scope s("step/preprocess");
+        UserScope s("step/preprocess");
         st.preprocess(i);
       }
       {
-        Scope s("step/forward");
+        UserScope s("step/forward");
         st.forward();
       }
       {
-        Scope s("step/postprocess");
+        UserScope s("step/postprocess");
         st.postprocess();
       }
       sync();
@@ -171,21 +154,21 @@ InferReport profile_inference(const InferOptions& opt_in, const InferStages& st,
     } else {
       auto t = Clock::now();
       {
-        Scope s("step/preprocess");
+        UserScope s("step/preprocess");
         st.preprocess(i);
         sync();
       }
       sum_pre += ms_since(t);
       t = Clock::now();
       {
-        Scope s("step/forward");
+        UserScope s("step/forward");
         st.forward();
         sync();
       }
       sum_fwd += ms_since(t);
       t = Clock::now();
       {
-        Scope s("step/postprocess");
+        UserScope s("step/postprocess");
         st.postprocess();
         sync();
       }

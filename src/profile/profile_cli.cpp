@@ -14,6 +14,8 @@
 
 #include <libreyolo/errors.hpp>
 
+#include "core/error_report.hpp"
+
 #include "profile/analysis.hpp"
 #include "core/options.hpp"
 #include "core/strings.hpp"
@@ -396,16 +398,6 @@ const char* kUsage =
     "profile_summary.json is used when present). Exit codes: 2 bad file or arguments,\n"
     "3 no profile produced, 1 a trace that cannot be analysed.\n";
 
-void report(const Error& e, bool as_json, std::ostream& out, std::ostream& err) {
-  if (as_json) {
-    json j = {{"schema_version", 1}, {"error", e.code()}, {"message", e.what()}};
-    j["suggestion"] = e.suggestion().empty() ? json(nullptr) : json(e.suggestion());
-    out << j.dump() << "\n";
-  } else {
-    err << e.what() << "\n";
-    if (!e.suggestion().empty()) err << e.suggestion() << "\n";
-  }
-}
 
 }  // namespace
 
@@ -484,11 +476,11 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
                       "profile_invalid");
     }
   } catch (const Error& e) {
-    report(e, json_out, out, err);
+    report_error(e, json_out, out, err);
     return e.exit_code();
   } catch (const std::exception& e) {
     RuntimeError re(e.what());
-    report(re, json_out, out, err);
+    report_error(re, json_out, out, err);
     return 1;
   }
 }

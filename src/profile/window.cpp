@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <libreyolo/hooks.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "profile/analysis.hpp"
+#include "profile/user_scope.hpp"
 #include "profile/timeline.hpp"
 
 namespace libreyolo::profile {
@@ -30,40 +32,13 @@ namespace fs = std::filesystem;
 namespace kp = torch::autograd::profiler;
 using Clock = std::chrono::steady_clock;
 
+// The training loop's names, whose phases are these after its Dataload.
+static_assert(static_cast<int>(libreyolo::Phase::Optimizer) == static_cast<int>(Phase::Optimizer) + 1);
 const char* phase_name(Phase p) {
-  switch (p) {
-    case Phase::ToDevice: return "to_device";
-    case Phase::Forward: return "forward";
-    case Phase::Loss: return "loss";
-    case Phase::Backward: return "backward";
-    case Phase::Optimizer: return "optimizer";
-  }
-  return "?";
+  return libreyolo::phase_name(static_cast<libreyolo::Phase>(static_cast<int>(p) + 1));
 }
 
 namespace {
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
-// A user scope that stays open across calls (RECORD_USER_SCOPE is block-scoped).
-struct Scope {
-  std::unique_ptr<at::RecordFunction> rf;
-  void open(const std::string& name) {
-    rf = std::make_unique<at::RecordFunction>(at::RecordScope::USER_SCOPE);
-    if (rf->isActive())
-      rf->before(name);
-    else
-      rf.reset();
-  }
-  void close() {
-    if (rf) {
-      rf->end();
-      rf.reset();
-    }
-  }
-};
 
 bool write_json(const std::string& path, const json& j, int indent) {
   std::ofstream out(path, std::ios::binary);
@@ -95,8 +70,8 @@ struct Window::Impl {
   double sum_step = 0, sum_dl = 0;
   std::array<double, kPhaseCount> sums{};
   std::array<Clock::time_point, kPhaseCount> t_phase{};
-  Scope step_scope, dl_scope;
-  std::array<Scope, kPhaseCount> phase_scope;
+  UserScope step_scope, dl_scope;
+  std::array<UserScope, kPhaseCount> phase_scope;
   std::set<torch::profiler::impl::ActivityType> activities;
   Report report;
 
@@ -261,26 +236,26 @@ void Window::dataload_end() {
   s.dl_scope.close();
 }
 
-void Window::phase_begin(Phase p) {
-  auto& s = *impl_;
-  if (!s.step_measured || s.finished) return;
-  const auto i = static_cast<size_t>(p);
-  if (s.step_synced) {
-    s.sync();
-    s.t_phase[i] = Clock::now();
-  }
-  s.phase_scope[i].open(std::string("step/") + phase_name(p));
-}
+void Window::phase_begin(Phase p) { phase_edge(p, /*begin=*/true); }
 
-void Window::phase_end(Phase p) {
+void Window::phase_end(Phase p) { phase_edge(p, /*begin=*/false); }
+
+// In a synchronised step, the phase's time runs from a device sync at its start to one at its end.
+void Window::phase_edge(Phase p, bool begin) {
   auto& s = *impl_;
   if (!s.step_measured || s.finished) return;
   const auto i = static_cast<size_t>(p);
   if (s.step_synced) {
     s.sync();
-    s.sums[i] += ms_since(s.t_phase[i]);
+    if (begin)
+      s.t_phase[i] = Clock::now();
+    else
+      s.sums[i] += ms_since(s.t_phase[i]);
   }
-  s.phase_scope[i].close();
+  if (begin)
+    s.phase_scope[i].open(std::string("step/") + phase_name(p));
+  else
+    s.phase_scope[i].close();
 }
 
 void Window::step_end() {

@@ -89,6 +89,7 @@ class Window {
   static std::string round_to_accumulation(int& warmup, int& steps, int accum);
 
  private:
+  void phase_edge(Phase p, bool begin);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -106,19 +106,11 @@ Family make_family() {
   f.name = "yolo9";
   f.sizes = size_names();
   f.default_size = "t";
-  f.default_amp = true;
   f.default_sync_bn = true;
-  f.supports_spawn = true;
   f.capture_train_step = true;
   f.capture_inference = true;
-  f.task = "detect";
   f.aux_prefixes = {"aux.", "aux_head."};
-  f.build = build;
-  f.build_like = build_like;
-  f.can_load = can_load;
-  f.infer_size = infer_size;
-  f.infer_num_classes = infer_num_classes;
-  f.normalize_keys = normalize_keys;
+  f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // The defaults of config.hpp are this family's recipe; mosaic closing changes nothing in the step.
   f.train_defaults = {{"name", "yolo9_exp"}};

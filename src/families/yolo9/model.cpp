@@ -383,23 +383,10 @@ std::vector<std::string> Yolo9Model::freeze_groups() const {
 }
 
 ops::AnchorPoints Yolo9Model::anchor_points(const std::vector<torch::Tensor>& raw) {
-  std::array<int64_t, 6> hw{};
-  for (int i = 0; i < 3; ++i) {
-    hw[2 * i] = raw[i].size(2);
-    hw[2 * i + 1] = raw[i].size(3);
-  }
-  const c10::Device device = raw[0].device();
-  std::lock_guard<std::mutex> lock(grid_mutex_);
-  for (const auto& g : grids_) {
-    if (g.hw == hw && g.device == device) return g.points;
-  }
-  const std::vector<int64_t> strides(HeadImpl::kStrides.begin(), HeadImpl::kStrides.end());
-  AnchorGrid g{hw, device,
-               ops::make_anchor_points({{hw[0], hw[1]}, {hw[2], hw[3]}, {hw[4], hw[5]}}, strides, kRegMax, device)};
-  // A training run sees one or two shapes; the bound only guards against unbounded growth.
-  if (grids_.size() >= 8) grids_.erase(grids_.begin());
-  grids_.push_back(g);
-  return g.points;
+  return grids_.get(raw, [](const LevelSizes& sizes, c10::Device device) {
+    const std::vector<int64_t> strides(HeadImpl::kStrides.begin(), HeadImpl::kStrides.end());
+    return ops::make_anchor_points(sizes, strides, kRegMax, device);
+  });
 }
 
 torch::Tensor Yolo9Model::decode(const std::vector<torch::Tensor>& raw) {

@@ -11,6 +11,7 @@
 
 #include "layers/branches.hpp"
 #include "layers/concat.hpp"
+#include "layers/level_cache.hpp"
 #include "models/detector.hpp"
 #include "families/yolo9/blocks.hpp"
 #include "ops/dfl.hpp"
@@ -193,11 +194,6 @@ class Yolo9Model : public Detector {
 
  private:
   // The anchor points of the raw maps' level sizes on their device (cached).
-  struct AnchorGrid {
-    std::array<int64_t, 6> hw;
-    c10::Device device;
-    ops::AnchorPoints points;
-  };
   ops::AnchorPoints anchor_points(const std::vector<torch::Tensor>& raw);
 
   void check_input(const torch::Tensor& x) const;
@@ -210,8 +206,7 @@ class Yolo9Model : public Detector {
   Head aux_head_{nullptr};
   double aux_weight_ = 0.0;
   common::BatchedLayerState layers_{*this};  // BN counters and weight casts, once per forward
-  std::mutex grid_mutex_;
-  std::vector<AnchorGrid> grids_;  // small, most recent last
+  LevelCache<ops::AnchorPoints> grids_;
 };
 
 // The registry entry (src/families/registry.cpp lists it).

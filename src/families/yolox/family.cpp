@@ -101,20 +101,12 @@ Family make_family() {
   f.name = "yolox";
   f.sizes = size_names();
   f.default_size = "s";
-  f.default_amp = true;
   f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
-  f.supports_spawn = true;
   // Forward, SimOTA (dense, fixed shapes, no host reads), loss and backward: capturable. The L1
   // switch invalidates captured steps through on_close_mosaic's return value.
   f.capture_train_step = true;
   f.capture_inference = true;
-  f.task = "detect";
-  f.build = build;
-  f.build_like = build_like;
-  f.can_load = can_load;
-  f.infer_size = infer_size;
-  f.infer_num_classes = infer_num_classes;
-  f.normalize_keys = normalize_keys;
+  f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's name for the quadratic warm-up cosine with a flat tail.
   f.scheduler_names = {{"yoloxwarmcos", "cos_flat"}};

@@ -293,19 +293,7 @@ std::pair<torch::Tensor, torch::Tensor> make_grid(const std::vector<std::array<i
 }
 
 std::pair<torch::Tensor, torch::Tensor> YoloxModel::grid(const std::vector<torch::Tensor>& raw) {
-  std::array<int64_t, 6> hw{};
-  for (int i = 0; i < 3; ++i) {
-    hw[2 * i] = raw[i].size(2);
-    hw[2 * i + 1] = raw[i].size(3);
-  }
-  const c10::Device device = raw[0].device();
-  std::lock_guard<std::mutex> lock(grid_mutex_);
-  for (const auto& g : grids_)
-    if (g.hw == hw && g.device == device) return {g.cells, g.strides};
-  auto [cells, st] = make_grid({{hw[0], hw[1]}, {hw[2], hw[3]}, {hw[4], hw[5]}}, strides(), device);
-  if (grids_.size() >= 8) grids_.erase(grids_.begin());
-  grids_.push_back({hw, device, cells, st});
-  return {cells, st};
+  return grids_.get(raw, [&](const LevelSizes& sizes, c10::Device device) { return make_grid(sizes, strides(), device); });
 }
 
 torch::Tensor YoloxModel::decode(const std::vector<torch::Tensor>& raw) {

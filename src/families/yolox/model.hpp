@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "layers/conv.hpp"
+#include "layers/level_cache.hpp"
 #include "models/detector.hpp"
 
 namespace libreyolo::models::yolox {
@@ -190,13 +191,7 @@ class YoloxModel : public Detector {
   PAFPN backbone_{nullptr};
   Head head_{nullptr};
   common::BatchedLayerState layers_{*this};
-  std::mutex grid_mutex_;
-  struct Grid {
-    std::array<int64_t, 6> hw;
-    c10::Device device;
-    torch::Tensor cells, strides;
-  };
-  std::vector<Grid> grids_;
+  LevelCache<std::pair<torch::Tensor, torch::Tensor>> grids_;
 };
 
 // Cell indices and strides of the anchors of levels with these sizes and strides, level-major,
