@@ -12,6 +12,7 @@
 #include "core/config_schema.hpp"
 #include "core/log.hpp"
 #include "engine/autobatch.hpp"
+#include "engine/memory_check.hpp"
 #include "models/detector.hpp"
 #include "support.hpp"
 
@@ -200,4 +201,29 @@ TEST(AutoBatch, ValidationAcceptsMinusOneAndRejectsOtherNonPositiveBatches) {
       EXPECT_TRUE(contains(e.what(), "-1")) << e.what();
     }
   }
+}
+
+TEST(MemoryCheck, CpuEstimateGrowsWithThePixelsAndLeavesTheModelAsItWas) {
+  torch::manual_seed(0);
+  auto model = models::find_family("yolo9")->build("t", 2);
+  model->eval();
+  std::vector<torch::Tensor> before;
+  for (const auto& b : model->buffers()) before.push_back(b.clone());
+  const double per_pixel = engine::cpu_activation_bytes_per_pixel(*model);
+  // A train-mode forward keeps float32 activations of many layers per input pixel: hundreds of
+  // bytes for YOLOv9-t, never nothing.
+  EXPECT_GT(per_pixel, 50.0);
+  EXPECT_FALSE(model->is_training());
+  const auto after = model->buffers();
+  ASSERT_EQ(after.size(), before.size());
+  for (size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(torch::equal(after[i], before[i])) << i;
+  const engine::MemoryEstimate small = engine::estimate_cpu_training_memory(*model, 2, 320, 1);
+  const engine::MemoryEstimate large = engine::estimate_cpu_training_memory(*model, 8, 640, 1);
+  // Four times the batch and the pixels: about 16 times the activations (two measurements).
+  EXPECT_NEAR(large.activations_gib / small.activations_gib, 16.0, 4.0);
+  engine::MemoryEstimate over = large;
+  over.available_gib = 0.5 * over.need_gib();
+  EXPECT_THROW(engine::check_memory_fits(over, 8, 640), UsageError);
+  over.available_gib = 2.0 * over.need_gib();
+  EXPECT_NO_THROW(engine::check_memory_fits(over, 8, 640));
 }

@@ -389,13 +389,14 @@ TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
   write_text(tmp / "empty" / "data.yaml",
              "path: " + (tmp / "empty").string() + "\ntrain: images/train\nval: images/val\nnames: [a, b]\n");
   const std::string empty = (tmp / "empty" / "data.yaml").string();
-  const std::vector<std::string> base = {"train", "model=yolo9t", "batch=4", "workers=0", "--dry-run"};
+  const std::vector<std::string> base = {"train", "model=yolo9t", "workers=0", "--dry-run"};
   // Each key once (a key given twice with two values is a conflict of its own).
   const auto with_defaults = [&](std::vector<std::string> args) {
     const auto has = [&](const std::string& k) {
       return std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a.rfind(k + "=", 0) == 0; });
     };
     if (!has("imgsz")) args.push_back("imgsz=64");
+    if (!has("batch")) args.push_back("batch=4");
     if (!has("project")) args.push_back("project=" + (tmp / "runs").string());
     return args;
   };
@@ -411,6 +412,8 @@ TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
       {{"data=" + good, "resume=true"}, 2, "checkpoint"},
       {{"data=" + good, "project=/proc/no_such_dir"}, 1, "not writable"},
       {{"data=" + good, "imgsz=100000"}, 2, "above 8192"},
+      // Terabytes of activations: refused with the numbers before anything is allocated.
+      {{"data=" + good, "imgsz=8192", "batch=512", "device=cpu"}, 2, "Not enough memory"},
       // Another family's name for a schedule (YOLOX's) means nothing to YOLOv9.
       {{"data=" + good, "scheduler=yoloxwarmcos"}, 2, "'scheduler'"},
   };

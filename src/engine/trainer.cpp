@@ -20,6 +20,7 @@
 #include "dist/syncs.hpp"
 #include "dist/peer_sum.hpp"
 #include "engine/autobatch.hpp"
+#include "engine/memory_check.hpp"
 #include "engine/validator.hpp"
 #include "loss/normalizer.hpp"
 #include "layers/conv_bn_act.hpp"
@@ -123,6 +124,11 @@ void Trainer::setup(bool dry_run) {
   setup_device();
   setup_data();
   setup_model();
+  if (device_.is_cpu()) {
+    const int local_batch = std::max(1, cfg_.batch / std::max(1, state_.world_size));
+    check_memory_fits(estimate_cpu_training_memory(*model_, local_batch, cfg_.imgsz, workers()), local_batch,
+                      cfg_.imgsz);
+  }
   if (dry_run) {
     check_dir_creatable(cfg_.project);
     setup_optimization();
