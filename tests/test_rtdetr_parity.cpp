@@ -1,11 +1,12 @@
 // RT-DETR (r18 topology at reduced width) parity with LibreYOLO 1.6.0 on the CPU (the
 // rtdetr_r18narrow_nc80_s320 files of LIBREYOLO_FIXTURES): the checkpoint's weights load
 // strictly into a network built from their shapes, and the eval forward (backbone maps, encoder
-// maps, encoder proposals, anchors, the top-k query selection, the final logits and boxes) and
-// the postprocess match the recorded tensors.
+// maps, encoder proposals, anchors, the top-k query selection, the final logits and boxes), the
+// postprocess and the training-mode forward without denoising (every decoder layer, the encoder
+// top-k, the BatchNorm statistics it leaves) match the recorded tensors.
 #include <algorithm>
 #include <cmath>
-#include <set>
+#include <map>
 
 #include "families/rtdetr/model.hpp"
 #include "io/pickle.hpp"
@@ -193,4 +194,70 @@ TEST(RtdetrParity, Postprocess) {
     std::printf("  image %d: %d detections matched, max |d score| %.3g, max |d box| / size %.3g\n", b, matched,
                 worst_score, worst_box);
   }
+}
+
+// Training mode without denoising queries: batch-statistics BatchNorm, every decoder layer's
+// outputs (the last as pred_*, the others as aux_outputs.0/1), the encoder top-k as the last aux
+// entry, and every BatchNorm buffer after this one forward.
+TEST(RtdetrParity, TrainForwardWithoutDenoising) {
+  LY_REQUIRE_FIXTURES(dir);
+  auto f = load_fixture(dir);
+  f.model->train();
+  const auto t = f.model->forward_train_outputs(f.input());
+  for (int i = 0; i < 3; ++i) {
+    check_rel("train backbone_feat_" + std::to_string(i), t.backbone[i],
+              f.expected("train_nodn.backbone_feat_" + std::to_string(i)), kEvalBound);
+    check_rel("train encoder_out_" + std::to_string(i), t.encoder[i],
+              f.expected("train_nodn.encoder_out_" + std::to_string(i)), kEvalBound);
+  }
+  ASSERT_EQ(t.logits.size(), 3u);
+  ASSERT_EQ(t.boxes.size(), 3u);
+  check_rel("train pred_logits", t.logits[2], f.expected("train_nodn.pred_logits"), kEvalBound);
+  check_rel("train pred_boxes", t.boxes[2], f.expected("train_nodn.pred_boxes"), kEvalBound);
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = "train_nodn.aux_outputs." + std::to_string(l) + ".";
+    check_rel(p + "pred_logits", t.logits[l], f.expected(p + "pred_logits"), kEvalBound);
+    check_rel(p + "pred_boxes", t.boxes[l], f.expected(p + "pred_boxes"), kEvalBound);
+  }
+  check_rel("train encoder top-k logits", t.enc_topk_logits, f.expected("train_nodn.aux_outputs.2.pred_logits"),
+            kEvalBound);
+  check_rel("train encoder top-k boxes", t.enc_topk_boxes, f.expected("train_nodn.aux_outputs.2.pred_boxes"),
+            kEvalBound);
+  // Gradient routing: layer i's recorded box reaches layer i-1's box head (refined from its
+  // undetached box) but not layer i-2's; the decoder never reaches the encoder's proposal head
+  // (content queries and references are detached); the encoder top-k boxes do.
+  auto& dec = *f.model->decoder;
+  auto reaches = [](const torch::Tensor& out, const torch::Tensor& param) {
+    const auto g = torch::autograd::grad({out.sum()}, {param}, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+    return g[0].defined() && g[0].abs().sum().item<double>() > 0;
+  };
+  EXPECT_TRUE(reaches(t.boxes[1], dec.dec_bbox_head[0]->layers[2]->weight));
+  EXPECT_TRUE(reaches(t.boxes[2], dec.dec_bbox_head[1]->layers[2]->weight));
+  EXPECT_FALSE(reaches(t.boxes[2], dec.dec_bbox_head[0]->layers[2]->weight));
+  EXPECT_FALSE(reaches(t.boxes[2], dec.enc_linear->weight));
+  EXPECT_FALSE(reaches(t.logits[2], dec.enc_bbox_head->layers[2]->weight));
+  EXPECT_TRUE(reaches(t.enc_topk_boxes, dec.enc_bbox_head->layers[2]->weight));
+  EXPECT_TRUE(reaches(t.logits[2], f.model->backbone->stem[0]->conv->weight));  // through the memory
+
+  const std::string prefix = "bn_after_train_forward.";
+  std::map<std::string, torch::Tensor> mine;
+  for (const auto& [k, v] : models::state_dict(*f.model)) mine[k] = v;
+  int checked = 0;
+  double worst = 0;
+  for (const auto& [key, value] : f.expect->dict) {
+    const std::string name = key->as_string();
+    if (name.rfind(prefix, 0) != 0) continue;
+    const auto it = mine.find(name.substr(prefix.size()));
+    ASSERT_NE(it, mine.end()) << name;
+    if (value->tensor.scalar_type() == torch::kLong) {
+      EXPECT_TRUE(torch::equal(it->second, value->tensor)) << name;
+    } else {
+      const double e = rel_err(it->second, value->tensor);
+      EXPECT_LE(e, kEvalBound) << name;
+      worst = std::max(worst, e);
+    }
+    ++checked;
+  }
+  EXPECT_EQ(checked, 207);
+  std::printf("  %d BatchNorm buffers after one train forward, worst rel err %.3g\n", checked, worst);
 }

@@ -20,6 +20,21 @@ EvalTrace RtdetrModel::forward_trace(const torch::Tensor& x) {
   return t;
 }
 
+TrainOutputs RtdetrModel::forward_train_outputs(const torch::Tensor& x) {
+  if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
+  TrainOutputs t;
+  t.backbone = backbone->forward(x);
+  t.encoder = encoder->forward(t.backbone);
+  const auto [memory, shapes] = decoder->encoder_memory(t.encoder);
+  const auto s = decoder->select_queries(memory, shapes);
+  auto out = decoder->decode(s.target, s.ref_unact, memory, shapes);
+  t.logits = std::move(out.logits);
+  t.boxes = std::move(out.boxes);
+  t.enc_topk_logits = s.topk_logits;
+  t.enc_topk_boxes = torch::sigmoid(s.ref_unact);
+  return t;
+}
+
 std::vector<torch::Tensor> RtdetrModel::forward_raw(const torch::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3)
     throw UsageError("RT-DETR expects images [B, 3, H, W], got " + c10::str(x.sizes()));

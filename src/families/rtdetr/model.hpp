@@ -26,18 +26,31 @@ struct EvalTrace {
   torch::Tensor pred_logits, pred_boxes;  // [B, Q, nc], [B, Q, 4] sigmoid cxcywh in [0, 1]
 };
 
+// The training-mode forward without denoising queries (what the criterion reads): every decoder
+// layer's logits and boxes, then the encoder's top-k proposals (scored by the same matcher as one
+// more auxiliary level).
+struct TrainOutputs {
+  std::array<torch::Tensor, 3> backbone, encoder;
+  std::vector<torch::Tensor> logits, boxes;        // per decoder layer: [B, Q, nc], [B, Q, 4]
+  torch::Tensor enc_topk_logits, enc_topk_boxes;  // [B, Q, nc], sigmoid of the selected proposals
+};
+
 class RtdetrModel : public Detector {
  public:
   explicit RtdetrModel(const Config& cfg);
 
   // {pred_logits [B, Q, nc], pred_boxes [B, Q, 4] (normalised cxcywh), input size int64 [2]
-  // (h, w) on the CPU}: the eval outputs (the layer eval_idx). Training outputs (every layer,
-  // the encoder top-k, denoising) are not part of this forward.
+  // (h, w) on the CPU}: in eval mode the layer eval_idx's, in training mode the last layer's
+  // (every layer and the encoder top-k: forward_train_outputs).
   std::vector<torch::Tensor> forward_raw(const torch::Tensor& x) override;
   // [B, 4 + nc, Q]: xyxy in input pixels (cxcywh scaled by the input's width and height), then
   // sigmoid class scores.
   torch::Tensor decode(const std::vector<torch::Tensor>& raw) override;
   EvalTrace forward_trace(const torch::Tensor& x);
+  // In training mode (batch statistics, running statistics updated): TrainOutputs. The boxes of
+  // layer i >= 1 are refined from layer i-1's undetached box; the references each layer samples
+  // with and the content queries taken from the encoder are detached.
+  TrainOutputs forward_train_outputs(const torch::Tensor& x);
 
   std::string family_name() const override { return "rtdetr"; }
   std::string size() const override { return cfg_.size; }
