@@ -1,0 +1,109 @@
+#include "families/rtdetr/blocks.hpp"
+
+#include <cmath>
+#include <limits>
+
+namespace libreyolo::models::rtdetr {
+
+torch::Tensor activate(const torch::Tensor& x, Act act) {
+  switch (act) {
+    case Act::ReLU:
+      return torch::relu(x);
+    case Act::SiLU:
+      return torch::silu(x);
+    case Act::None:
+      break;
+  }
+  return x;
+}
+
+std::shared_ptr<torch::nn::Module> container() { return std::make_shared<torch::nn::Module>(); }
+
+FrozenBatchNorm2dImpl::FrozenBatchNorm2dImpl(int64_t c, double eps_) : eps(eps_) {
+  weight = register_buffer("weight", torch::ones({c}));
+  bias = register_buffer("bias", torch::zeros({c}));
+  running_mean = register_buffer("running_mean", torch::zeros({c}));
+  running_var = register_buffer("running_var", torch::ones({c}));
+}
+
+torch::Tensor FrozenBatchNorm2dImpl::forward(const torch::Tensor& x) {
+  const auto scale = weight * (running_var + eps).rsqrt();
+  const auto shift = bias - running_mean * scale;
+  return x * scale.reshape({1, -1, 1, 1}) + shift.reshape({1, -1, 1, 1});
+}
+
+ConvNormImpl::ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act act_, bool frozen) : act(act_) {
+  conv = register_module(
+      "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(cin, cout, k).stride(s).padding((k - 1) / 2).bias(false)));
+  if (frozen) {
+    frozen_norm = register_module("norm", FrozenBatchNorm2d(cout));
+  } else {
+    norm = register_module("norm", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(cout).eps(1e-5).momentum(0.1)));
+  }
+}
+
+torch::Tensor ConvNormImpl::forward(const torch::Tensor& x) {
+  auto y = conv->forward(x);
+  y = norm ? norm->forward(y) : frozen_norm->forward(y);
+  return activate(y, act);
+}
+
+MlpImpl::MlpImpl(int64_t in, int64_t hidden, int64_t out, int n) {
+  auto list = container();
+  for (int i = 0; i < n; ++i) {
+    const int64_t a = i == 0 ? in : hidden, b = i == n - 1 ? out : hidden;
+    layers.emplace_back(a, b);
+    list->register_module(std::to_string(i), layers.back());
+  }
+  register_module("layers", list);
+}
+
+torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
+  auto y = x;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    y = layers[i]->forward(y);
+    if (i + 1 < layers.size()) y = torch::relu(y);
+  }
+  return y;
+}
+
+MultiheadAttentionImpl::MultiheadAttentionImpl(int64_t embed_, int64_t heads_) : embed(embed_), heads(heads_) {
+  TORCH_CHECK(embed % heads == 0, "attention width ", embed, " is not a multiple of the head count ", heads);
+  in_proj_weight = register_parameter("in_proj_weight", torch::empty({3 * embed, embed}));
+  in_proj_bias = register_parameter("in_proj_bias", torch::empty({3 * embed}));
+  out_proj = register_module("out_proj", torch::nn::Linear(embed, embed));
+  reset_parameters();
+}
+
+void MultiheadAttentionImpl::reset_parameters() {
+  torch::NoGradGuard no_grad;
+  torch::nn::init::xavier_uniform_(in_proj_weight);
+  in_proj_bias.zero_();
+  out_proj->bias.zero_();
+}
+
+torch::Tensor MultiheadAttentionImpl::forward(const torch::Tensor& query, const torch::Tensor& key,
+                                              const torch::Tensor& value, const torch::Tensor& mask) {
+  const int64_t b = query.size(0), lq = query.size(1), lk = key.size(1), d = embed / heads;
+  const auto w = in_proj_weight.chunk(3, 0);
+  const auto bias = in_proj_bias.chunk(3, 0);
+  // [B, L, C] -> [B, heads, L, d]
+  auto split = [&](const torch::Tensor& t, int64_t len) { return t.reshape({b, len, heads, d}).transpose(1, 2); };
+  const auto q = split(torch::nn::functional::linear(query, w[0], bias[0]), lq);
+  const auto k = split(torch::nn::functional::linear(key, w[1], bias[1]), lk);
+  const auto v = split(torch::nn::functional::linear(value, w[2], bias[2]), lk);
+  // PyTorch's order: the query scaled first, then the product.
+  auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
+  if (mask.defined()) scores = scores.masked_fill(mask, -std::numeric_limits<float>::infinity());
+  const auto out = torch::matmul(torch::softmax(scores, -1), v);  // [B, heads, Lq, d]
+  return out_proj->forward(out.transpose(1, 2).reshape({b, lq, embed}));
+}
+
+torch::Tensor inverse_sigmoid(const torch::Tensor& x, double eps) {
+  const auto c = x.clamp(0.0, 1.0);
+  return torch::log(c.clamp_min(eps) / (1 - c).clamp_min(eps));
+}
+
+double bias_with_prior(double p) { return -std::log((1.0 - p) / p); }
+
+}  // namespace libreyolo::models::rtdetr

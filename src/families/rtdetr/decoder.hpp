@@ -1,0 +1,116 @@
+// RT-DETR's transformer decoder head ("decoder" in the state dict): input projections of the
+// encoder maps into one token memory, anchors and the top-k query selection over the encoder
+// proposals, and the decoder layers (self-attention, multi-scale deformable cross-attention,
+// FFN) with iterative box refinement and a score/box head per layer.
+#pragma once
+#include <torch/torch.h>
+
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "families/rtdetr/blocks.hpp"
+#include "families/rtdetr/config.hpp"
+
+namespace libreyolo::models::rtdetr {
+
+using LevelShapes = std::vector<std::array<int64_t, 2>>;  // (h, w) per level
+
+// Multi-scale deformable attention over `levels` maps with `points` samples per head and level.
+// The reference is a box (cx, cy, w, h) in [0, 1]: sample p of a head sits at
+// (cx, cy) + offset / points * (w, h) * 0.5 on every level, read bilinearly (grid_sample,
+// zeros outside, align_corners false) from that level's value map, weighted by a softmax over
+// the head's levels x points.
+class MSDeformableAttentionImpl : public torch::nn::Module {
+ public:
+  MSDeformableAttentionImpl(int64_t embed, int64_t heads, int64_t levels, int64_t points);
+  // query [B, Q, C], ref [B, Q, 4], value (memory) [B, T, C] with T = sum h*w over `shapes`.
+  torch::Tensor forward(const torch::Tensor& query, const torch::Tensor& ref, const torch::Tensor& value,
+                        const LevelShapes& shapes);
+  // The reference initialisation: zero offset/attention weights, offset biases on a ring of
+  // head directions scaled by the point index, xavier value/output projections.
+  void reset_parameters();
+
+  torch::nn::Linear sampling_offsets{nullptr}, attention_weights{nullptr}, value_proj{nullptr}, output_proj{nullptr};
+  int64_t embed, heads, levels, points;
+};
+TORCH_MODULE(MSDeformableAttention);
+
+// value [B, T, heads, d], locations [B, Q, heads, levels, points, 2] in [0, 1], weights
+// [B, Q, heads, levels, points] -> [B, Q, heads * d] (heads concatenated).
+torch::Tensor deformable_attention_core(const torch::Tensor& value, const LevelShapes& shapes,
+                                        const torch::Tensor& locations, const torch::Tensor& weights);
+
+// tgt = norm1(tgt + self_attn(tgt + pos, tgt + pos, tgt, mask)); tgt = norm2(tgt + cross_attn(
+// tgt + pos, ref, memory)); tgt = norm3(clamp(tgt + linear2(relu(linear1(tgt))), +-65504)).
+class DecoderLayerImpl : public torch::nn::Module {
+ public:
+  DecoderLayerImpl(int64_t c, int64_t heads, int64_t ffn, int64_t levels, int64_t points);
+  torch::Tensor forward(const torch::Tensor& tgt, const torch::Tensor& ref, const torch::Tensor& memory,
+                        const LevelShapes& shapes, const torch::Tensor& pos, const torch::Tensor& attn_mask = {});
+
+  MultiheadAttention self_attn{nullptr};
+  torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
+  MSDeformableAttention cross_attn{nullptr};
+  torch::nn::Linear linear1{nullptr}, linear2{nullptr};
+};
+TORCH_MODULE(DecoderLayer);
+
+// Logit-space anchors [1, T, 4] (+inf where invalid) and their valid mask [1, T, 1] bool for
+// levels of these sizes: centre ((x + 0.5) / w, (y + 0.5) / h), size 0.05 * 2^level, valid when
+// all four lie strictly inside (0.01, 0.99); level-major, row-major, float32.
+std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, const torch::Device& device);
+
+// The encoder proposals and the queries chosen from them.
+struct QuerySelection {
+  torch::Tensor anchors, valid;          // [1, T, 4] logit space, [1, T, 1] bool
+  torch::Tensor enc_logits, enc_delta;   // [B, T, nc], [B, T, 4] (before the anchors are added)
+  torch::Tensor topk_ind;                // [B, Q] token indices, by descending best class logit
+  torch::Tensor ref_unact, topk_logits;  // [B, Q, 4] logit-space boxes, [B, Q, nc]
+  torch::Tensor target;                  // [B, Q, C] content queries (detached)
+};
+
+// Per decoder layer that ran: class logits [B, Q, nc] and sigmoid cxcywh boxes [B, Q, 4].
+struct DecoderOutputs {
+  std::vector<torch::Tensor> logits, boxes;
+};
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const Config& cfg);
+
+  // The encoder maps projected and flattened: memory [B, T, C] and the level sizes.
+  std::pair<torch::Tensor, LevelShapes> encoder_memory(const std::array<torch::Tensor, 3>& feats);
+  QuerySelection select_queries(const torch::Tensor& memory, const LevelShapes& shapes);
+  // The decoder layers from content queries `target` and logit-space references. Eval mode runs
+  // layers 0..last_layer and returns that layer only; training mode returns every layer, the
+  // boxes of layer i >= 1 refined from layer i-1's undetached box.
+  DecoderOutputs decode(const torch::Tensor& target, const torch::Tensor& ref_unact, const torch::Tensor& memory,
+                        const LevelShapes& shapes, const torch::Tensor& attn_mask = {});
+  // Eval forward: {pred_logits [B, Q, nc], pred_boxes [B, Q, 4]}; `selection`, when given,
+  // receives the query selection.
+  std::pair<torch::Tensor, torch::Tensor> forward(const std::array<torch::Tensor, 3>& feats,
+                                                  QuerySelection* selection = nullptr);
+  // Fresh class heads (encoder, every layer, the denoising embedding) for nc classes.
+  void reset_num_classes(int nc);
+  // The reference initialisation of the heads (prior score biases, zero last box layers, xavier).
+  void reset_parameters();
+
+  std::vector<ConvNorm> input_proj;  // "input_proj.{i}.conv/.norm"
+  std::vector<DecoderLayer> layers;  // "decoder.layers.{l}"
+  torch::nn::Embedding denoising_class_embed{nullptr};
+  Mlp query_pos_head{nullptr};
+  torch::nn::Linear enc_linear{nullptr};   // "enc_output.0"
+  torch::nn::LayerNorm enc_norm{nullptr};  // "enc_output.1"
+  torch::nn::Linear enc_score_head{nullptr};
+  Mlp enc_bbox_head{nullptr};
+  std::vector<torch::nn::Linear> dec_score_head;
+  std::vector<Mlp> dec_bbox_head;
+  Config cfg;
+
+ private:
+  std::shared_ptr<torch::nn::Module> score_heads_;  // "dec_score_head"
+};
+TORCH_MODULE(Transformer);
+
+}  // namespace libreyolo::models::rtdetr
