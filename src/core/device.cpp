@@ -1,4 +1,6 @@
 #include "core/device.hpp"
+
+#include <fstream>
 #include "core/env.hpp"
 
 #include <ATen/Context.h>
@@ -156,6 +158,15 @@ std::vector<std::string> configure_cudnn(bool autotune) {
     said.push_back("LIBREYOLO_DETERMINISTIC=1: cuDNN deterministic algorithms, no autotuning");
   }
   return said;
+}
+
+int64_t host_available_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t kib = 0;
+  while (in >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
 }
 
 }  // namespace libreyolo

@@ -56,4 +56,7 @@ class CudnnAutotuneScope {
   int was_limit_;
 };
 
+// The host memory the system has available for new work (MemAvailable), in bytes; -1 when unknown.
+int64_t host_available_bytes();
+
 }  // namespace libreyolo

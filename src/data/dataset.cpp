@@ -9,6 +9,7 @@
 #include <libreyolo/errors.hpp>
 #include <sstream>
 
+#include "core/device.hpp"
 #include "core/log.hpp"
 #include "data/disk_cache.hpp"
 #include "data/parallel.hpp"
@@ -45,15 +46,6 @@ void report_problems(const std::vector<std::string>& problems, const char* what)
     log_warn(strfmt("%s: %zu more not listed", what, problems.size() - kMaxListedProblems));
 }
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t value = 0;
-  std::string unit;
-  while (in >> key >> value >> unit)
-    if (key == "MemAvailable:") return value * 1024;
-  return -1;
-}
 
 }  // namespace
 
@@ -269,7 +261,7 @@ void YoloDataset::fill_cache() {
     bytes += std::max<int64_t>(1, static_cast<int64_t>(r.h0 * ratio)) *
              std::max<int64_t>(1, static_cast<int64_t>(r.w0 * ratio)) * 3;
   }
-  const int64_t available = available_memory_bytes();
+  const int64_t available = host_available_bytes();
   if (available > 0 && bytes > available * 9 / 10) {
     log_warn(strfmt("cache=ram needs %.2f GB but only %.2f GB is available; not caching",
                     bytes / 1e9, available / 1e9));

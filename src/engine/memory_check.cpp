@@ -8,6 +8,7 @@
 
 #include <libreyolo/errors.hpp>
 
+#include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/strings.hpp"
 #include "engine/model_snapshot.hpp"
@@ -37,13 +38,8 @@ double forward_growth(models::Detector& model, int size) {
 }  // namespace
 
 double host_available_gib() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  double kib = 0;
-  std::string unit;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib / (1024.0 * 1024.0);
-  return 0;
+  const int64_t bytes = host_available_bytes();
+  return bytes > 0 ? static_cast<double>(bytes) / kGiB : 0.0;
 }
 
 double cpu_activation_bytes_per_pixel(models::Detector& model) {

@@ -2,6 +2,8 @@
 
 #include <torch/types.h>
 
+#include <tuple>
+
 #include "core/log.hpp"
 #include "libreyolo/errors.hpp"
 
@@ -16,6 +18,13 @@ struct SizeRow {
   int64_t hidden, enc_ffn;
   double expansion;
   int dec_layers, eval_idx;
+
+  Config config(int nc) const {
+    Config c;
+    std::tie(c.size, c.depth, c.frozen_norm, c.hidden, c.enc_ffn) = std::make_tuple(size, depth, frozen_norm, hidden, enc_ffn);
+    std::tie(c.expansion, c.dec_layers, c.eval_idx, c.nc) = std::make_tuple(expansion, dec_layers, eval_idx, nc);
+    return c;
+  }
 };
 
 // clang-format off
@@ -74,18 +83,7 @@ const std::vector<std::string>& size_names() {
 
 Config size_config(const std::string& size, int nc) {
   for (const auto& r : kSizes) {
-    if (size != r.size) continue;
-    Config c;
-    c.size = r.size;
-    c.depth = r.depth;
-    c.frozen_norm = r.frozen_norm;
-    c.hidden = r.hidden;
-    c.enc_ffn = r.enc_ffn;
-    c.expansion = r.expansion;
-    c.dec_layers = r.dec_layers;
-    c.eval_idx = r.eval_idx;
-    c.nc = nc;
-    return c;
+    if (size == r.size) return r.config(nc);
   }
   throw UsageError("unknown RT-DETR size '" + size + "'", "use one of r18, r34, r50, r50m, r101",
                    "model_unknown_size");
