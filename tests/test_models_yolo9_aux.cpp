@@ -88,11 +88,11 @@ TEST(Yolo9Aux, TrainingForwardAddsTheAuxiliaryMapsOnlyInTraining) {
   yolo9::Yolo9Model model("t", 2);
   const auto x = torch::rand({2, 3, 64, 64});
   model.train();
-  EXPECT_EQ(model.forward_train(x).size(), 3u);  // no branch yet
+  EXPECT_EQ(model.forward_train(x, {}).size(), 3u);  // no branch yet
   const size_t plain = models::state_dict(model).size();
   ASSERT_TRUE(model.enable_aux(0.25));
   EXPECT_DOUBLE_EQ(model.aux_weight(), 0.25);
-  const auto maps = model.forward_train(x);
+  const auto maps = model.forward_train(x, {});
   ASSERT_EQ(maps.size(), 6u);
   for (int i = 0; i < 3; ++i) EXPECT_EQ(maps[i].sizes(), maps[i + 3].sizes()) << i;
   // The main maps are those of forward_raw (same weights, BatchNorm in train mode both times).
@@ -106,12 +106,12 @@ TEST(Yolo9Aux, TrainingForwardAddsTheAuxiliaryMapsOnlyInTraining) {
       aux_grad = true;
   EXPECT_TRUE(aux_grad);
   model.eval();
-  EXPECT_EQ(model.forward_train(x).size(), 3u);
+  EXPECT_EQ(model.forward_train(x, {}).size(), 3u);
   // Weight 0 removes it.
   ASSERT_TRUE(model.enable_aux(0));
   EXPECT_EQ(models::state_dict(model).size(), plain);
   model.train();
-  EXPECT_EQ(model.forward_train(x).size(), 3u);
+  EXPECT_EQ(model.forward_train(x, {}).size(), 3u);
 }
 
 TEST(Yolo9Aux, LossIsMainPlusWeightedAux) {
@@ -119,7 +119,7 @@ TEST(Yolo9Aux, LossIsMainPlusWeightedAux) {
   yolo9::Yolo9Model model("t", 3);
   ASSERT_TRUE(model.enable_aux(0.25));
   model.train();
-  const auto maps = model.forward_train(torch::rand({2, 3, 64, 64}));
+  const auto maps = model.forward_train(torch::rand({2, 3, 64, 64}), {});
   ASSERT_EQ(maps.size(), 6u);
   auto targets = torch::full({2, 2, 5}, -1.0);
   targets[0][0] = torch::tensor({1.0, 0.1, 0.2, 0.6, 0.7});

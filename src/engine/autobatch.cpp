@@ -51,7 +51,7 @@ double probe_once(models::Detector& model, const torch::Device& device, c10::Dev
     std::vector<torch::Tensor> out;
     {
       AutocastGuard ac(device, opt.amp.enabled, opt.amp.dtype);
-      out = model.forward_train(x);
+      out = model.forward_train(x, {});
     }
     for (const auto& t : out) {
       if (t.defined() && t.requires_grad()) {

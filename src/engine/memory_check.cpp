@@ -31,7 +31,7 @@ double heap_in_use() {
 double forward_growth(models::Detector& model, int size) {
   const auto x = torch::zeros({1, 3, size, size});
   const double before = heap_in_use();
-  const auto out = model.forward_train(x);
+  const auto out = model.forward_train(x, {});
   return heap_in_use() - before;
 }
 

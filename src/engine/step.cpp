@@ -169,7 +169,7 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
     {
       PhaseScope ps(obs, Phase::Forward);
       convert_input(s);
-      raw = model_->forward_train(s.input);
+      raw = model_->forward_train(s.input, s.targets);
     }
     PhaseScope ps(obs, Phase::Loss);
     out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));

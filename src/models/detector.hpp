@@ -50,8 +50,14 @@ class Detector : public torch::nn::Module {
   }
   virtual double aux_weight() const { return 0.0; }
   // The training forward, what the family's loss reads: forward_raw's maps, followed by the
-  // auxiliary head's when the branch is enabled and the model is in training mode.
-  virtual std::vector<torch::Tensor> forward_train(const torch::Tensor& x) { return forward_raw(x); }
+  // auxiliary head's when the branch is enabled and the model is in training mode. `targets` are
+  // the batch's boxes as the loss gets them (DetectionLoss::compute), for a family whose network
+  // itself reads them (denoising queries made from the ground truth); undefined when there are
+  // none (memory probes), and ignored by the others.
+  virtual std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
+    (void)targets;
+    return forward_raw(x);
+  }
 };
 
 // How a family wants its input: images arrive as NHWC uint8 RGB; the network gets float NCHW

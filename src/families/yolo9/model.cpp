@@ -326,7 +326,7 @@ bool Yolo9Model::enable_aux(double weight) {
   return true;
 }
 
-std::vector<torch::Tensor> Yolo9Model::forward_train(const torch::Tensor& x) {
+std::vector<torch::Tensor> Yolo9Model::forward_train(const torch::Tensor& x, const torch::Tensor& /*targets*/) {
   if (!aux_ || !is_training()) return forward_raw(x);
   check_input(x);
   layers_.advance_bn_counters();

@@ -174,7 +174,7 @@ class Yolo9Model : public Detector {
   std::vector<torch::Tensor> forward_raw(const torch::Tensor& x) override;
   // With the auxiliary branch in training mode: the main head's three maps, then the auxiliary
   // head's three.
-  std::vector<torch::Tensor> forward_train(const torch::Tensor& x) override;
+  std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
   // Adds the PGI auxiliary neck ("aux") and head ("aux_head", initialised as the main head) on the
   // model's device; weight 0 removes them.
   bool enable_aux(double weight) override;
