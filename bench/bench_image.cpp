@@ -70,10 +70,10 @@ int main() {
   pred.slice(0, 4).copy_(torch::sigmoid(torch::randn({80, 8400}) * 2 - 6));
   const auto val = ops::kValThresholds, pr = ops::kPredictThresholds;
   r.emplace_back("postprocess_val_8400x80", best_ms(10, [&] {
-                   ops::postprocess_yolo(pred, val.conf, val.iou, val.max_det, 1.0, 640, 640);
+                   ops::postprocess_yolo(pred, val.conf, val.iou, val.max_det, {1.0, 1.0, 640, 640});
                  }));
   r.emplace_back("postprocess_predict_8400x80", best_ms(20, [&] {
-                   ops::postprocess_yolo(pred, pr.conf, pr.iou, pr.max_det, 1.0, 640, 640);
+                   ops::postprocess_yolo(pred, pr.conf, pr.iou, pr.max_det, {1.0, 1.0, 640, 640});
                  }));
   r.emplace_back("val_candidates", static_cast<double>((pred.slice(0, 4) > val.conf).sum().item<int64_t>()));
   std::remove(path.c_str());

@@ -23,10 +23,9 @@ TEST(GpuPostprocess, CudaMatchesCpu) {
   pred.slice(0, 2, 4).copy_(xy + torch::rand({2, 8400}) * 100 + 4);
   pred.slice(0, 4).copy_(torch::sigmoid(torch::randn({80, 8400}) * 2 - 5));
   for (const auto& t : {ops::kPredictThresholds, ops::kValThresholds}) {
-    auto cpu = ops::postprocess_yolo(pred, t.conf, t.iou, t.max_det, 0.5, 1280, 1280);
+    auto cpu = ops::postprocess_yolo(pred, t.conf, t.iou, t.max_det, {0.5, 0.5, 1280, 1280});
     for (auto dtype : {torch::kFloat32, torch::kFloat16}) {
-      auto gpu = ops::postprocess_yolo(pred.to(torch::kCUDA, dtype), t.conf, t.iou, t.max_det, 0.5,
-                                       1280, 1280);
+      auto gpu = ops::postprocess_yolo(pred.to(torch::kCUDA, dtype), t.conf, t.iou, t.max_det, {0.5, 0.5, 1280, 1280});
       EXPECT_TRUE(gpu.boxes.device().is_cpu());
       if (dtype == torch::kFloat32) {
         ASSERT_EQ(gpu.scores.sizes(), cpu.scores.sizes());
@@ -67,7 +66,7 @@ TEST(GpuPostprocess, CudaBatchEqualsImageByImage) {
   pred.slice(1, 2, 4).copy_(xy + torch::rand({batch, 2, anchors}) * 80 + 2);
   pred.slice(1, 4).copy_(torch::sigmoid(torch::randn({batch, nc, anchors}) * 2 - 7));
   const std::vector<libreyolo::ops::ImageGeometry> geo = {
-      {1.0, 480, 640}, {0.5, 1280, 960}, {1.0, 640, 640}, {0.8, 700, 800}};
+      {1.0, 1.0, 480, 640}, {0.5, 0.5, 1280, 960}, {1.0, 1.0, 640, 640}, {0.8, 0.8, 700, 800}};
   for (const auto dtype : {torch::kFloat32, torch::kHalf}) {
     const torch::Tensor p = pred.to(torch::kCUDA).to(dtype);
     for (const double conf : {0.25, 0.01}) {
@@ -75,7 +74,7 @@ TEST(GpuPostprocess, CudaBatchEqualsImageByImage) {
       ASSERT_EQ(all.size(), geo.size());
       for (int64_t i = 0; i < batch; ++i) {
         const auto& g = geo[static_cast<size_t>(i)];
-        const auto one = libreyolo::ops::postprocess_yolo(p[i], conf, 0.6, 300, g.ratio, g.orig_h, g.orig_w);
+        const auto one = libreyolo::ops::postprocess_yolo(p[i], conf, 0.6, 300, g);
         const auto& b = all[static_cast<size_t>(i)];
         ASSERT_EQ(b.scores.sizes(), one.scores.sizes()) << "image " << i << " conf " << conf;
         EXPECT_TRUE(torch::equal(b.boxes, one.boxes)) << "image " << i;
@@ -161,7 +160,7 @@ TEST(GpuPostprocess, KernelEqualsHostPathBitForBit) {
   const int64_t nc = 80, anchors = 8400;
   const auto pred = crowded_pred({300, 0, 3000, 5000, 40}, nc, anchors, 21);
   const std::vector<ops::ImageGeometry> geo = {
-      {1.0, 480, 640}, {0.5, 1280, 960}, {1.0, 640, 640}, {0.8, 700, 800}, {1.0 / 3.0, 1900, 1500}};
+      {1.0, 1.0, 480, 640}, {0.5, 0.5, 1280, 960}, {1.0, 1.0, 640, 640}, {0.8, 0.8, 700, 800}, {1.0 / 3.0, 1.0 / 3.0, 1900, 1500}};
   struct Case {
     double conf, iou;
     int max_det;
@@ -190,14 +189,14 @@ TEST(GpuPostprocess, KernelHandlesManyImagesAndSingleImages) {
   std::vector<ops::ImageGeometry> geo;
   for (int i = 0; i < 70; ++i) {
     hits.push_back(i % 9 == 0 ? 0 : 20 + i);
-    geo.push_back({1.0 + 0.01 * i, 500 + i, 600 - i});
+    geo.push_back({1.0 + 0.01 * i, 1.0 + 0.01 * i, 500 + i, 600 - i});
   }
   const auto pred = crowded_pred(hits, 3, 300, 5);
   const auto want = ops::postprocess_yolo_batch(pred, 0.25, 0.45, 300, geo);
   expect_same(ops::postprocess_yolo_batch(pred.cuda(), 0.25, 0.45, 300, geo), want, "70 images");
   for (const int64_t i : {1, 65}) {
     const auto& g = geo[static_cast<size_t>(i)];
-    const auto one = ops::postprocess_yolo(pred[i].cuda(), 0.25, 0.45, 300, g.ratio, g.orig_h, g.orig_w);
+    const auto one = ops::postprocess_yolo(pred[i].cuda(), 0.25, 0.45, 300, g);
     expect_same({one}, {want[static_cast<size_t>(i)]}, "image " + std::to_string(i) + " alone");
   }
 }
@@ -207,7 +206,7 @@ TEST(GpuPostprocess, KernelHandlesManyImagesAndSingleImages) {
 // synchronisation debug mode.
 TEST(GpuPostprocess, KernelPathSynchronisesOnce) {
   LY_REQUIRE_CUDA();
-  const std::vector<ops::ImageGeometry> geo(4, ops::ImageGeometry{1.0, 640, 640});
+  const std::vector<ops::ImageGeometry> geo(4, ops::ImageGeometry{1.0, 1.0, 640, 640});
   const auto pred = crowded_pred({100, 200, 0, 50}, 80, 8400, 2).cuda();
   ops::postprocess_yolo_batch(pred, 0.25, 0.45, 300, geo);  // warm
   libreyolo::synchronize(pred.device());

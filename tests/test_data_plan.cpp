@@ -41,9 +41,11 @@ std::vector<std::string> plan_images() {
   return files;
 }
 
-std::shared_ptr<YoloDataset> exact_dataset(const std::vector<std::string>& files, int S) {
+std::shared_ptr<YoloDataset> exact_dataset(const std::vector<std::string>& files, int S,
+                                           ops::Fit fit = ops::Fit::Letterbox) {
   DatasetOptions d;
   d.imgsz = S;
+  d.fit = fit;
   d.reduced_decode = false;
   return std::make_shared<YoloDataset>(files, d);
 }
@@ -107,6 +109,61 @@ TEST(DataPlan, ValPlansDrawTheCpuSamplesBitForBit) {
     EXPECT_FALSE(plan.hsv || plan.flip);
     EXPECT_EQ(draw(*ds, plan, S), cpu) << "sample " << i;
   }
+}
+
+TEST(DataPlan, StretchedSamplesFillTheSquareWithTheBoxesScaledPerAxis) {
+  // A family whose input is stretched (ops::Fit::Stretch): the dataset holds S x S images, the
+  // validation sample is that image, and its targets are the original boxes divided by the
+  // original sides; the plan (the GPU loader's path) draws it bit for bit, the training plan
+  // with the same targets and draws as the CPU sample.
+  const std::vector<std::string> files = plan_images();
+  const int S = 96;
+  const auto ds = exact_dataset(files, S, ops::Fit::Stretch);
+  const size_t npix = static_cast<size_t>(S) * S * 3;
+  int boxes_seen = 0;
+  for (int64_t i = 0; i < ds->size(); ++i) {
+    const Sample s = ds->load_resized(i);
+    ASSERT_EQ(s.image.size(0), S);
+    ASSERT_EQ(s.image.size(1), S);
+    std::vector<uint8_t> cpu(npix);
+    std::vector<float> tc(50), tp(50);
+    make_val_sample(*ds, i, 10, cpu.data(), tc.data(), ops::Fit::Stretch);
+    const SampleDraw plan = plan_val_sample(*ds, i, 10, tp.data(), ops::Fit::Stretch);
+    EXPECT_EQ(tc, tp);
+    EXPECT_EQ(plan.content_w, S);
+    EXPECT_EQ(plan.content_h, S);
+    EXPECT_EQ(draw(*ds, plan, S), cpu) << "sample " << i;
+    const auto original = ds->original_boxes(i);
+    const auto [h0, w0] = ds->original_hw(i);
+    for (size_t k = 0; k < original.size() && k < 10; ++k) {
+      EXPECT_NEAR(tc[5 * k + 1], original[k].x1 / w0, 1e-6);
+      EXPECT_NEAR(tc[5 * k + 2], original[k].y1 / h0, 1e-6);
+      EXPECT_NEAR(tc[5 * k + 3], original[k].x2 / w0, 1e-6);
+      EXPECT_NEAR(tc[5 * k + 4], original[k].y2 / h0, 1e-6);
+      ++boxes_seen;
+    }
+  }
+  EXPECT_GT(boxes_seen, 0);
+
+  AugmentOptions aug;
+  aug.imgsz = S;
+  aug.max_labels = 20;
+  aug.mosaic_prob = 0.0;
+  aug.fit = ops::Fit::Stretch;
+  int flips = 0;
+  for (int64_t i = 0; i < ds->size(); ++i)
+    for (const uint64_t seed : {3u, 9u}) {
+      std::vector<uint8_t> cpu(npix);
+      std::vector<float> tc(100), tp(100);
+      Rng rc = Rng::for_sample(seed, 1, i, 0), rp = Rng::for_sample(seed, 1, i, 0);
+      make_train_sample(*ds, i, true, aug, rc, cpu.data(), tc.data());
+      const SampleDraw plan = plan_train_sample(*ds, i, true, aug, rp, tp.data());
+      EXPECT_EQ(tc, tp) << "sample " << i << " seed " << seed;
+      EXPECT_FALSE(plan.warp);
+      EXPECT_EQ(draw(*ds, plan, S), cpu) << "sample " << i << " seed " << seed;
+      flips += plan.flip;
+    }
+  EXPECT_GT(flips, 0);
 }
 
 TEST(DataPlan, CorruptImagesAreReplacedAsOnTheCpu) {

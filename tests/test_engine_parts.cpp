@@ -60,6 +60,22 @@ TEST(Schedule, NamesSelectShapesAndFamiliesAddTheirOwn) {
       EXPECT_EQ(engine::lr_shape(name, f->scheduler_names), engine::lr_shape(generic)) << f->name << " " << name;
 }
 
+TEST(Schedule, ConstantHoldsLr0AfterItsWarmUp) {
+  EXPECT_EQ(engine::lr_shape("constant"), engine::LrShape::Constant);
+  engine::LrSchedule s;
+  s.shape = engine::LrShape::Constant;
+  s.lr0 = 1e-4;
+  s.min_lr_ratio = 0.01;
+  s.total_iters = 1000;
+  for (const long long it : {0LL, 1LL, 500LL, 999LL, 1000LL}) EXPECT_DOUBLE_EQ(s.at(it), 1e-4) << it;
+  s.warmup_iters = 10;
+  s.warmup_lr_start = 0.0;
+  EXPECT_DOUBLE_EQ(s.at(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.at(5), 5e-5);
+  EXPECT_DOUBLE_EQ(s.at(10), 1e-4);
+  EXPECT_DOUBLE_EQ(s.at(900), 1e-4);
+}
+
 TEST(Schedule, MomentumWarmsUpLinearly) {
   engine::LrSchedule s;
   s.warmup_iters = 100;
@@ -99,6 +115,57 @@ TEST(Optimizer, ParamGroupsFollowTheReferenceRule) {
   EXPECT_EQ(groups[1].weight_decay, 5e-4);
   ASSERT_EQ(groups[2].params.size(), 2u);  // bn.bias, head.bias
   EXPECT_TRUE(groups[2].params[0].is_same(net.bn->bias));
+}
+
+TEST(Optimizer, FamilyRulesGroupParametersByNameWithTheirOwnLearningRate) {
+  // TinyNet's names: conv.weight, bn.weight, bn.bias, head.weight, head.bias. "conv" plays a
+  // backbone, "bn" its norm; the head's bias goes without decay, the rest by the last rule.
+  TinyNet net;
+  const std::vector<models::ParamRule> rules = {{{"conv"}, {}, true, true},
+                                                {{"bn"}, {}, false, true},
+                                                {{"head"}, {"bias"}, false, false},
+                                                {{}, {}, true, false}};
+  const auto groups = engine::make_param_groups(net, 1e-4, rules, 0.05);
+  ASSERT_EQ(groups.size(), 4u);
+  EXPECT_EQ(groups[0].params.size(), 1u);  // conv.weight: backbone, decayed
+  EXPECT_DOUBLE_EQ(groups[0].lr_ratio, 0.05);
+  EXPECT_EQ(groups[0].weight_decay, 1e-4);
+  EXPECT_EQ(groups[1].params.size(), 2u);  // bn.weight, bn.bias: backbone, no decay
+  EXPECT_DOUBLE_EQ(groups[1].lr_ratio, 0.05);
+  EXPECT_EQ(groups[1].weight_decay, 0.0);
+  EXPECT_TRUE(groups[2].params[0].is_same(net.head->weight));  // the catch-all rule
+  EXPECT_EQ(groups[2].weight_decay, 1e-4);
+  EXPECT_TRUE(groups[3].params[0].is_same(net.head->bias));
+  EXPECT_EQ(groups[3].weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(groups[3].lr_ratio, 1.0);
+
+  // AdamW's first step moves every parameter by about lr (its own group's) against the sign of
+  // its gradient; a group given no decay keeps 0 (not torch's 0.01 default).
+  engine::OptimizerOptions o;
+  o.name = "adamw";
+  o.lr = 1e-2;
+  o.weight_decay = 1e-4;
+  o.rules = rules;
+  o.lr_backbone = 5e-4;
+  auto opt = engine::make_optimizer(net, o);
+  EXPECT_EQ(opt->groups()[1].weight_decay, 0.0);
+  const auto conv0 = net.conv->weight.detach().clone(), head0 = net.head->bias.detach().clone();
+  opt->zero_grad();
+  net.forward(torch::randn({2, 3, 8, 8})).sum().backward();
+  opt->step();
+  const double conv_move = (net.conv->weight.detach() - conv0).abs().max().item<double>();
+  const double head_move = (net.head->bias.detach() - head0).abs().max().item<double>();
+  EXPECT_NEAR(head_move, 1e-2, 1e-4);
+  EXPECT_NEAR(conv_move, 5e-4, 1e-5);
+  // The state dict says each group's rate; loading it gives back the schedule's lr.
+  opt->set_lr(2e-2);
+  const auto sd = opt->state_dict();
+  EXPECT_DOUBLE_EQ(sd->get("param_groups")->items[0]->get("lr")->as_float("lr"), 2e-2 * 0.05);
+  EXPECT_DOUBLE_EQ(sd->get("param_groups")->items[2]->get("lr")->as_float("lr"), 2e-2);
+  auto other = engine::make_optimizer(net, o);
+  other->load_state_dict(*sd);
+  EXPECT_DOUBLE_EQ(other->lr(), 2e-2);
+  EXPECT_DOUBLE_EQ(other->group_lr(1).item<double>(), 2e-2 * 0.05);
 }
 
 // SGD with Nesterov momentum and decay, against the textbook update written out in double.

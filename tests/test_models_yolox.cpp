@@ -239,9 +239,9 @@ TEST(YoloxFamily, PostprocessKeepsOneLabelPerAnchor) {
   pred[5][1] = 0.6f;
   models::PostprocessArgs a;
   a.conf = 0.5;
-  a.ratio = 0.5;
-  a.orig_h = 400;
-  a.orig_w = 400;
+  a.geometry.sx = a.geometry.sy = 0.5;
+  a.geometry.orig_h = 400;
+  a.geometry.orig_w = 400;
   const auto d = yolox_family().postprocess(pred, a);
   ASSERT_EQ(d.boxes.size(0), 2);  // the generic multi-label rule would give 3
   EXPECT_EQ(d.classes[0].item<int64_t>(), 0);

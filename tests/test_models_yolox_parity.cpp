@@ -172,10 +172,10 @@ TEST(YoloxParity, PostprocessOfImageZero) {
   a.conf = f.expected("post_conf").item<double>();
   a.iou = 0.45;
   a.max_det = 300;
-  a.ratio = f.expected("post_ratio").item<double>();
+  a.geometry.sx = a.geometry.sy = f.expected("post_ratio").item<double>();
   const auto wh = f.expected("post_original_wh");
-  a.orig_w = static_cast<int>(wh[0].item<double>());
-  a.orig_h = static_cast<int>(wh[1].item<double>());
+  a.geometry.orig_w = static_cast<int>(wh[0].item<double>());
+  a.geometry.orig_h = static_cast<int>(wh[1].item<double>());
   const auto det = f.family->postprocess(pred, a);
   const auto wb = f.expected("post_boxes"), ws = f.expected("post_scores"), wc = f.expected("post_classes");
   ASSERT_GT(wb.size(0), 5);

@@ -281,3 +281,31 @@ TEST(Resize, LetterboxPadsRightAndBottom) {
   EXPECT_EQ(g.sizes(), torch::IntArrayRef({20, 20, 1}));
   EXPECT_TRUE(torch::equal(g.slice(1, 10), torch::full({20, 10, 1}, 114, torch::kUInt8)));
 }
+
+TEST(Fit, LetterboxKeepsTheAspectAndStretchScalesEachAxis) {
+  const ops::FitBox lb = ops::fit_box(200, 100, 64, ops::Fit::Letterbox);
+  EXPECT_EQ(lb.width, 32);
+  EXPECT_EQ(lb.height, 64);
+  EXPECT_DOUBLE_EQ(lb.sx, 0.32);
+  EXPECT_DOUBLE_EQ(lb.sy, 0.32);
+  const ops::FitBox st = ops::fit_box(200, 100, 64, ops::Fit::Stretch);
+  EXPECT_EQ(st.width, 64);
+  EXPECT_EQ(st.height, 64);
+  EXPECT_DOUBLE_EQ(st.sx, 0.64);
+  EXPECT_DOUBLE_EQ(st.sy, 0.32);
+
+  // Pixels: a stretch is the resize to S x S; a letterbox is letterbox_topleft.
+  const auto img = random_image(200, 100, 3, 5);
+  ops::FitBox b;
+  EXPECT_TRUE(torch::equal(ops::fit_image(img, 64, ops::Fit::Stretch, &b), ops::resize_bilinear(img, 64, 64)));
+  EXPECT_DOUBLE_EQ(b.sx, 0.64);
+  EXPECT_DOUBLE_EQ(b.sy, 0.32);
+  double r = 0;
+  const auto lb_pixels = ops::fit_image(img, 64, ops::Fit::Letterbox, &b);
+  EXPECT_TRUE(torch::equal(lb_pixels, ops::letterbox_topleft(img, 64, &r)));
+  EXPECT_DOUBLE_EQ(b.sx, r);
+  EXPECT_EQ(lb_pixels[10][40][0].item<uint8_t>(), 114);  // padding right of the content
+
+  EXPECT_THROW(ops::fit_box(0, 10, 64, ops::Fit::Stretch), libreyolo::UsageError);
+  EXPECT_THROW(ops::fit_box(10, 10, 0, ops::Fit::Letterbox), libreyolo::UsageError);
+}

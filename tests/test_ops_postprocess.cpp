@@ -57,7 +57,7 @@ std::vector<Anchor> scene() {
 
 TEST(Postprocess, HandMadeScene) {
   const auto pred = make_pred(scene());
-  auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, 0.5, 120, 100);
+  auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, {0.5, 0.5, 120, 100});
   ASSERT_EQ(d.boxes.sizes(), torch::IntArrayRef({4, 4}));
   EXPECT_EQ(d.boxes.scalar_type(), torch::kFloat32);
   EXPECT_EQ(d.classes.scalar_type(), torch::kInt64);
@@ -67,19 +67,18 @@ TEST(Postprocess, HandMadeScene) {
   expect_detection(d, 3, {10, 10, 50, 50}, 0.3f, 2);
 
   // max_det keeps the best.
-  auto top2 = ops::postprocess_yolo(pred, 0.25, 0.45, 2, 0.5, 120, 100);
+  auto top2 = ops::postprocess_yolo(pred, 0.25, 0.45, 2, {0.5, 0.5, 120, 100});
   ASSERT_EQ(top2.scores.size(0), 2);
   expect_detection(top2, 1, {80, 100, 100, 120}, 0.6f, 2);
   // A looser IoU lets a1 through; a higher conf leaves only a0's class 0.
-  auto loose = ops::postprocess_yolo(pred, 0.25, 0.9, 300, 0.5, 120, 100);
+  auto loose = ops::postprocess_yolo(pred, 0.25, 0.9, 300, {0.5, 0.5, 120, 100});
   ASSERT_EQ(loose.scores.size(0), 5);
   expect_detection(loose, 1, {12, 12, 52, 52}, 0.8f, 0);
-  auto strict = ops::postprocess_yolo(pred, 0.85, 0.45, 300, 0.5, 120, 100);
+  auto strict = ops::postprocess_yolo(pred, 0.85, 0.45, 300, {0.5, 0.5, 120, 100});
   ASSERT_EQ(strict.scores.size(0), 1);
   expect_detection(strict, 0, {10, 10, 50, 50}, 0.9f, 0);
   // A batch of one is accepted too, and float64 predictions.
-  auto batched = ops::postprocess_yolo(pred.unsqueeze(0).to(torch::kFloat64), 0.25, 0.45, 300,
-                                       0.5, 120, 100);
+  auto batched = ops::postprocess_yolo(pred.unsqueeze(0).to(torch::kFloat64), 0.25, 0.45, 300, {0.5, 0.5, 120, 100});
   EXPECT_TRUE(torch::equal(batched.classes, d.classes));
   EXPECT_TRUE(torch::allclose(batched.boxes, d.boxes));
 }
@@ -91,18 +90,16 @@ TEST(Postprocess, NonFiniteRowsAndEmptyResults) {
       {{20, 20, 30, 30}, {kInf}},    // infinite score: dropped
       {{30, 30, 35, 35}, {kNaN}},    // NaN score is never > conf
   });
-  auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, 0.5, 120, 100);
+  auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, {0.5, 0.5, 120, 100});
   ASSERT_EQ(d.scores.size(0), 1);
   expect_detection(d, 0, {0, 0, 100, 20}, 0.8f, 0);
 
-  auto none = ops::postprocess_yolo(make_pred({{{0, 0, 5, 5}, {0.1f, 0.2f}}}), 0.25, 0.45, 300,
-                                    1.0, 10, 10);
+  auto none = ops::postprocess_yolo(make_pred({{{0, 0, 5, 5}, {0.1f, 0.2f}}}), 0.25, 0.45, 300, {1.0, 1.0, 10, 10});
   EXPECT_EQ(none.boxes.sizes(), torch::IntArrayRef({0, 4}));
   EXPECT_EQ(none.scores.sizes(), torch::IntArrayRef({0}));
   EXPECT_EQ(none.classes.scalar_type(), torch::kInt64);
   // Candidates that are all degenerate after clipping.
-  auto outside = ops::postprocess_yolo(make_pred({{{20, 20, 30, 30}, {0.9f}}}), 0.25, 0.45, 300,
-                                       1.0, 10, 10);
+  auto outside = ops::postprocess_yolo(make_pred({{{20, 20, 30, 30}, {0.9f}}}), 0.25, 0.45, 300, {1.0, 1.0, 10, 10});
   EXPECT_EQ(outside.scores.size(0), 0);
 }
 
@@ -118,17 +115,17 @@ TEST(Postprocess, CandidateCap) {
   pred.slice(1, 0, copies).select(0, 3).fill_(10);
   pred.slice(1, 0, copies).select(0, 4).copy_(torch::linspace(0.99, 0.5, copies));
   pred.select(1, copies).copy_(torch::tensor({20.0f, 20.0f, 30.0f, 30.0f, 0.3f}));
-  auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, 1.0, 100, 100);
+  auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, {1.0, 1.0, 100, 100});
   ASSERT_EQ(d.scores.size(0), 1);
   expect_detection(d, 0, {0, 0, 10, 10}, 0.99f, 0);
   // Without the cap (fewer copies) the separate box survives.
-  auto few = ops::postprocess_yolo(pred.slice(1, copies - 100), 0.25, 0.45, 300, 1.0, 100, 100);
+  auto few = ops::postprocess_yolo(pred.slice(1, copies - 100), 0.25, 0.45, 300, {1.0, 1.0, 100, 100});
   EXPECT_EQ(few.scores.size(0), 2);
   // A max_det above the cap raises the cap to max_det.
-  auto wide = ops::postprocess_yolo(pred, 0.25, 0.45, 40000, 1.0, 100, 100);
+  auto wide = ops::postprocess_yolo(pred, 0.25, 0.45, 40000, {1.0, 1.0, 100, 100});
   EXPECT_EQ(wide.scores.size(0), 2);
   // The generic (ATen) path used for other dtypes and devices caps the same way.
-  auto generic = ops::postprocess_yolo(pred.to(torch::kFloat64), 0.25, 0.45, 300, 1.0, 100, 100);
+  auto generic = ops::postprocess_yolo(pred.to(torch::kFloat64), 0.25, 0.45, 300, {1.0, 1.0, 100, 100});
   EXPECT_EQ(generic.scores.size(0), 1);
 }
 
@@ -141,9 +138,8 @@ TEST(Postprocess, FastAndGenericPathsAgree) {
   pred.slice(0, 2, 4).copy_(xy + torch::rand({2, 2100}) * 60 + 2);
   pred.slice(0, 4).copy_(torch::sigmoid(torch::randn({20, 2100}) * 2 - 4));
   for (const auto& t : {ops::kPredictThresholds, ops::kValThresholds}) {
-    auto fast = ops::postprocess_yolo(pred, t.conf, t.iou, t.max_det, 0.8, 250, 380);
-    auto generic = ops::postprocess_yolo(pred.to(torch::kFloat64), t.conf, t.iou, t.max_det, 0.8,
-                                         250, 380);
+    auto fast = ops::postprocess_yolo(pred, t.conf, t.iou, t.max_det, {0.8, 0.8, 250, 380});
+    auto generic = ops::postprocess_yolo(pred.to(torch::kFloat64), t.conf, t.iou, t.max_det, {0.8, 0.8, 250, 380});
     ASSERT_GT(fast.scores.size(0), 10);
     ASSERT_EQ(fast.scores.sizes(), generic.scores.sizes());
     EXPECT_TRUE(torch::equal(fast.classes, generic.classes));
@@ -166,15 +162,14 @@ TEST(Postprocess, BatchEqualsImageByImage) {
   pred.slice(1, 2, 4).copy_(xy + torch::rand({batch, 2, anchors}) * 60 + 2);
   pred.slice(1, 4).copy_(torch::sigmoid(torch::randn({batch, nc, anchors}) * 2 - 4));
   pred[1].slice(0, 4).fill_(0.01f);  // an image without candidates at the predict threshold
-  const std::vector<ops::ImageGeometry> geo = {{0.8, 250, 380}, {1.0, 300, 300}, {0.5, 600, 700}};
+  const std::vector<ops::ImageGeometry> geo = {{0.8, 0.8, 250, 380}, {1.0, 1.0, 300, 300}, {0.5, 0.5, 600, 700}};
   for (const auto& t : {ops::kPredictThresholds, ops::kValThresholds}) {
     for (const auto dtype : {torch::kFloat32, torch::kFloat64}) {
       const auto all = ops::postprocess_yolo_batch(pred.to(dtype), t.conf, t.iou, t.max_det, geo);
       ASSERT_EQ(all.size(), 3u);
       int64_t total = 0;
       for (int64_t i = 0; i < batch; ++i) {
-        const auto one = ops::postprocess_yolo(pred[i].to(dtype), t.conf, t.iou, t.max_det, geo[i].ratio,
-                                               geo[i].orig_h, geo[i].orig_w);
+        const auto one = ops::postprocess_yolo(pred[i].to(dtype), t.conf, t.iou, t.max_det, geo[i]);
         const auto& b = all[static_cast<size_t>(i)];
         ASSERT_EQ(b.scores.sizes(), one.scores.sizes()) << "image " << i;
         EXPECT_TRUE(torch::equal(b.classes, one.classes)) << "image " << i;
@@ -205,11 +200,29 @@ TEST(Postprocess, DefaultThresholds) {
 TEST(Postprocess, BadArguments) {
   const auto pred = make_pred(scene());
   using libreyolo::UsageError;
-  EXPECT_THROW(ops::postprocess_yolo(pred.slice(0, 0, 4), 0.25, 0.45, 300, 1.0, 10, 10), UsageError);
-  EXPECT_THROW(ops::postprocess_yolo(pred.unsqueeze(0).repeat({2, 1, 1}), 0.25, 0.45, 300, 1.0, 10, 10),
+  EXPECT_THROW(ops::postprocess_yolo(pred.slice(0, 0, 4), 0.25, 0.45, 300, {1.0, 1.0, 10, 10}), UsageError);
+  EXPECT_THROW(ops::postprocess_yolo(pred.unsqueeze(0).repeat({2, 1, 1}), 0.25, 0.45, 300, {1.0, 1.0, 10, 10}),
                UsageError);
-  EXPECT_THROW(ops::postprocess_yolo(pred.to(torch::kInt64), 0.25, 0.45, 300, 1.0, 10, 10), UsageError);
-  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 0, 1.0, 10, 10), UsageError);
-  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 300, 0.0, 10, 10), UsageError);
-  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 300, 1.0, 0, 10), UsageError);
+  EXPECT_THROW(ops::postprocess_yolo(pred.to(torch::kInt64), 0.25, 0.45, 300, {1.0, 1.0, 10, 10}), UsageError);
+  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 0, {1.0, 1.0, 10, 10}), UsageError);
+  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 300, {0.0, 0.0, 10, 10}), UsageError);
+  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 300, {1.0, 1.0, 0, 10}), UsageError);
+}
+
+TEST(Postprocess, EachAxisIsDividedByItsOwnScale) {
+  // A stretched input: an original of 200 (w) x 400 (h) shown at 100 x 100, so x was scaled by
+  // 0.5 and y by 0.25.
+  const auto pred = make_pred({{{10, 20, 50, 60}, {0.9f}}, {{40, 90, 99, 99}, {0.8f}}});
+  const auto d = ops::postprocess_yolo(pred, 0.25, 0.45, 300, {0.5, 0.25, 400, 200});
+  ASSERT_EQ(d.boxes.size(0), 2);
+  expect_detection(d, 0, {20, 80, 100, 240}, 0.9f, 0);
+  expect_detection(d, 1, {80, 360, 198, 396}, 0.8f, 0);
+  // Each axis clips to its own side: x to the width 200, y to the height 400.
+  const auto wide = make_pred({{{60, 20, 150, 120}, {0.9f}}});
+  expect_detection(ops::postprocess_yolo(wide, 0.25, 0.45, 300, {0.5, 0.25, 400, 200}), 0, {120, 80, 200, 400},
+                   0.9f, 0);
+  // The batch path takes the same geometry.
+  const auto batch = ops::postprocess_yolo_batch(pred.unsqueeze(0), 0.25, 0.45, 300, {{0.5, 0.25, 400, 200}});
+  EXPECT_TRUE(torch::equal(batch.at(0).boxes, d.boxes));
+  EXPECT_THROW(ops::postprocess_yolo(pred, 0.25, 0.45, 300, {0.5, 0.0, 400, 200}), libreyolo::UsageError);
 }

@@ -30,11 +30,12 @@ struct TrainConfig {
   // Optimisation.
   std::string optimizer = "sgd";      // sgd, adam, adamw
   double lr0 = 0.01;
+  double lr_backbone = 0.0;           // the backbone's learning rate where the family's parameter rules name one (0 = lr0)
   double momentum = 0.937;
   double warmup_momentum = 0.8;       // SGD momentum at the start of warm-up, rising linearly to `momentum`
   double weight_decay = 5e-4;
   bool nesterov = true;
-  std::string scheduler = "linear";   // linear, cos (warmcos)
+  std::string scheduler = "linear";   // linear, cos (warmcos), cos_flat, constant
   double warmup_epochs = 3;
   double warmup_lr_start = 1e-4;
   double min_lr_ratio = 0.01;

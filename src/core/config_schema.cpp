@@ -28,11 +28,12 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("cuda_graph_scope", &C::cuda_graph_scope, "what a CUDA graph captures: step (forward, loss, backward, update)")
         .add("optimizer", &C::optimizer, "sgd, adam or adamw")
         .add("lr0", &C::lr0, "initial learning rate")
+        .add("lr_backbone", &C::lr_backbone, "the backbone's learning rate, for families that train it apart (0 = lr0)")
         .add("momentum", &C::momentum, "SGD momentum")
         .add("warmup_momentum", &C::warmup_momentum, "SGD momentum at the start of warm-up (rises linearly to momentum)")
         .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
         .add("nesterov", &C::nesterov, "Nesterov momentum")
-        .add("scheduler", &C::scheduler, "linear, cos (warmcos), cos_flat, or the model family's name for one of them")
+        .add("scheduler", &C::scheduler, "linear, cos (warmcos), cos_flat, constant, or the model family's name for one of them")
         .add("warmup_epochs", &C::warmup_epochs, "linear warm-up length in epochs")
         .add("warmup_lr_start", &C::warmup_lr_start, "learning rate at the start of warm-up")
         .add("min_lr_ratio", &C::min_lr_ratio, "final learning rate as a fraction of lr0")
@@ -182,6 +183,7 @@ void validate(const TrainConfig& c) {
   check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});
   check_one_of("loader", c.loader, {"auto", "cpu", "gpu"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");
+  if (!(c.lr_backbone >= 0)) range_error("lr_backbone", "must be >= 0 (0: lr0)");
   if (c.warmup_lr_start < 0) range_error("warmup_lr_start", "must be >= 0 (a negative learning rate climbs the loss)");
   if (c.ema_tau < 0) range_error("ema_tau", "must be >= 0");
   if (c.eval_interval < 0) range_error("eval_interval", "must be >= 0 (0: the last epoch only)");

@@ -19,16 +19,16 @@ constexpr uint8_t kPad = 114;
 // ---- output -------------------------------------------------------------------------------
 inline float clip01(double x) { return static_cast<float>(std::min(1.0, std::max(0.0, x))); }
 
-void write_targets(const std::vector<Box>& boxes, double ratio, int S, int max_labels, float* out) {
+void write_targets(const std::vector<Box>& boxes, const ops::FitBox& fit, int S, int max_labels, float* out) {
   const size_t k = std::min(boxes.size(), static_cast<size_t>(max_labels));
   for (size_t i = 0; i < k; ++i) {
     const Box& b = boxes[i];
     float* row = out + 5 * i;
     row[0] = static_cast<float>(b.cls);
-    row[1] = clip01(b.x1 * ratio / S);
-    row[2] = clip01(b.y1 * ratio / S);
-    row[3] = clip01(b.x2 * ratio / S);
-    row[4] = clip01(b.y2 * ratio / S);
+    row[1] = clip01(b.x1 * fit.sx / S);
+    row[2] = clip01(b.y1 * fit.sy / S);
+    row[3] = clip01(b.x2 * fit.sx / S);
+    row[4] = clip01(b.y2 * fit.sy / S);
   }
   for (size_t i = k; i < static_cast<size_t>(max_labels); ++i) {
     float* row = out + 5 * i;
@@ -42,16 +42,16 @@ void check_image(const torch::Tensor& img) {
     throw RuntimeError("augment: expected a contiguous [H, W, 3] uint8 image");
 }
 
-// Top-left letterbox of `img` onto the S x S output with optional HSV shift and horizontal
-// flip. The reference augments first and resizes after; when the resize is the identity (the
-// usual case: the image's longer side is already S) everything happens in one pass.
-void letterbox_into(const torch::Tensor& img, int S, double ratio, const TransformParams* aug,
-                    uint8_t* out) {
+// `img` fitted onto the S x S output (its content nw x nh at the top-left) with optional HSV
+// shift and horizontal flip. The reference augments first and resizes after; when the resize is
+// the identity (the usual letterbox case: the image's longer side is already S) everything
+// happens in one pass.
+void fit_into(const torch::Tensor& img, int S, const ops::FitBox& fit, const TransformParams* aug, uint8_t* out) {
   check_image(img);
   const int h = static_cast<int>(img.size(0));
   const int w = static_cast<int>(img.size(1));
-  const int nw = std::clamp(static_cast<int>(w * ratio), 1, S);
-  const int nh = std::clamp(static_cast<int>(h * ratio), 1, S);
+  const int nw = static_cast<int>(fit.width);
+  const int nh = static_cast<int>(fit.height);
   const bool hsv = aug && aug->hsv;
   const bool flip = aug && aug->flip;
   const size_t out_stride = static_cast<size_t>(S) * 3;
@@ -85,10 +85,6 @@ void letterbox_into(const torch::Tensor& img, int S, double ratio, const Transfo
   if (nw < S)
     for (int y = 0; y < nh; ++y) std::memset(out + y * out_stride + nw * 3, kPad, (S - nw) * 3);
   if (nh < S) std::memset(out + nh * out_stride, kPad, (S - nh) * out_stride);
-}
-
-double letterbox_ratio(const torch::Tensor& img, int S) {
-  return std::min(static_cast<double>(S) / img.size(0), static_cast<double>(S) / img.size(1));
 }
 
 }  // namespace
@@ -326,22 +322,23 @@ TransformParams draw_transform(Rng& rng, const AugmentOptions& opt) {
   p.gains = draw_hsv_gains(rng, opt);
   p.flip = rng.uniform() < opt.flip_prob;
   p.augment_empty = opt.recipe.augment_empty;
+  p.fit = opt.fit;
   return p;
 }
 
 namespace {
 
 // apply_transform's box path for an image of h x w: whether the image is augmented and the
-// boxes written (in the image's pixels; scaled by `ratio` when written).
+// boxes written (in the image's pixels; scaled by the fit when written).
 struct TransformOutcome {
   bool augment = false;
-  double ratio = 1.0;
+  ops::FitBox fit;
   std::vector<Box> boxes;
 };
 
 TransformOutcome transform_boxes(const std::vector<Box>& boxes, int h, int w, const TransformParams& p, int S) {
   TransformOutcome out;
-  out.ratio = std::min(static_cast<double>(S) / h, static_cast<double>(S) / w);
+  out.fit = ops::fit_box(h, w, S, p.fit);
   if (boxes.empty()) {
     out.augment = p.augment_empty;
     return out;
@@ -353,8 +350,8 @@ TransformOutcome transform_boxes(const std::vector<Box>& boxes, int h, int w, co
       b.x1 = w - b0.x2;
       b.x2 = w - b0.x1;
     }
-    // The filter is measured after letterbox scaling and before clipping.
-    if ((b.x2 - b.x1) * out.ratio > 1.0 && (b.y2 - b.y1) * out.ratio > 1.0) out.boxes.push_back(b);
+    // The filter is measured after the fit's scaling and before clipping.
+    if ((b.x2 - b.x1) * out.fit.sx > 1.0 && (b.y2 - b.y1) * out.fit.sy > 1.0) out.boxes.push_back(b);
   }
   if (out.boxes.empty()) {
     // Nothing survived: the reference falls back to the un-augmented image and all its boxes.
@@ -371,12 +368,12 @@ void finish_plan(SampleDraw& d, const std::vector<Box>& boxes, int h, int w, con
   transform_plan(d, boxes, h, w, draw_transform(rng, opt), opt.imgsz, opt.max_labels, targets_out);
 }
 
-// A picture of h x w at imgsz scale letterboxed top-left: one tile covering nw x nh output
-// pixels (the picture itself when its longer side is S; otherwise resized once more, which the
-// CPU does in two steps: then the pixels agree within interpolation only).
-SampleDraw letterbox_plan(int64_t index, int h, int w, double ratio, int S) {
-  const int nw = std::clamp(static_cast<int>(w * ratio), 1, S);
-  const int nh = std::clamp(static_cast<int>(h * ratio), 1, S);
+// A picture of h x w at imgsz scale fitted to S x S: one tile covering nw x nh output pixels at
+// the top-left (the picture itself when the fit keeps its size; otherwise resized once more, which
+// the CPU does in two steps: then the pixels agree within interpolation only).
+SampleDraw fit_plan(int64_t index, const ops::FitBox& fit, int S) {
+  const int nw = static_cast<int>(fit.width);
+  const int nh = static_cast<int>(fit.height);
   SampleDraw d;
   d.num_tiles = 1;
   d.tiles[0] = {index, nw, nh, 0, 0, 0, 0, nw, nh};
@@ -442,7 +439,7 @@ void transform_plan(SampleDraw& d, const std::vector<Box>& boxes, int h, int w, 
   d.hsv = out.augment && p.hsv;
   d.flip = out.augment && p.flip;
   d.gains = p.gains;
-  write_targets(out.boxes, out.ratio, S, max_labels, targets_out);
+  write_targets(out.boxes, out.fit, S, max_labels, targets_out);
 }
 
 void apply_transform(const Sample& in, const TransformParams& p, int S, int max_labels,
@@ -451,8 +448,8 @@ void apply_transform(const Sample& in, const TransformParams& p, int S, int max_
   check_image(in.image);
   const TransformOutcome t =
       transform_boxes(in.boxes, static_cast<int>(in.image.size(0)), static_cast<int>(in.image.size(1)), p, S);
-  letterbox_into(in.image, S, t.ratio, t.augment ? &p : nullptr, image_out);
-  write_targets(t.boxes, t.ratio, S, max_labels, targets_out);
+  fit_into(in.image, S, t.fit, t.augment ? &p : nullptr, image_out);
+  write_targets(t.boxes, t.fit, S, max_labels, targets_out);
 }
 
 // ---- plans ---------------------------------------------------------------------------------
@@ -481,19 +478,18 @@ SampleDraw plan_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, 
   }
   const int64_t i = ds.readable_from(index);
   const Tile t = ds.tile_geometry(i);
-  const double ratio = std::min(static_cast<double>(S) / t.height, static_cast<double>(S) / t.width);
-  SampleDraw d = letterbox_plan(i, t.height, t.width, ratio, S);
+  SampleDraw d = fit_plan(i, ops::fit_box(t.height, t.width, S, opt.fit), S);
   finish_plan(d, t.boxes, t.height, t.width, opt, rng, targets_out);
   return d;
 }
 
-SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out) {
+SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out, ops::Fit fit) {
   const int S = ds.imgsz();
   const int64_t i = ds.readable_from(index);
   const Tile t = ds.tile_geometry(i);
-  const double ratio = std::min(static_cast<double>(S) / t.height, static_cast<double>(S) / t.width);
-  write_targets(t.boxes, ratio, S, max_labels, targets_out);
-  return letterbox_plan(i, t.height, t.width, ratio, S);
+  const ops::FitBox box = ops::fit_box(t.height, t.width, S, fit);
+  write_targets(t.boxes, box, S, max_labels, targets_out);
+  return fit_plan(i, box, S);
 }
 
 // ---- whole samples -----------------------------------------------------------------------
@@ -554,13 +550,13 @@ void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const 
 }
 
 void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8_t* image_out,
-                     float* targets_out) {
+                     float* targets_out, ops::Fit fit) {
   const int S = ds.imgsz();
   const Sample s = ds.load_resized(index);
   StageScope timed(Stage::Transform);
-  const double ratio = letterbox_ratio(s.image, S);
-  letterbox_into(s.image, S, ratio, nullptr, image_out);
-  write_targets(s.boxes, ratio, S, max_labels, targets_out);
+  const ops::FitBox box = ops::fit_box(s.image.size(0), s.image.size(1), S, fit);
+  fit_into(s.image, S, box, nullptr, image_out);
+  write_targets(s.boxes, box, S, max_labels, targets_out);
 }
 
 }  // namespace libreyolo::data

@@ -1,5 +1,6 @@
 // Training augmentation and validation preprocessing of the detection recipes: mosaic
-// through a random affine, HSV, horizontal flip, top-left letterbox, box filters, mixup,
+// through a random affine, HSV, horizontal flip, the fit to S x S (top-left letterbox or
+// stretch), box filters, mixup,
 // normalised and padded targets. Images stay RGB; the HSV math gives what OpenCV gives on the
 // same picture in BGR order (data/hsv.hpp).
 //
@@ -16,6 +17,7 @@
 #include "data/hsv.hpp"
 #include "data/recipe.hpp"
 #include "data/rng.hpp"
+#include "ops/image_ops.hpp"
 
 namespace libreyolo::data {
 
@@ -29,6 +31,9 @@ struct AugmentOptions {
   double flip_prob = 0.5;
   double hgain = 5.0, sgain = 30.0, vgain = 30.0;
   AugmentRecipe recipe;  // what the family's recipe does after the mosaic (data/recipe.hpp)
+  // How a plain (not mosaicked) image becomes S x S, in training and validation: the family's
+  // input fit (models::InputSpec::fit).
+  ops::Fit fit = ops::Fit::Letterbox;
   // The mosaic's random affine: rotation (+-degrees), translation (+- fraction of S), shear
   // (+-degrees), scale range. The scaled-paste mixup's partner scale range.
   double degrees = 0.0, translate = 0.1, shear = 0.0;
@@ -139,14 +144,15 @@ struct TransformParams {
   HsvGains gains;
   bool flip = false;
   bool augment_empty = true;  // an image without boxes is still shifted and flipped
+  ops::Fit fit = ops::Fit::Letterbox;  // AugmentOptions::fit
 };
 TransformParams draw_transform(Rng& rng, const AugmentOptions& opt);
 // The transform of an h x w picture's plan (its boxes given): the plan's HSV and flip, and the
 // targets (boxes filtered, or all boxes and no augmentation when none is left).
 void transform_plan(SampleDraw& plan, const std::vector<Box>& boxes, int h, int w, const TransformParams& p,
                     int imgsz, int max_labels, float* targets_out);
-// HSV, flip, top-left letterbox to S, keep boxes with w > 1 and h > 1 (falling back to the
-// un-augmented image and all its boxes when none is left), normalise, clip, pad.
+// HSV, flip, the fit to S (p.fit), keep boxes with w > 1 and h > 1 after the fit's scaling
+// (falling back to the un-augmented image and all its boxes when none is left), normalise, clip, pad.
 void apply_transform(const Sample& in, const TransformParams& p, int imgsz, int max_labels,
                      uint8_t* image_out, float* targets_out);
 
@@ -161,14 +167,16 @@ SampleDraw plan_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, 
 // Whether plan_train_sample covers `opt` (a blend recipe, no mixup); else the reason.
 bool plannable(const AugmentOptions& opt, std::string* why = nullptr);
 // make_val_sample as a plan.
-SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out);
+SampleDraw plan_val_sample(const YoloDataset& ds, int64_t index, int max_labels, float* targets_out,
+                           ops::Fit fit = ops::Fit::Letterbox);
 
 // One training sample: the mosaic (when enabled, with probability mosaic_prob) or the plain
 // image, then the recipe's transform and mixup.
 void make_train_sample(const YoloDataset& ds, int64_t index, bool mosaic, const AugmentOptions& opt,
                        Rng& rng, uint8_t* image_out, float* targets_out);
-// Validation preprocessing: the resized image letterboxed top-left, targets normalised.
+// Validation preprocessing: the resized image fitted to S x S (letterboxed top-left or stretched),
+// targets normalised.
 void make_val_sample(const YoloDataset& ds, int64_t index, int max_labels, uint8_t* image_out,
-                     float* targets_out);
+                     float* targets_out, ops::Fit fit = ops::Fit::Letterbox);
 
 }  // namespace libreyolo::data

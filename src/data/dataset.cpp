@@ -257,9 +257,8 @@ void YoloDataset::fill_cache() {
   const int S = options_.imgsz;
   int64_t bytes = 0;
   for (const Record& r : records_) {
-    const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
-    bytes += std::max<int64_t>(1, static_cast<int64_t>(r.h0 * ratio)) *
-             std::max<int64_t>(1, static_cast<int64_t>(r.w0 * ratio)) * 3;
+    const ops::FitBox f = ops::fit_box(r.h0, r.w0, S, options_.fit);
+    bytes += f.height * f.width * 3;
   }
   const int64_t available = host_available_bytes();
   if (available > 0 && bytes > available * 9 / 10) {
@@ -311,14 +310,14 @@ void YoloDataset::fill_disk_cache() {
   // Which entries are missing or stale, and the room their files need.
   std::vector<char> valid(records_.size(), 0);
   parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
-    valid[static_cast<size_t>(i)] = read_disk_cache(records_[static_cast<size_t>(i)].path, S).has_value();
+    valid[static_cast<size_t>(i)] = read_disk_cache(records_[static_cast<size_t>(i)].path, S, options_.fit).has_value();
   });
   int64_t need = 0, missing = 0;
   for (size_t i = 0; i < records_.size(); ++i) {
     if (valid[i]) continue;
     const Record& r = records_[i];
-    const double ratio = std::min(static_cast<double>(S) / r.h0, static_cast<double>(S) / r.w0);
-    need += disk_cache_entry_bytes(std::max(1, static_cast<int>(r.h0 * ratio)), std::max(1, static_cast<int>(r.w0 * ratio)));
+    const ops::FitBox f = ops::fit_box(r.h0, r.w0, S, options_.fit);
+    need += disk_cache_entry_bytes(static_cast<int>(f.height), static_cast<int>(f.width));
     ++missing;
   }
   if (missing > 0) {
@@ -342,7 +341,7 @@ void YoloDataset::fill_disk_cache() {
     const Record& r = records_[static_cast<size_t>(i)];
     const std::string& path = r.path;
     try {
-      if (!write_disk_cache(path, S, decode_resized(r))) failed.fetch_add(1);
+      if (!write_disk_cache(path, S, decode_resized(r), options_.fit)) failed.fetch_add(1);
     } catch (const DataError& e) {
       problems[static_cast<size_t>(i)] = path + " (" + e.what() + ")";
     }
@@ -378,12 +377,12 @@ torch::Tensor YoloDataset::decode_resized(const Record& r) const {
   torch::Tensor img;
   {
     StageScope timed(Stage::Decode);
-    img = io::decode_image_for_size(r.path, options_.reduced_decode ? S : 0, scratch);
+    img = io::decode_image_for_size(r.path, options_.reduced_decode ? decode_target(r, S) : 0, scratch);
   }
   StageScope timed(Stage::Resize);
   // The size follows the header's, so that a reduced decode (whose sides libjpeg rounds up)
   // gives the same size as a full one, and mosaic tiles agree on it either way.
-  const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, S);
+  const ops::FitBox f = ops::fit_box(r.h0, r.w0, S, options_.fit);
   if (img.size(0) == f.height && img.size(1) == f.width) {
     torch::Tensor out = torch::empty_like(img);
     std::memcpy(out.data_ptr<uint8_t>(), img.data_ptr<uint8_t>(), static_cast<size_t>(img.numel()));
@@ -392,14 +391,20 @@ torch::Tensor YoloDataset::decode_resized(const Record& r) const {
   return ops::resize_bilinear(img, static_cast<int>(f.height), static_cast<int>(f.width));
 }
 
-std::vector<Box> YoloDataset::boxes_at_imgsz(const Record& r, double ratio) const {
+int YoloDataset::decode_target(const Record& r, int side) const {
+  if (options_.fit != ops::Fit::Stretch) return side;
+  const int64_t lo = std::min<int64_t>(r.h0, r.w0), hi = std::max<int64_t>(r.h0, r.w0);
+  return static_cast<int>(std::min<int64_t>(hi, (static_cast<int64_t>(side) * hi + lo - 1) / lo));
+}
+
+std::vector<Box> YoloDataset::boxes_at_imgsz(const Record& r, const ops::FitBox& fit) const {
   std::vector<Box> boxes(boxes_.begin() + static_cast<std::ptrdiff_t>(r.box_begin),
                          boxes_.begin() + static_cast<std::ptrdiff_t>(r.box_begin + r.box_count));
   for (Box& b : boxes) {
-    b.x1 *= ratio;
-    b.y1 *= ratio;
-    b.x2 *= ratio;
-    b.y2 *= ratio;
+    b.x1 *= fit.sx;
+    b.y1 *= fit.sy;
+    b.x2 *= fit.sx;
+    b.y2 *= fit.sy;
   }
   return boxes;
 }
@@ -413,25 +418,25 @@ Sample YoloDataset::load_record(int64_t i) const {
   } else if (disk_cache_) {
     // The entry, unless the image changed since (or the entry is damaged): then decoded again
     // and the entry rewritten.
-    auto cached = read_disk_cache(r.path, S);
+    auto cached = read_disk_cache(r.path, S, options_.fit);
     if (cached) {
       s.image = std::move(*cached);
     } else {
       s.image = decode_resized(r);
-      write_disk_cache(r.path, S, s.image);
+      write_disk_cache(r.path, S, s.image, options_.fit);
     }
   } else {
     s.image = decode_resized(r);
   }
   // Labels scale with the header size, as the reference does (PIL size, not decoded pixels).
-  s.boxes = boxes_at_imgsz(r, ops::fitted_size(r.h0, r.w0, S).ratio);
+  s.boxes = boxes_at_imgsz(r, ops::fit_box(r.h0, r.w0, S, options_.fit));
   return s;
 }
 
 Tile YoloDataset::load_tile_record(int64_t i, int slot, int need) const {
   const Record& r = records_[static_cast<size_t>(i)];
   const int S = options_.imgsz;
-  const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, S);
+  const ops::FitBox f = ops::fit_box(r.h0, r.w0, S, options_.fit);
   if (cache_.empty() && !disk_cache_) {
     // The decode (at the DCT scale covering imgsz when reduced_decode is on) is not resized:
     // the mosaic samples it with resize_bilinear's taps, which is what resizing it first and
@@ -440,12 +445,12 @@ Tile YoloDataset::load_tile_record(int64_t i, int slot, int need) const {
     Tile t;
     {
       StageScope timed(Stage::Decode);
-      t.image = io::decode_image_for_size(r.path, options_.reduced_decode ? (need > 0 ? std::min(need, S) : S) : 0,
-                                          scratch[slot]);
+      t.image = io::decode_image_for_size(
+          r.path, options_.reduced_decode ? decode_target(r, need > 0 ? std::min(need, S) : S) : 0, scratch[slot]);
     }
     t.height = static_cast<int>(f.height);
     t.width = static_cast<int>(f.width);
-    t.boxes = boxes_at_imgsz(r, f.ratio);
+    t.boxes = boxes_at_imgsz(r, f);
     t.index = i;
     return t;
   }
@@ -492,11 +497,11 @@ int64_t YoloDataset::readable_from(int64_t i) const {
 
 Tile YoloDataset::tile_geometry(int64_t i) const {
   const Record& r = records_.at(static_cast<size_t>(i));
-  const ops::FittedSize f = ops::fitted_size(r.h0, r.w0, options_.imgsz);
+  const ops::FitBox f = ops::fit_box(r.h0, r.w0, options_.imgsz, options_.fit);
   Tile t;
   t.height = static_cast<int>(f.height);
   t.width = static_cast<int>(f.width);
-  t.boxes = boxes_at_imgsz(r, f.ratio);
+  t.boxes = boxes_at_imgsz(r, f);
   t.index = i;
   return t;
 }

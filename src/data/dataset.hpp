@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ops/image_ops.hpp"
+
 namespace libreyolo::data {
 
 // One object: corners in pixels and the class id (kept as double, like the reference's numpy
@@ -50,6 +52,10 @@ struct DatasetOptions {
   // only). Faster, but the pixels differ slightly from the reference's full decode + resize;
   // boxes are the same. false: the reference's pixels (bit for bit with cache=ram).
   bool reduced_decode = true;
+  // The size images are held at (decoded, cached): Letterbox: the longer side imgsz, the aspect
+  // kept; Stretch: imgsz x imgsz, as the family's input fit will take them (models::InputSpec).
+  // Boxes follow (Tile, Sample: at that size).
+  ops::Fit fit = ops::Fit::Letterbox;
 };
 
 // The label file of an image: the last directory components "images" become "labels" (every
@@ -84,8 +90,8 @@ class YoloDataset {
   std::vector<Box> original_boxes(int64_t i) const;
   // Same as an [N, 5] float tensor (x1, y1, x2, y2, cls), for the evaluator.
   torch::Tensor original_labels(int64_t i) const;
-  // The image resized so that its longer side is imgsz (sizes truncated, bilinear), with the boxes
-  // scaled by r = min(S/h0, S/w0). An image that fails to decode is reported once and replaced
+  // The image resized to its size for the dataset's fit (ops::fit_box: the longer side imgsz, sizes
+  // truncated; or imgsz x imgsz), bilinear, with the boxes scaled alike. An image that fails to decode is reported once and replaced
   // by the next readable one, so a corrupt file never stops training.
   Sample load_resized(int64_t i) const;
   // The same image and boxes for a mosaic, as cheaply as they come: the cached resized image,
@@ -130,8 +136,11 @@ class YoloDataset {
   // reporting the ones that do not.
   template <class Load>
   auto first_readable(int64_t i, Load&& load) const;
-  std::vector<Box> boxes_at_imgsz(const Record& r, double ratio) const;
-  // The record's image decoded and resized to its imgsz size (ops::fitted_size of the header's).
+  std::vector<Box> boxes_at_imgsz(const Record& r, const ops::FitBox& fit) const;
+  // The longest side a reduced decode must keep for an image held at `side` (a stretch needs its
+  // shorter side to reach it, so that nothing is upsampled from the decode).
+  int decode_target(const Record& r, int side) const;
+  // The record's image decoded and resized to its imgsz size (ops::fit_box of the header's).
   torch::Tensor decode_resized(const Record& r) const;
   void fill_cache();
   void fill_disk_cache();

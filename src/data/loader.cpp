@@ -179,7 +179,7 @@ void DataLoader::set_mosaic(bool on) {
 void DataLoader::make_sample(int64_t position, int64_t index, int64_t epoch, bool mosaic,
                              uint8_t* image, float* targets) const {
   if (opt_.mode == LoaderMode::Val) {
-    make_val_sample(*dataset_, index, opt_.augment.max_labels, image, targets);
+    make_val_sample(*dataset_, index, opt_.augment.max_labels, image, targets, opt_.augment.fit);
     return;
   }
   // Keyed by the sample's place in the whole epoch (the permutation every rank shares), not by
@@ -193,7 +193,7 @@ void DataLoader::make_sample(int64_t position, int64_t index, int64_t epoch, boo
 void DataLoader::plan_sample(int64_t position, int64_t index, int64_t epoch, bool mosaic, float* targets,
                              PlannedSample* out) const {
   if (opt_.mode == LoaderMode::Val) {
-    out->plan = plan_val_sample(*dataset_, index, opt_.augment.max_labels, targets);
+    out->plan = plan_val_sample(*dataset_, index, opt_.augment.max_labels, targets, opt_.augment.fit);
   } else {
     Rng rng = Rng::for_sample(opt_.seed, epoch, position * opt_.world + opt_.rank, 0);  // as make_sample
     out->plan = plan_train_sample(*dataset_, index, mosaic, opt_.augment, rng, targets);

@@ -19,8 +19,10 @@ struct AugmentRecipe {
   Mixup mixup = Mixup::Blend;
   // Mosaic boxes with a side of at most this many pixels are dropped (0: none).
   double drop_box_side = 2.0;
-  // HSV and flip also on images without boxes (else such an image is only letterboxed).
+  // HSV and flip also on images without boxes (else such an image is only fitted).
   bool augment_empty = true;
+  // Boxes a sample keeps (its target rows, padded to this many).
+  int max_labels = 100;
 };
 
 }  // namespace libreyolo::data

@@ -9,8 +9,55 @@
 
 namespace libreyolo::engine {
 
-std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weight_decay) {
+namespace {
+
+bool rule_takes(const models::ParamRule& r, const std::string& name) {
+  for (const auto& s : r.all_of)
+    if (name.find(s) == std::string::npos) return false;
+  if (r.any_of.empty()) return true;
+  for (const auto& s : r.any_of)
+    if (name.find(s) != std::string::npos) return true;
+  return false;
+}
+
+std::vector<ParamGroup> groups_by_rules(torch::nn::Module& model, double weight_decay,
+                                        const std::vector<models::ParamRule>& rules, double backbone_ratio) {
+  std::vector<ParamGroup> groups;
+  auto group_for = [&](bool decay, double ratio) -> ParamGroup& {
+    for (auto& g : groups)
+      if (g.decay_group == decay && g.lr_ratio == ratio) return g;
+    ParamGroup g;
+    g.decay_group = decay;
+    g.weight_decay = decay ? weight_decay : 0.0;
+    g.decay_explicit = true;
+    g.lr_ratio = ratio;
+    g.label = std::string(ratio != 1.0 ? "backbone " : "") + (decay ? "decayed" : "no decay");
+    groups.push_back(std::move(g));
+    return groups.back();
+  };
+  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
+    if (!item.value().requires_grad()) continue;
+    bool decay = true, backbone = false;
+    for (const auto& r : rules)
+      if (rule_takes(r, item.key())) {
+        decay = r.decay;
+        backbone = r.backbone_lr;
+        break;
+      }
+    group_for(decay, backbone ? backbone_ratio : 1.0).params.push_back(item.value());
+  }
+  return groups;
+}
+
+}  // namespace
+
+std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weight_decay,
+                                          const std::vector<models::ParamRule>& rules, double backbone_ratio) {
+  if (!rules.empty()) return groups_by_rules(model, weight_decay, rules, backbone_ratio);
   ParamGroup bn_weights, weights, biases;
+  bn_weights.label = "BN weights";
+  biases.label = "biases";
+  weights.label = "decayed weights";
   weights.weight_decay = weight_decay;
   weights.decay_group = true;
   auto visit = [&](const torch::nn::Module& mod) {
@@ -38,11 +85,14 @@ Optimizer::Optimizer(std::vector<ParamGroup> groups, double lr) : groups_(std::m
       break;
     }
   lr_t_ = torch::full({}, lr, torch::TensorOptions().dtype(device.is_cpu() ? torch::kDouble : torch::kFloat).device(device));
+  for (const auto& g : groups_) group_lr_t_.push_back(g.lr_ratio == 1.0 ? lr_t_ : torch::full({}, lr * g.lr_ratio, lr_t_.options()));
 }
 
 void Optimizer::set_lr(double lr) {
   lr_ = lr;
   lr_t_.fill_(lr);
+  for (size_t gi = 0; gi < groups_.size(); ++gi)
+    if (groups_[gi].lr_ratio != 1.0) group_lr_t_[gi].fill_(lr * groups_[gi].lr_ratio);
 }
 
 void Optimizer::zero_grad() {
@@ -160,7 +210,7 @@ class SGD final : public Optimizer {
       if (l.params.empty()) continue;
       const double wd = groups_[gi].weight_decay;
       if (momentum_ == 0.0) {
-        at::_fused_sgd_(l.params, l.grads, {}, wd, 0.0, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
+        at::_fused_sgd_(l.params, l.grads, {}, wd, 0.0, group_lr(gi), 0.0, nesterov_, false, false, std::nullopt,
                         found_inf);
         continue;
       }
@@ -174,7 +224,7 @@ class SGD final : public Optimizer {
       // warm-up an update is the plain kernel call (a graph captured during warm-up keeps them,
       // and stays right with r = 1).
       if (!ratio_t_.defined() || current_ == momentum_) {
-        at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
+        at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, group_lr(gi), 0.0, nesterov_, false, false, std::nullopt,
                         found_inf);
         continue;
       }
@@ -185,10 +235,10 @@ class SGD final : public Optimizer {
       torch::Tensor r = ratio_t_;
       if (found_inf) r = torch::where(found_inf->gt(0), torch::ones_like(r), r);
       at::_foreach_mul_(bufs, r);
-      at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, lr_t_, 0.0, nesterov_, false, false, std::nullopt,
+      at::_fused_sgd_(l.params, l.grads, bufs, wd, momentum_, group_lr(gi), 0.0, nesterov_, false, false, std::nullopt,
                       found_inf);
       if (nesterov_) {
-        const torch::Tensor surplus = lr_t_ * momentum_ * (1.0 - r);
+        const torch::Tensor surplus = group_lr(gi) * momentum_ * (1.0 - r);
         at::_foreach_add_(l.params, at::_foreach_mul(bufs, surplus));
       }
     }
@@ -213,7 +263,7 @@ class SGD final : public Optimizer {
         },
         [&](size_t gi) {
           auto g = PyValue::new_dict();
-          g->set("lr", PyValue::from_float(lr_));
+          g->set("lr", PyValue::from_float(lr_ * groups_[gi].lr_ratio));
           g->set("momentum", PyValue::from_float(current_));
           g->set("dampening", PyValue::from_int(0));
           g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
@@ -246,7 +296,7 @@ class SGD final : public Optimizer {
       base += groups_[gi].params.size();
     }
     if (auto pg = sd.get("param_groups"); pg && !pg->items.empty())
-      if (auto lr = pg->items[0]->get("lr")) set_lr(lr->as_float("lr"));
+      if (auto lr = pg->items[0]->get("lr")) set_lr(lr->as_float("lr") / groups_[0].lr_ratio);
   }
 
   std::string name() const override { return "SGD"; }
@@ -303,10 +353,10 @@ class Adam final : public Optimizer {
       // torch.optim does; a step skipped for inf/NaN gradients gives the count back.
       at::_foreach_add_(s, 1.0);
       if (decoupled_)
-        at::_fused_adamw_(l.params, l.grads, m, v, {}, s, lr_t_, kBeta1, kBeta2, wd, kEps, false, false,
+        at::_fused_adamw_(l.params, l.grads, m, v, {}, s, group_lr(gi), kBeta1, kBeta2, wd, kEps, false, false,
                           std::nullopt, found_inf);
       else
-        at::_fused_adam_(l.params, l.grads, m, v, {}, s, lr_t_, kBeta1, kBeta2, wd, kEps, false, false,
+        at::_fused_adam_(l.params, l.grads, m, v, {}, s, group_lr(gi), kBeta1, kBeta2, wd, kEps, false, false,
                          std::nullopt, found_inf);
       if (found_inf) at::_foreach_sub_(s, std::vector<torch::Tensor>(s.size(), *found_inf));
     }
@@ -324,7 +374,7 @@ class Adam final : public Optimizer {
         },
         [&](size_t gi) {
           auto g = PyValue::new_dict();
-          g->set("lr", PyValue::from_float(lr_));
+          g->set("lr", PyValue::from_float(lr_ * groups_[gi].lr_ratio));
           g->set("betas", PyValue::new_tuple({PyValue::from_float(kBeta1), PyValue::from_float(kBeta2)}));
           g->set("eps", PyValue::from_float(kEps));
           g->set("weight_decay", PyValue::from_float(groups_[gi].weight_decay));
@@ -368,7 +418,7 @@ class Adam final : public Optimizer {
       base += groups_[gi].params.size();
     }
     if (auto pg = sd.get("param_groups"); pg && !pg->items.empty())
-      if (auto lr = pg->items[0]->get("lr")) set_lr(lr->as_float("lr"));
+      if (auto lr = pg->items[0]->get("lr")) set_lr(lr->as_float("lr") / groups_[0].lr_ratio);
   }
 
   std::string name() const override { return decoupled_ ? "AdamW" : "Adam"; }
@@ -390,7 +440,8 @@ class Adam final : public Optimizer {
 
 std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerOptions& opt) {
   const std::string name = lower(opt.name);
-  auto groups = make_param_groups(model, opt.weight_decay);
+  const double backbone_ratio = opt.lr_backbone > 0 ? opt.lr_backbone / opt.lr : 1.0;
+  auto groups = make_param_groups(model, opt.weight_decay, opt.rules, backbone_ratio);
   if (groups.empty())
     throw UsageError(
         "No trainable parameters remain after layer freezing; reduce the freeze value or choose a "
@@ -401,7 +452,7 @@ std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const Optimi
     // 0 for Adam and 0.01 for AdamW (the reference inherits this quirk).
     if (name == "adamw")
       for (auto& g : groups)
-        if (!g.decay_group) g.weight_decay = 0.01;
+        if (!g.decay_group && !g.decay_explicit) g.weight_decay = 0.01;
     return std::make_unique<Adam>(std::move(groups), opt, name == "adamw");
   }
   throw UsageError("Unknown optimizer: " + opt.name, "Use sgd, adam or adamw.", "config_range_error");

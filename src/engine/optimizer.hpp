@@ -10,19 +10,28 @@
 #include <vector>
 
 #include "io/pickle.hpp"
+#include "models/detector.hpp"
 
 namespace libreyolo::engine {
 
 struct ParamGroup {
   std::vector<torch::Tensor> params;
   double weight_decay = 0.0;
-  bool decay_group = false;  // the group that carries the configured weight decay
+  bool decay_group = false;  // the group carries the configured weight decay
+  double lr_ratio = 1.0;     // the group's learning rate over the schedule's
+  bool decay_explicit = false;  // weight_decay was set for this group (AdamW keeps a 0 then)
+  std::string label;         // for logs
 };
 
-// The reference's grouping: walk modules in registration order; BatchNorm
+// Without rules, the reference's grouping: walk modules in registration order; BatchNorm
 // weights -> group 0 (no decay), other modules' weights -> group 1 (decay), every bias -> group 2.
-// Parameters with requires_grad=false are left out. Empty groups are dropped.
-std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weight_decay);
+// With rules (a family's, models::ParamRule), each parameter in named_parameters() order goes to
+// the group of the first rule that takes it (decay or none, lr ratio `backbone_ratio` or 1), one
+// group per distinct (decay, ratio) in the order first met; a parameter no rule takes goes to
+// "rest" (decayed, ratio 1). Parameters with requires_grad=false are left out. Empty groups are dropped.
+std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weight_decay,
+                                          const std::vector<models::ParamRule>& rules = {},
+                                          double backbone_ratio = 1.0);
 
 class Optimizer {
  public:
@@ -36,7 +45,8 @@ class Optimizer {
   // Zeroes the existing gradients in place (they stay the same tensors, which a captured step
   // needs); gradients that do not exist yet are left undefined.
   void zero_grad();
-  // Sets the host value and writes it into lr_tensor() (an in-place fill, outside any capture).
+  // Sets the host value and writes it into every group's learning-rate tensor (an in-place fill,
+  // outside any capture): lr times the group's ratio.
   void set_lr(double lr);
   double lr() const { return lr_; }
   // The momentum of the next updates (SGD's warm-up). Writes device state only (an in-place fill
@@ -46,6 +56,8 @@ class Optimizer {
   // CPU kernels read it as a double, so results equal a double lr), float32 on CUDA (what the
   // CUDA kernels read).
   const torch::Tensor& lr_tensor() const { return lr_t_; }
+  // Group gi's learning rate tensor (lr_tensor() itself for a ratio of 1).
+  const torch::Tensor& group_lr(size_t gi) const { return group_lr_t_[gi]; }
   const std::vector<ParamGroup>& groups() const { return groups_; }
   // All gradients in group order (undefined grads are skipped).
   std::vector<torch::Tensor> grads() const;
@@ -68,6 +80,7 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   double lr_;
   torch::Tensor lr_t_;
+  std::vector<torch::Tensor> group_lr_t_;
 };
 
 struct OptimizerOptions {
@@ -79,6 +92,8 @@ struct OptimizerOptions {
   double warmup_momentum = 0.937;
   double weight_decay = 5e-4;
   bool nesterov = true;
+  std::vector<models::ParamRule> rules;  // the family's grouping (empty: the shared one)
+  double lr_backbone = 0.0;              // for rules with backbone_lr (0: lr)
 };
 
 // Builds the optimizer over make_param_groups(model). Throws UsageError for an unknown name or

@@ -62,31 +62,30 @@ std::set<int> parse_classes(const std::string& text) {
   return out;
 }
 
-// One batch of sources decoded and letterboxed: what the forward and the postprocess need.
+// One batch of sources decoded and fitted (letterbox or stretch): what the forward and the postprocess need.
 struct PreparedBatch {
   std::vector<std::string> sources;     // the readable ones, in order
-  std::vector<std::array<int, 2>> sizes;  // their (height, width)
+  std::vector<ops::ImageGeometry> geometry;  // their fit's scales and (height, width)
   std::vector<torch::Tensor> originals;  // their decoded images (host; empty when decoded on the GPU)
-  std::vector<double> ratios;
   std::vector<std::string> skipped;     // unreadable: "path (why)", in order
   torch::Tensor batch;                  // [n, S, S, 3] uint8 (pinned for a CUDA forward)
   double ms = 0;                        // wall time of the preparation
 };
 
-// Decodes and letterboxes sources[first, first + count) on up to `threads` threads, each image
+// Decodes and fits sources[first, first + count) on up to `threads` threads, each image
 // straight into its slot of one batch tensor (pinned for a CUDA forward; the host allocator's
 // cache makes that a reuse after the first batches), so nothing is copied on one thread after the
 // decoding: the previous version stacked the canvases and then pinned the stack, two serial copies
 // of 39 MB per batch of 32 at 640 px. Results keep the sources' order.
 PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t first, size_t count, int size,
-                            int threads, bool pin) {
+                            ops::Fit fit, int threads, bool pin) {
   const auto t0 = std::chrono::steady_clock::now();
   torch::Tensor slots =
       torch::empty({static_cast<int64_t>(count), size, size, 3}, torch::TensorOptions().dtype(torch::kUInt8).pinned_memory(pin));
   uint8_t* base = slots.data_ptr<uint8_t>();
   const int64_t slot_bytes = int64_t(size) * size * 3;
   std::vector<torch::Tensor> images(count);
-  std::vector<double> ratios(count, 1.0);
+  std::vector<ops::FitBox> boxes(count);
   std::vector<std::string> errors(count);
   // An unreadable image is skipped; anything else (out of memory, a bug) reaches the caller.
   data::parallel_for(static_cast<int64_t>(count), threads, [&](int64_t k) {
@@ -94,7 +93,7 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
     const std::string& src = sources[first + i];
     try {
       images[i] = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
-      ops::letterbox_topleft_into(images[i], size, base + k * slot_bytes, &ratios[i]);
+      ops::fit_into(images[i], size, fit, base + k * slot_bytes, &boxes[i]);
     } catch (const Error& e) {
       errors[i] = e.what();
       images[i] = torch::Tensor();
@@ -109,9 +108,8 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
     }
     kept.push_back(static_cast<int64_t>(i));
     b.sources.push_back(sources[first + i]);
-    b.sizes.push_back({static_cast<int>(images[i].size(0)), static_cast<int>(images[i].size(1))});
+    b.geometry.push_back({boxes[i].sx, boxes[i].sy, static_cast<int>(images[i].size(0)), static_cast<int>(images[i].size(1))});
     b.originals.push_back(std::move(images[i]));
-    b.ratios.push_back(ratios[i]);
   }
   if (kept.size() == count) {
     b.batch = slots;
@@ -141,11 +139,11 @@ data::GpuBatchMaker* gpu_decoder(const torch::Device& dev, int size, bool save) 
 }
 
 // prepare_batch on the GPU: each file read and its header probed here, then decoded and
-// letterboxed top-left on the device by `maker` in one call (a one-tile plan per image: the same
-// geometry and resize arithmetic as ops::letterbox_topleft, pixels equal up to the JPEG decoder).
+// fitted on the device by `maker` in one call (a one-tile plan per image: the same geometry and
+// resize arithmetic as ops::fit_into, pixels equal up to the JPEG decoder).
 // What nvJPEG cannot read is decoded on the CPU by the maker; what nothing reads is skipped.
 PreparedBatch prepare_batch_gpu(const std::vector<std::string>& sources, size_t first, size_t count, int size,
-                                data::GpuBatchMaker& maker) {
+                                ops::Fit fit, data::GpuBatchMaker& maker) {
   const auto t0 = std::chrono::steady_clock::now();
   PreparedBatch b;
   std::vector<data::PlannedSample> samples;
@@ -153,9 +151,8 @@ PreparedBatch prepare_batch_gpu(const std::vector<std::string>& sources, size_t 
     const std::string& src = sources[first + i];
     try {
       const io::ImageSize is = io::probe_image_size(src);
-      const ops::FittedSize f = ops::fitted_size(is.height, is.width, size);
-      const int nh = static_cast<int>(std::min<int64_t>(f.height, size));
-      const int nw = static_cast<int>(std::min<int64_t>(f.width, size));
+      const ops::FitBox f = ops::fit_box(is.height, is.width, size, fit);
+      const int nh = static_cast<int>(f.height), nw = static_cast<int>(f.width);
       data::PlannedSample s;
       s.plan.num_tiles = 1;
       s.plan.content_w = nw;
@@ -165,8 +162,7 @@ PreparedBatch prepare_batch_gpu(const std::vector<std::string>& sources, size_t 
       s.names[0] = src;
       samples.push_back(std::move(s));
       b.sources.push_back(src);
-      b.sizes.push_back({is.height, is.width});
-      b.ratios.push_back(f.ratio);
+      b.geometry.push_back({f.sx, f.sy, is.height, is.width});
     } catch (const Error& e) {
       b.skipped.push_back(src + " (" + e.what() + ")");
     }
@@ -189,13 +185,11 @@ PreparedBatch prepare_batch_gpu(const std::vector<std::string>& sources, size_t 
       s.plan.tiles[0].index = static_cast<int64_t>(left.size());
       left.push_back(std::move(s));
       kept.sources.push_back(b.sources[k]);
-      kept.sizes.push_back(b.sizes[k]);
-      kept.ratios.push_back(b.ratios[k]);
+      kept.geometry.push_back(b.geometry[k]);
     }
     samples = std::move(left);
     b.sources = std::move(kept.sources);
-    b.sizes = std::move(kept.sizes);
-    b.ratios = std::move(kept.ratios);
+    b.geometry = std::move(kept.geometry);
     b.batch = torch::Tensor();
   }
   b.ms = ms_since(t0);
@@ -291,11 +285,12 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   const bool pin = dev.is_cuda();
   // One batch in all: prepared on this thread when asked for (no thread to start for one image).
   const auto policy = sources.size() > step ? std::launch::async : std::launch::deferred;
+  const ops::Fit fit = impl.family->input.fit;
   data::GpuBatchMaker* gpu = sources.front() == "SAMPLE_IMAGE" ? nullptr : gpu_decoder(dev, S, cfg.save);
   auto start = [&](size_t first) {
     const size_t count = std::min(sources.size() - first, step);
-    if (gpu) return std::async(policy, prepare_batch_gpu, std::cref(sources), first, count, S, std::ref(*gpu));
-    return std::async(policy, prepare_batch, std::cref(sources), first, count, S, threads, pin);
+    if (gpu) return std::async(policy, prepare_batch_gpu, std::cref(sources), first, count, S, fit, std::ref(*gpu));
+    return std::async(policy, prepare_batch, std::cref(sources), first, count, S, fit, threads, pin);
   };
   std::future<PreparedBatch> ahead = start(0);
   for (size_t first = 0; first < sources.size(); first += step) {
@@ -308,8 +303,7 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
     const size_t n = prepared.sources.size();
     if (n == 0) continue;
     const std::vector<torch::Tensor>& originals = prepared.originals;
-    const std::vector<std::array<int, 2>>& sizes = prepared.sizes;
-    const std::vector<double>& ratios = prepared.ratios;
+    const std::vector<ops::ImageGeometry>& geometry = prepared.geometry;
     const std::vector<std::string>& batch_sources = prepared.sources;
     const torch::Tensor& batch = prepared.batch;
     const double pre_ms = prepared.ms;
@@ -323,12 +317,12 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
     const auto t_post = std::chrono::steady_clock::now();
     std::vector<models::PostprocessArgs> args;
     for (size_t i = 0; i < n; ++i)
-      args.push_back({cfg.conf, cfg.iou, cfg.max_det, ratios[i], sizes[i][0], sizes[i][1]});
+      args.push_back({cfg.conf, cfg.iou, cfg.max_det, geometry[i]});
     std::vector<ops::Detections> dets = runner.postprocess_batch(pred, args);
     const double post_each_ms = ms_since(t_post) / static_cast<double>(n);
     for (size_t i = 0; i < n; ++i) {
       auto t2 = std::chrono::steady_clock::now();
-      const int h = sizes[i][0], w = sizes[i][1];
+      const int h = geometry[i].orig_h, w = geometry[i].orig_w;
       ops::Detections det = std::move(dets[i]);
       PredictResult r;
       r.source = batch_sources[i];

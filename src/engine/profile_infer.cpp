@@ -21,7 +21,7 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
   if (cfg.warmup < 0) throw UsageError("profile infer: --warmup must be >= 0", "", "config_range_error");
   if (cfg.imgsz < 32 || cfg.imgsz % 32 != 0)
     throw UsageError("profile infer: --imgsz must be a positive multiple of 32", "", "config_range_error");
-  // Decoded once: the profile measures letterbox, forward and postprocess, as 1.6.0's does.
+  // Decoded once: the profile measures the fit (letterbox or stretch), forward and postprocess, as 1.6.0's does.
   std::vector<torch::Tensor> images;
   // The same sources as predict, with predict's errors (a folder without images: DataError, exit 3).
   const std::vector<std::string> sources = resolve_sources(cfg.source);
@@ -49,17 +49,16 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
 
   const int S = cfg.imgsz, B = cfg.batch;
   torch::Tensor batch, pred;
-  std::vector<double> ratios(static_cast<size_t>(B));
-  std::vector<std::pair<int, int>> sizes(static_cast<size_t>(B));
+  const ops::Fit fit = impl.family->input.fit;
+  std::vector<ops::ImageGeometry> geometry(static_cast<size_t>(B));
   profile::InferStages st;
   st.preprocess = [&](int it) {
     std::vector<torch::Tensor> canvases;
     for (int j = 0; j < B; ++j) {
       const auto& img = images[static_cast<size_t>(it * B + j) % images.size()];
-      double r = 1.0;
-      canvases.push_back(ops::letterbox_topleft(img, S, &r));
-      ratios[static_cast<size_t>(j)] = r;
-      sizes[static_cast<size_t>(j)] = {static_cast<int>(img.size(0)), static_cast<int>(img.size(1))};
+      ops::FitBox box;
+      canvases.push_back(ops::fit_image(img, S, fit, &box));
+      geometry[static_cast<size_t>(j)] = {box.sx, box.sy, static_cast<int>(img.size(0)), static_cast<int>(img.size(1))};
     }
     batch = torch::stack(canvases);
   };
@@ -67,10 +66,7 @@ InferenceProfile run_profile_infer(models::LoadedModel& impl, const InferProfile
   st.postprocess = [&] {
     // As predict() does it: the batch's detections at once, then to the host.
     std::vector<models::PostprocessArgs> args;
-    for (int j = 0; j < B; ++j) {
-      const auto& [h, w] = sizes[static_cast<size_t>(j)];
-      args.push_back({cfg.conf, cfg.iou, cfg.max_det, ratios[static_cast<size_t>(j)], h, w});
-    }
+    for (int j = 0; j < B; ++j) args.push_back({cfg.conf, cfg.iou, cfg.max_det, geometry[static_cast<size_t>(j)]});
     for (ops::Detections& det : runner.postprocess_batch(pred, args)) {
       det.boxes = det.boxes.to(torch::kCPU);
       det.scores = det.scores.to(torch::kCPU);

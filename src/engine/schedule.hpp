@@ -1,5 +1,6 @@
-// Per-iteration learning-rate schedules, in three shapes: linear warm-up then linear or cosine
-// decay, and a quadratic warm-up, a cosine and a flat floor over the no-aug epochs; and SGD
+// Per-iteration learning-rate schedules, in four shapes: linear warm-up then linear or cosine
+// decay, or then constant; and a quadratic warm-up, a cosine and a flat floor over the no-aug
+// epochs; and SGD
 // momentum's linear warm-up. Scheduler names select a shape: the generic ones here, and the names
 // a model's family gives them (models::Family::scheduler_names).
 #pragma once
@@ -13,9 +14,10 @@ enum class LrShape {
   Linear,      // linear warm-up, linear decay to lr0 * min_lr_ratio
   Cosine,      // linear warm-up, cosine decay to lr0 * min_lr_ratio
   CosineFlat,  // quadratic warm-up, cosine to lr0 * min_lr_ratio, flat over the last plateau_iters
+  Constant,    // linear warm-up (when any), then lr0 to the end
 };
 
-// The shape `name` selects: a generic name (linear; cos or warmcos; cos_flat) or one of
+// The shape `name` selects: a generic name (linear; cos or warmcos; cos_flat; constant) or one of
 // `family_names` ({name, generic name}). Throws UsageError listing the accepted names.
 LrShape lr_shape(const std::string& name, const std::vector<std::pair<std::string, std::string>>& family_names = {});
 

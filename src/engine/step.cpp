@@ -333,8 +333,10 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
                            const models::Family* family) {
   // name, lr, momentum, warmup_momentum, weight_decay, nesterov
-  const OptimizerOptions oo{cfg.optimizer,       cfg.lr0,          cfg.momentum,
-                            cfg.warmup_momentum, cfg.weight_decay, cfg.nesterov};
+  OptimizerOptions oo{cfg.optimizer,       cfg.lr0,          cfg.momentum,
+                      cfg.warmup_momentum, cfg.weight_decay, cfg.nesterov};
+  if (family) oo.rules = family->param_rules;
+  oo.lr_backbone = cfg.lr_backbone;
   auto optimizer = make_optimizer(*model, oo);
   StepSetup s;
   // Python's round() (half to even) of nbs / batch: nearbyint in the default rounding mode.

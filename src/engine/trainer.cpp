@@ -327,6 +327,7 @@ void Trainer::setup_data() {
   if (static_cast<int>(names_.size()) != spec.nc) names_ = models::default_names(spec.nc);
   data::DatasetOptions dopt;
   dopt.imgsz = cfg_.imgsz;
+  dopt.fit = lm_.family->input.fit;
   dopt.num_classes = spec.nc;
   dopt.cache = cfg_.cache == "disk" ? data::CacheMode::Disk
                : (cfg_.cache == "ram" || cfg_.cache == "true" || cfg_.cache == "1" || cfg_.cache == "yes")
@@ -361,6 +362,8 @@ void Trainer::setup_data() {
   lo.augment.hsv_prob = cfg_.hsv_prob;
   lo.augment.flip_prob = cfg_.flip_prob;
   lo.augment.recipe = lm_.family->augment;
+  lo.augment.fit = lm_.family->input.fit;
+  lo.augment.max_labels = lm_.family->augment.max_labels;
   lo.augment.degrees = cfg_.degrees;
   lo.augment.translate = cfg_.translate;
   lo.augment.shear = cfg_.shear;
@@ -531,10 +534,12 @@ void Trainer::setup_optimization() {
   step_ = std::move(setup.runner);
   accumulate_ = setup.accumulate;
   steps_per_epoch_ = setup.steps_per_epoch;
-  const auto& g = step_->optimizer().groups();
-  log_info(strfmt("Optimizer: %s lr0=%g momentum=%g, groups %zu/%zu/%zu (BN weights / decayed weights / biases)",
-                  step_->optimizer().name().c_str(), cfg_.lr0, cfg_.momentum, g.size() > 0 ? g[0].params.size() : 0,
-                  g.size() > 1 ? g[1].params.size() : 0, g.size() > 2 ? g[2].params.size() : 0));
+  std::string groups;
+  for (const auto& g : step_->optimizer().groups())
+    groups += strfmt("%s%s %zu", groups.empty() ? "" : ", ", g.label.c_str(), g.params.size()) +
+              (g.lr_ratio != 1.0 ? strfmt(" (lr x %g)", g.lr_ratio) : "");
+  log_info(strfmt("Optimizer: %s lr0=%g momentum=%g, groups: %s", step_->optimizer().name().c_str(), cfg_.lr0,
+                  cfg_.momentum, groups.c_str()));
   if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg_.nbs));
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
   if (group_) install_syncs();

@@ -86,6 +86,7 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
   lo.batch = opt.batch;
   lo.workers = opt.workers;
   lo.shuffle = false;
+  lo.augment.fit = family.input.fit;
   lo.pin_memory = opt.inference.device.is_cuda();
   data::DataLoader loader(dataset, lo);
   loader.set_epoch(0);
@@ -117,8 +118,9 @@ EvalReport evaluate_detector_report(models::Detector& model, const models::Famil
     std::vector<models::PostprocessArgs> args;
     for (size_t i = 0; i < batch->indices.size(); ++i) {
       const auto [h0, w0] = batch->orig_hw[i];
-      const double ratio = std::min(static_cast<double>(S) / h0, static_cast<double>(S) / w0);
-      args.push_back({opt.thresholds.conf, opt.thresholds.iou, opt.thresholds.max_det, ratio, static_cast<int>(h0), static_cast<int>(w0)});
+      const ops::FitBox box = ops::fit_box(h0, w0, S, family.input.fit);
+      args.push_back({opt.thresholds.conf, opt.thresholds.iou, opt.thresholds.max_det,
+                      {box.sx, box.sy, static_cast<int>(h0), static_cast<int>(w0)}});
     }
     std::vector<ops::Detections> dets = runner.postprocess_batch(pred, args);
     for (size_t i = 0; i < batch->indices.size(); ++i) {
@@ -231,6 +233,7 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) 
   data::DatasetSpec spec = data::load_dataset_yaml(resolve_data_arg(cfg.data));
   data::DatasetOptions dopt;
   dopt.imgsz = cfg.imgsz;
+  dopt.fit = impl.family->input.fit;
   dopt.num_classes = impl.model->num_classes();
   // A model that was never trained has no classes of its own to compare (its metrics say nothing
   // either way): a warning then.

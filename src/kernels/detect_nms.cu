@@ -132,10 +132,10 @@ __global__ void __launch_bounds__(kNmsThreads)
     const unsigned position = static_cast<unsigned>(keys[i]);
     const int cls = static_cast<int>(position / anchors);
     const int64_t a = position % anchors;
-    const float x1 = clip(__fdiv_rn(to_float(p[a]), geo.ratio), geo.width);
-    const float y1 = clip(__fdiv_rn(to_float(p[anchors + a]), geo.ratio), geo.height);
-    const float x2 = clip(__fdiv_rn(to_float(p[2 * anchors + a]), geo.ratio), geo.width);
-    const float y2 = clip(__fdiv_rn(to_float(p[3 * anchors + a]), geo.ratio), geo.height);
+    const float x1 = clip(__fdiv_rn(to_float(p[a]), geo.sx), geo.width);
+    const float y1 = clip(__fdiv_rn(to_float(p[anchors + a]), geo.sy), geo.height);
+    const float x2 = clip(__fdiv_rn(to_float(p[2 * anchors + a]), geo.sx), geo.width);
+    const float y2 = clip(__fdiv_rn(to_float(p[3 * anchors + a]), geo.sy), geo.height);
     const float w = __fsub_rn(x2, x1), h = __fsub_rn(y2, y1);
     const bool keep = w > 0.f && h > 0.f && isfinite(key_score(keys[i]));
     boxes[i] = make_float4(x1, y1, x2, y2);

@@ -3,8 +3,8 @@
 // image's detections after class-aware greedy NMS, in fixed-size output rows that the caller
 // copies to the host once. The same results, bit for bit, as ops::postprocess_yolo's host path
 // (ops/postprocess.hpp): every (anchor, class) with score > conf is a candidate; candidates ordered
-// by descending score, equal scores by (class, anchor); boxes divided by the image's letterbox
-// ratio and clipped; rows with width or height <= 0 or a non-finite score dropped; a box is
+// by descending score, equal scores by (class, anchor); x and y divided by the image's fit scales
+// and clipped; rows with width or height <= 0 or a non-finite score dropped; a box is
 // suppressed by an earlier kept box of its class with IoU > iou (float32, rounded as the host
 // computes it); the first max_det kept boxes returned.
 //
@@ -26,7 +26,7 @@ constexpr int kDetectNmsCapacity = 4096;  // candidates per image sorted in shar
 constexpr int kDetectNmsMaxImages = 64;   // images per launch of the second kernel (geometry by value)
 
 struct DetectImage {
-  float ratio = 1.f;  // the letterbox ratio (boxes are divided by it)
+  float sx = 1.f, sy = 1.f;  // input pixels per original pixel (x and y coordinates are divided by them)
   float width = 0.f, height = 0.f;  // the original image, the clipping bounds
 };
 

@@ -13,6 +13,7 @@
 
 #include "data/recipe.hpp"
 #include "io/state_dict.hpp"
+#include "ops/image_ops.hpp"
 #include "ops/postprocess.hpp"
 
 namespace libreyolo {
@@ -70,14 +71,26 @@ struct InputSpec {
   // that cast, which the convolution would make anyway. A family whose first ops need float32
   // input says false.
   bool autocast_input = true;
+  // How an image is made square for the network, in training, validation and predict alike
+  // (ops::Fit: top-left letterbox, or stretched to S x S).
+  ops::Fit fit = ops::Fit::Letterbox;
 };
 
 // One image's decoded predictions [4+nc, A] -> detections in original-image pixels.
 struct PostprocessArgs {
   double conf = 0.25, iou = 0.45;
   int max_det = 300;
-  double ratio = 1.0;  // letterbox scale (input pixels per original pixel)
-  int orig_h = 0, orig_w = 0;
+  ops::ImageGeometry geometry;  // the fit's scales and the original size
+};
+
+// How a family's parameters split into optimizer groups, by name: the first rule whose conditions
+// hold takes the parameter (frozen ones are left out). A family without rules gets the shared
+// grouping: BatchNorm weights and every bias without decay, the other weights with it.
+struct ParamRule {
+  std::vector<std::string> all_of;  // every one of these is a substring of the parameter's name
+  std::vector<std::string> any_of;  // and, when not empty, at least one of these is
+  bool decay = true;                // the configured weight decay, or none
+  bool backbone_lr = false;         // the lr_backbone learning rate (as a ratio to lr0) instead of lr0
 };
 
 struct Family {
@@ -142,6 +155,8 @@ struct Family {
   // by image (fewer device synchronisations); unset: `postprocess` per image.
   std::function<std::vector<ops::Detections>(const torch::Tensor& pred, const std::vector<PostprocessArgs>& args)>
       postprocess_batch;
+  // Optimizer groups by parameter name (empty: the shared grouping).
+  std::vector<ParamRule> param_rules;
   // Postprocess thresholds of validation during training.
   ops::PostprocessThresholds train_val_thresholds = ops::kTrainValThresholds;
 };

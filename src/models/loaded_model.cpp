@@ -28,13 +28,16 @@ struct ModelName {
   std::string family, size;
 };
 
-// <family><size>, <family>-<size> or <family>_<size>, "LibreYOLO" standing for "yolo" (LibreYOLO's
-// file names), optionally with ".pt".
+// <family><size>, <family>-<size> or <family>_<size>, "LibreYOLO" standing for "yolo" and a
+// "Libre" prefix dropped otherwise (LibreYOLO's file names), optionally with ".pt".
 std::optional<ModelName> parse_model_name(const std::string& text) {
   std::string s = fs::path(text).filename().string();
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (s.size() > 3 && s.substr(s.size() - 3) == ".pt") s.resize(s.size() - 3);
-  if (s.rfind("libreyolo", 0) == 0) s = "yolo" + s.substr(9);
+  if (s.rfind("libreyolo", 0) == 0)
+    s = "yolo" + s.substr(9);
+  else if (s.rfind("libre", 0) == 0)  // Libre<Family><size>
+    s = s.substr(5);
   for (const Family* f : families()) {
     if (s.rfind(f->name, 0) != 0) continue;
     std::string rest = s.substr(f->name.size());

@@ -258,27 +258,62 @@ torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio
   return resize_bilinear(hwc, static_cast<int>(nh), static_cast<int>(nw));
 }
 
-void letterbox_topleft_into(const torch::Tensor& hwc, int size, uint8_t* base, double* ratio, uint8_t pad) {
-  check_hwc_u8(hwc, "letterbox_topleft");
-  if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
-  const FittedSize f = fitted_size(hwc.size(0), hwc.size(1), size);
-  const int64_t nh = std::min<int64_t>(f.height, size), nw = std::min<int64_t>(f.width, size);
-  if (ratio) *ratio = f.ratio;
+const char* fit_name(Fit fit) { return fit == Fit::Stretch ? "stretch" : "letterbox"; }
+
+FitBox fit_box(int64_t h, int64_t w, int size, Fit fit) {
+  if (size < 1) throw UsageError(strfmt("fit_box: size must be positive, got %d", size));
+  if (h < 1 || w < 1) throw UsageError(strfmt("fit_box: image size must be positive, got %lldx%lld",
+                                              static_cast<long long>(w), static_cast<long long>(h)));
+  FitBox b;
+  if (fit == Fit::Stretch) {
+    b.width = b.height = size;
+    b.sx = static_cast<double>(size) / static_cast<double>(w);
+    b.sy = static_cast<double>(size) / static_cast<double>(h);
+    return b;
+  }
+  const FittedSize f = fitted_size(h, w, size);
+  b.width = std::min<int64_t>(f.width, size);
+  b.height = std::min<int64_t>(f.height, size);
+  b.sx = b.sy = f.ratio;
+  return b;
+}
+
+void fit_into(const torch::Tensor& hwc, int size, Fit fit, uint8_t* base, FitBox* box, uint8_t pad) {
+  check_hwc_u8(hwc, "fit_into");
+  const FitBox b = fit_box(hwc.size(0), hwc.size(1), size, fit);
+  if (box) *box = b;
   const torch::Tensor src = hwc.contiguous();
   const int64_t C = src.size(2);
   const int64_t stride = int64_t(size) * C;
   // Pad only what the image does not cover, then resize straight into the canvas.
-  for (int64_t y = 0; y < nh; ++y)
-    std::memset(base + y * stride + nw * C, pad, size_t(stride - nw * C));
-  std::memset(base + nh * stride, pad, size_t((size - nh) * stride));
-  resize_into(src, base, nh, nw, stride);
+  for (int64_t y = 0; y < b.height; ++y)
+    std::memset(base + y * stride + b.width * C, pad, size_t(stride - b.width * C));
+  std::memset(base + b.height * stride, pad, size_t((size - b.height) * stride));
+  resize_into(src, base, b.height, b.width, stride);
+}
+
+torch::Tensor fit_image(const torch::Tensor& hwc, int size, Fit fit, FitBox* box, uint8_t pad) {
+  check_hwc_u8(hwc, "fit_image");
+  if (size < 1) throw UsageError(strfmt("fit_image: size must be positive, got %d", size));
+  torch::Tensor canvas = torch::empty({size, size, hwc.size(2)}, hwc.options());
+  fit_into(hwc, size, fit, canvas.data_ptr<uint8_t>(), box, pad);
+  return canvas;
+}
+
+void letterbox_topleft_into(const torch::Tensor& hwc, int size, uint8_t* base, double* ratio, uint8_t pad) {
+  check_hwc_u8(hwc, "letterbox_topleft");
+  if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
+  FitBox b;
+  fit_into(hwc, size, Fit::Letterbox, base, &b, pad);
+  if (ratio) *ratio = b.sx;
 }
 
 torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio, uint8_t pad) {
   check_hwc_u8(hwc, "letterbox_topleft");
   if (size < 1) throw UsageError(strfmt("letterbox_topleft: size must be positive, got %d", size));
-  torch::Tensor canvas = torch::empty({size, size, hwc.size(2)}, hwc.options());
-  letterbox_topleft_into(hwc, size, canvas.data_ptr<uint8_t>(), ratio, pad);
+  FitBox b;
+  torch::Tensor canvas = fit_image(hwc, size, Fit::Letterbox, &b, pad);
+  if (ratio) *ratio = b.sx;
   return canvas;
 }
 

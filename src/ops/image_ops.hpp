@@ -37,12 +37,26 @@ FittedSize fitted_size(int64_t h, int64_t w, int target);
 // as LibreYOLO's load_resized_img does. Returns the ratio used via *ratio if given, and the
 // input itself (no copy) when the size already matches.
 torch::Tensor resize_longest(const torch::Tensor& hwc, int target, double* ratio = nullptr);
-// Pastes the image at the top-left of an S x S canvas filled with `pad` (resizing first with
-// ratio min(S/h, S/w)). Returns the canvas; *ratio receives the ratio.
+// How an image becomes a network's square S x S input. Letterbox: scaled by min(S/h, S/w) (sides
+// as fitted_size gives them) into the top-left corner, the rest filled with the pad value. Stretch:
+// resized to S x S, each axis by its own scale (no padding).
+enum class Fit { Letterbox, Stretch };
+const char* fit_name(Fit fit);
+// Where an h x w image lands in the S x S input: the content's size and each axis' scale (input
+// pixels per image pixel: a box maps by x * sx, y * sy, and back by dividing).
+struct FitBox {
+  int64_t width = 0, height = 0;
+  double sx = 1.0, sy = 1.0;
+};
+FitBox fit_box(int64_t h, int64_t w, int size, Fit fit);
+// The image fitted into an S x S x C canvas at `out` (size * size * C bytes, e.g. one slot of a
+// batch allocated once), pad value `pad` outside the content; *box receives the geometry.
+void fit_into(const torch::Tensor& hwc, int size, Fit fit, uint8_t* out, FitBox* box = nullptr, uint8_t pad = 114);
+torch::Tensor fit_image(const torch::Tensor& hwc, int size, Fit fit, FitBox* box = nullptr, uint8_t pad = 114);
+
+// Fit::Letterbox of the above, with the ratio min(S/h, S/w) in *ratio.
 torch::Tensor letterbox_topleft(const torch::Tensor& hwc, int size, double* ratio = nullptr,
                                 uint8_t pad = 114);
-// The same into `out`: size * size * C bytes (C = hwc's channels), e.g. one image's slot of a
-// batch allocated once.
 void letterbox_topleft_into(const torch::Tensor& hwc, int size, uint8_t* out, double* ratio = nullptr,
                             uint8_t pad = 114);
 

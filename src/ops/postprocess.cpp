@@ -107,18 +107,17 @@ std::vector<std::vector<Candidate>> collect_aten(const torch::Tensor& p, double 
   return out;
 }
 
-void check_thresholds(int max_det, double ratio, int orig_h, int orig_w) {
+void check_thresholds(int max_det, const ImageGeometry& g) {
   if (max_det < 1) throw UsageError(strfmt("postprocess_yolo: max_det must be >= 1, got %d", max_det));
-  if (!(ratio > 0) || !std::isfinite(ratio))
-    throw UsageError(strfmt("postprocess_yolo: ratio must be positive, got %g", ratio));
-  if (orig_h < 1 || orig_w < 1)
-    throw UsageError(strfmt("postprocess_yolo: bad original size %dx%d", orig_w, orig_h));
+  if (!(g.sx > 0) || !std::isfinite(g.sx) || !(g.sy > 0) || !std::isfinite(g.sy))
+    throw UsageError(strfmt("postprocess_yolo: scales must be positive, got %g x %g", g.sx, g.sy));
+  if (g.orig_h < 1 || g.orig_w < 1)
+    throw UsageError(strfmt("postprocess_yolo: bad original size %dx%d", g.orig_w, g.orig_h));
 }
 
 // Candidates -> detections: mapped to the original image, clipped, degenerate and non-finite
 // rows dropped, class-aware NMS, the best max_det kept.
-Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, double ratio, int orig_h,
-                  int orig_w);
+Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, const ImageGeometry& g);
 
 // The device path (kernels/detect_nms.hpp): the whole post-processing of a CUDA pred on the GPU,
 // then one copy of the fixed-size result rows to the host, the only synchronisation. An image with
@@ -144,7 +143,8 @@ bool postprocess_device(const torch::Tensor& pred, double conf, double iou, int 
   std::vector<kernels::DetectImage> images;
   images.reserve(geometry.size());
   for (const auto& g : geometry)
-    images.push_back({static_cast<float>(g.ratio), static_cast<float>(g.orig_w), static_cast<float>(g.orig_h)});
+    images.push_back({static_cast<float>(g.sx), static_cast<float>(g.sy), static_cast<float>(g.orig_w),
+                      static_cast<float>(g.orig_h)});
   c10::cuda::CUDAGuard guard(p.device());
   const auto bytes = p.options().dtype(torch::kUInt8);
   const torch::Tensor workspace = torch::empty({kernels::detect_nms_workspace_bytes(l.batch)}, bytes);
@@ -158,8 +158,7 @@ bool postprocess_device(const torch::Tensor& pred, double conf, double iou, int 
     const float* r = host.data_ptr<float>() + b * host.size(1);
     const auto& g = geometry[static_cast<size_t>(b)];
     if (r[0] > static_cast<float>(kernels::kDetectNmsCapacity)) {  // more than the kernel sorts
-      out.push_back(finish(collect_aten(p.narrow(0, b, 1), conf, cap).front(), iou, max_det, g.ratio, g.orig_h,
-                           g.orig_w));
+      out.push_back(finish(collect_aten(p.narrow(0, b, 1), conf, cap).front(), iou, max_det, g));
       continue;
     }
     const auto kept = static_cast<int64_t>(r[1]);
@@ -190,18 +189,18 @@ bool postprocess_device(const torch::Tensor& pred, double conf, double iou, int 
 }  // namespace
 
 Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
-                            double ratio, int orig_h, int orig_w) {
+                            const ImageGeometry& geometry) {
   if (!pred.defined() || !at::isFloatingType(pred.scalar_type()) ||
       !(pred.dim() == 2 || (pred.dim() == 3 && pred.size(0) == 1)) || pred.size(-2) <= 4)
     throw UsageError("postprocess_yolo: pred must be a floating tensor [4 + nc, A] for one image");
-  check_thresholds(max_det, ratio, orig_h, orig_w);
+  check_thresholds(max_det, geometry);
   const torch::Tensor p = pred.dim() == 3 ? pred[0] : pred;
-  if (p.is_cuda()) return postprocess_yolo_batch(p.unsqueeze(0), conf, iou, max_det, {{ratio, orig_h, orig_w}}).front();
+  if (p.is_cuda()) return postprocess_yolo_batch(p.unsqueeze(0), conf, iou, max_det, {geometry}).front();
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
   const std::vector<Candidate> cand = p.is_cpu() && p.scalar_type() == torch::kFloat32
                                           ? collect_cpu(p, conf, cap)
                                           : collect_aten(p.unsqueeze(0), conf, cap).front();
-  return finish(cand, iou, max_det, ratio, orig_h, orig_w);
+  return finish(cand, iou, max_det, geometry);
 }
 
 std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double conf, double iou, int max_det,
@@ -209,27 +208,25 @@ std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double
   if (!pred.defined() || !at::isFloatingType(pred.scalar_type()) || pred.dim() != 3 || pred.size(1) <= 4 ||
       pred.size(0) != static_cast<int64_t>(geometry.size()))
     throw UsageError("postprocess_yolo_batch: pred must be a floating tensor [B, 4 + nc, A], one geometry per image");
-  for (const auto& g : geometry) check_thresholds(max_det, g.ratio, g.orig_h, g.orig_w);
+  for (const auto& g : geometry) check_thresholds(max_det, g);
   std::vector<Detections> out;
   out.reserve(geometry.size());
   if (pred.is_cpu() && pred.scalar_type() == torch::kFloat32) {
     for (size_t i = 0; i < geometry.size(); ++i)
-      out.push_back(postprocess_yolo(pred[static_cast<int64_t>(i)], conf, iou, max_det, geometry[i].ratio,
-                                     geometry[i].orig_h, geometry[i].orig_w));
+      out.push_back(postprocess_yolo(pred[static_cast<int64_t>(i)], conf, iou, max_det, geometry[i]));
     return out;
   }
   if (postprocess_device(pred, conf, iou, max_det, geometry, out)) return out;
   const int64_t cap = std::max<int64_t>(max_det, kMaxNmsCandidates);
   const auto cand = collect_aten(pred, conf, cap);
   for (size_t i = 0; i < geometry.size(); ++i)
-    out.push_back(finish(cand[i], iou, max_det, geometry[i].ratio, geometry[i].orig_h, geometry[i].orig_w));
+    out.push_back(finish(cand[i], iou, max_det, geometry[i]));
   return out;
 }
 
 namespace {
 
-Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, double ratio, int orig_h,
-                  int orig_w) {
+Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, const ImageGeometry& g) {
   if (cand.empty()) return empty_detections();
 
   // Map to the original image, clip, drop degenerate and non-finite rows. (The reference also
@@ -242,12 +239,12 @@ Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, d
   float* os = out_scores.data_ptr<float>();
   int64_t* oc = out_classes.data_ptr<int64_t>();
   // PyTorch divides a float32 tensor by a Python float in float32.
-  const float r = static_cast<float>(ratio);
-  const float w = static_cast<float>(orig_w), h = static_cast<float>(orig_h);
+  const float sx = static_cast<float>(g.sx), sy = static_cast<float>(g.sy);
+  const float w = static_cast<float>(g.orig_w), h = static_cast<float>(g.orig_h);
   int64_t n = 0;
   for (const Candidate& c : cand) {
-    const float x1 = clip(c.box[0] / r, w), y1 = clip(c.box[1] / r, h);
-    const float x2 = clip(c.box[2] / r, w), y2 = clip(c.box[3] / r, h);
+    const float x1 = clip(c.box[0] / sx, w), y1 = clip(c.box[1] / sy, h);
+    const float x2 = clip(c.box[2] / sx, w), y2 = clip(c.box[3] / sy, h);
     // NaN coordinates fail these comparisons too.
     if (!(x2 - x1 > 0.0f && y2 - y1 > 0.0f) || !std::isfinite(c.score)) continue;
     ob[4 * n] = x1, ob[4 * n + 1] = y1, ob[4 * n + 2] = x2, ob[4 * n + 3] = y2;

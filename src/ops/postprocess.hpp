@@ -27,23 +27,25 @@ inline constexpr PostprocessThresholds kTrainValThresholds{0.001, 0.65, 300};  /
 // Candidates kept before NMS when there are more (LibreYOLO's cap; max_det if that is larger).
 inline constexpr int64_t kMaxNmsCandidates = 30000;
 
-// pred: [4 + nc, A] (or [1, 4 + nc, A]) for one image, rows 0-3 xyxy boxes in letterboxed input
+// Where one image's input came from: the scales of its fit (ops::FitBox: input pixels per
+// original pixel, per axis) and its original size.
+struct ImageGeometry {
+  double sx = 1.0, sy = 1.0;
+  int orig_h = 0, orig_w = 0;
+};
+
+// pred: [4 + nc, A] (or [1, 4 + nc, A]) for one image, rows 0-3 xyxy boxes in fitted input
 // pixels, rows 4.. sigmoid class scores; any floating dtype and device. Every (anchor, class)
 // with score > conf (strict, compared in pred's dtype like PyTorch does) is a candidate, so one
 // anchor may give several detections; candidates are enumerated class by class, which decides
 // only the order of equal scores. Then: top max(max_det, 30000) candidates by score; boxes
-// divided by `ratio` (the top-left letterbox ratio, no offset) and clipped to [0, orig_w] x
+// x divided by sx and y by sy (the fit's scales; the content starts at the input's top-left
+// corner) and clipped to [0, orig_w] x
 // [0, orig_h]; boxes with width or height <= 0, or a non-finite coordinate or score, dropped;
 // class-aware NMS at `iou` in original-image coordinates; the best max_det kept.
 // A CUDA pred goes through postprocess_yolo_batch (the GPU path below).
 Detections postprocess_yolo(const torch::Tensor& pred, double conf, double iou, int max_det,
-                            double ratio, int orig_h, int orig_w);
-
-// One image of a batch: its letterbox ratio and original size.
-struct ImageGeometry {
-  double ratio = 1.0;
-  int orig_h = 0, orig_w = 0;
-};
+                            const ImageGeometry& geometry);
 
 // postprocess_yolo for every image of pred [B, 4 + nc, A] (B = geometry.size()), the same
 // detections image by image. A CUDA float32/float16/bfloat16 pred is post-processed on the GPU

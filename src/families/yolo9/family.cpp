@@ -116,12 +116,12 @@ Family make_family() {
   f.train_defaults = {{"name", "yolo9_exp"}};
   f.input = InputSpec{false, 255.0};
   f.postprocess = [](const torch::Tensor& pred, const PostprocessArgs& a) {
-    return ops::postprocess_yolo(pred, a.conf, a.iou, a.max_det, a.ratio, a.orig_h, a.orig_w);
+    return ops::postprocess_yolo(pred, a.conf, a.iou, a.max_det, a.geometry);
   };
   f.postprocess_batch = [](const torch::Tensor& pred, const std::vector<PostprocessArgs>& args) {
     TORCH_CHECK(!args.empty(), "postprocess_batch: no images");
     std::vector<ops::ImageGeometry> geometry;
-    for (const auto& a : args) geometry.push_back({a.ratio, a.orig_h, a.orig_w});
+    for (const auto& a : args) geometry.push_back(a.geometry);
     const auto& a = args.front();  // thresholds are the call's, the same for every image
     return ops::postprocess_yolo_batch(pred, a.conf, a.iou, a.max_det, geometry);
   };

@@ -90,8 +90,8 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
   // Every class but the best one of each anchor can never pass the threshold.
   auto single = torch::full_like(scores, -std::numeric_limits<double>::infinity());
   single.scatter_(0, best, scores.gather(0, best));
-  return ops::postprocess_yolo(torch::cat({p.slice(0, 0, 4), single}, 0), a.conf, a.iou, a.max_det, a.ratio,
-                               a.orig_h, a.orig_w);
+  return ops::postprocess_yolo(torch::cat({p.slice(0, 0, 4), single}, 0), a.conf, a.iou, a.max_det,
+                               a.geometry);
 }
 
 }  // namespace
