@@ -43,14 +43,15 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
   const auto gt_boxes = torch::cat(targets).to(device, torch::kFloat);
   const int64_t pairs = img.numel();
   const auto src = boxes.index({img, qry});  // [P, 4]
+  rt::Overlap overlap;
+  if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
 
   // Varifocal: IoU-valued targets at the matched queries' GT classes.
   auto cls = torch::full({b, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
   auto score = torch::zeros({b, n}, logits.options());
   if (pairs > 0) {
-    const auto iou = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes)).iou.detach();
     cls.index_put_({img, qry}, gt_labels);
-    score.index_put_({img, qry}, iou);
+    score.index_put_({img, qry}, overlap.iou.detach());
   }
   const auto onehot = F::one_hot(cls, nc_ + 1).narrow(-1, 0, nc_);
   const auto target = score.unsqueeze(-1) * onehot;
@@ -66,7 +67,7 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
     giou = src.sum() * 0;
   } else {
     l1 = (src - gt_boxes).abs().sum() / num_boxes;
-    giou = (1 - rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes)).giou).sum() / num_boxes;
+    giou = (1 - overlap.giou).sum() / num_boxes;
   }
   return {vfl * w_.vfl, l1 * w_.bbox, giou * w_.giou};
 }
