@@ -8,53 +8,17 @@
 #include <cmath>
 #include <map>
 
-#include "families/rtdetr/model.hpp"
-#include "io/pickle.hpp"
-#include "models/detector.hpp"
-#include "support.hpp"
+#include "rtdetr_fixture.hpp"
 
+using libreyolo::test::check_rel;
 using libreyolo::test::rel_err;
 namespace models = libreyolo::models;
 namespace rtdetr = libreyolo::models::rtdetr;
-namespace io = libreyolo::io;
 
 namespace {
 
-const char* kName = "rtdetr_r18narrow_nc80_s320";
-
-struct Fixture {
-  io::PyValuePtr checkpoint, expect;
-  io::StateDict weights;
-  rtdetr::Config cfg;
-  std::shared_ptr<rtdetr::RtdetrModel> model;
-
-  torch::Tensor expected(const std::string& key) const {
-    auto v = expect->get(key);
-    if (!v || !v->is_tensor()) throw std::runtime_error("fixture lacks tensor " + key);
-    return v->tensor;
-  }
-  torch::Tensor input() const { return expected("input_u8").to(torch::kFloat) / 255.0; }
-};
-
-Fixture load_fixture(const std::string& dir) {
-  Fixture f;
-  f.checkpoint = io::load_torch_file(dir + "/" + kName + ".pt");
-  f.expect = io::load_torch_file(dir + "/" + kName + "_expect.pt");
-  f.weights = io::to_state_dict(*f.checkpoint->get("model"));
-  const auto cfg = rtdetr::config_from_state_dict(f.weights);
-  if (!cfg) throw std::runtime_error("the fixture's weights do not describe an RT-DETR network");
-  f.cfg = *cfg;
-  f.model = std::make_shared<rtdetr::RtdetrModel>(f.cfg);
-  models::load_state_dict(*f.model, f.weights, /*strict=*/true);
-  f.model->eval();
-  return f;
-}
-
-void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double e = rel_err(got, want);
-  EXPECT_LE(e, bound) << what;
-  std::printf("  %-34s rel err %.3g\n", what.c_str(), e);
+libreyolo::test::RtdetrFixture load_fixture(const std::string& dir) {
+  return libreyolo::test::load_rtdetr_fixture(dir);
 }
 
 // Relative errors bound of the eval outputs (max |got - want| / max |want|).

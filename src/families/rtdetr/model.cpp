@@ -7,6 +7,7 @@
 namespace libreyolo::models::rtdetr {
 
 RtdetrModel::RtdetrModel(const Config& cfg) : cfg_(cfg) {
+  dn_options_.count = cfg_.denoising;
   backbone = register_module("backbone", PResNet(cfg_));
   encoder = register_module("encoder", HybridEncoder(cfg_));
   decoder = register_module("decoder", Transformer(cfg_));
@@ -20,19 +21,97 @@ EvalTrace RtdetrModel::forward_trace(const torch::Tensor& x) {
   return t;
 }
 
-TrainOutputs RtdetrModel::forward_train_outputs(const torch::Tensor& x) {
+TrainOutputs RtdetrModel::forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts) {
   if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
   TrainOutputs t;
   t.backbone = backbone->forward(x);
   t.encoder = encoder->forward(t.backbone);
   const auto [memory, shapes] = decoder->encoder_memory(t.encoder);
   const auto s = decoder->select_queries(memory, shapes);
-  auto out = decoder->decode(s.target, s.ref_unact, memory, shapes);
-  t.logits = std::move(out.logits);
-  t.boxes = std::move(out.boxes);
+  auto target = s.target, ref_unact = s.ref_unact;
+  torch::Tensor mask;
+  if (decoder->denoising_class_embed && !gts.empty())
+    t.denoising = make_denoising_group(gts, cfg_.nc, cfg_.queries, dn_options_, dn_source_);
+  if (t.denoising) {
+    const auto& dn = *t.denoising;
+    const auto embed = decoder->denoising_class_embed->forward(dn.labels.to(target.device()));
+    target = torch::cat({embed.to(target.scalar_type()), target}, 1);
+    ref_unact = torch::cat({dn.box_unact.to(ref_unact.device(), ref_unact.scalar_type()), ref_unact}, 1);
+    mask = dn.attn_mask.to(target.device());
+  }
+  auto out = decoder->decode(target, ref_unact, memory, shapes, mask);
+  const int64_t n = t.denoising ? t.denoising->queries : 0, q = s.target.size(1);
+  for (size_t l = 0; l < out.logits.size(); ++l) {
+    t.logits.push_back(out.logits[l].narrow(1, n, q));
+    t.boxes.push_back(out.boxes[l].narrow(1, n, q));
+    if (n == 0) continue;
+    t.dn_logits.push_back(out.logits[l].narrow(1, 0, n));
+    t.dn_boxes.push_back(out.boxes[l].narrow(1, 0, n));
+  }
   t.enc_topk_logits = s.topk_logits;
   t.enc_topk_boxes = torch::sigmoid(s.ref_unact);
   return t;
+}
+
+std::vector<torch::Tensor> RtdetrModel::forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
+  if (!is_training()) return forward_raw(x);
+  if (x.dim() != 4 || x.size(1) != 3)
+    throw UsageError("RT-DETR expects images [B, 3, H, W], got " + c10::str(x.sizes()));
+  const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
+  return pack_train_outputs(forward_train_outputs(x, gts), x.size(2), x.size(3));
+}
+
+std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t input_h, int64_t input_w) {
+  const size_t layers = t.logits.size();
+  if (layers == 0 || t.boxes.size() != layers) throw UsageError("RT-DETR: training outputs without decoder layers");
+  const int64_t aux = static_cast<int64_t>(layers), dn = static_cast<int64_t>(t.dn_logits.size());
+  const int64_t groups = t.denoising ? t.denoising->groups : 0;
+  std::vector<torch::Tensor> raw = {t.logits.back(), t.boxes.back(), torch::tensor({input_h, input_w}, torch::kLong),
+                                    torch::tensor({aux, dn, groups}, torch::kLong)};
+  for (size_t l = 0; l + 1 < layers; ++l) {
+    raw.push_back(t.logits[l]);
+    raw.push_back(t.boxes[l]);
+  }
+  raw.push_back(t.enc_topk_logits);
+  raw.push_back(t.enc_topk_boxes);
+  for (int64_t l = 0; l < dn; ++l) {
+    raw.push_back(t.dn_logits[l]);
+    raw.push_back(t.dn_boxes[l]);
+  }
+  if (dn > 0) {
+    std::vector<torch::Tensor> pairs;
+    const auto& g = *t.denoising;
+    for (size_t b = 0; b < g.positive_idx.size(); ++b) {
+      const auto image = torch::full_like(g.positive_idx[b], static_cast<int64_t>(b));
+      pairs.push_back(torch::stack({image, g.positive_idx[b], g.positive_gt[b]}, 1));
+    }
+    raw.push_back(torch::cat(pairs, 0));
+  }
+  return raw;
+}
+
+CriterionInputs unpack_train_outputs(const std::vector<torch::Tensor>& raw) {
+  if (raw.size() < 4 || raw[3].dim() != 1 || raw[3].numel() != 3 || raw[3].scalar_type() != torch::kLong)
+    throw UsageError("RT-DETR loss: the outputs are not the training layout (forward_train in training mode)");
+  const auto counts = raw[3].to(torch::kCPU);
+  const int64_t aux = counts[0].item<int64_t>(), dn = counts[1].item<int64_t>();
+  const size_t want = static_cast<size_t>(4 + 2 * aux + 2 * dn + (dn > 0 ? 1 : 0));
+  if (aux < 0 || dn < 0 || raw.size() != want)
+    throw UsageError("RT-DETR loss: " + std::to_string(raw.size()) + " training outputs, the layout says " +
+                     std::to_string(want));
+  CriterionInputs in;
+  in.last = {raw[0], raw[1]};
+  const auto hw = raw[2].to(torch::kCPU);
+  in.input_h = hw[0].item<int64_t>();
+  in.input_w = hw[1].item<int64_t>();
+  size_t i = 4;
+  for (int64_t l = 0; l < aux; ++l, i += 2) in.aux.push_back({raw[i], raw[i + 1]});
+  for (int64_t l = 0; l < dn; ++l, i += 2) in.dn.push_back({raw[i], raw[i + 1]});
+  if (dn > 0) {
+    in.dn_groups = counts[2].item<int64_t>();
+    in.dn_pairs = raw[i].to(torch::kCPU);
+  }
+  return in;
 }
 
 std::vector<torch::Tensor> RtdetrModel::forward_raw(const torch::Tensor& x) {

@@ -7,13 +7,16 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "families/rtdetr/backbone.hpp"
 #include "families/rtdetr/config.hpp"
 #include "families/rtdetr/decoder.hpp"
+#include "families/rtdetr/denoising.hpp"
 #include "families/rtdetr/encoder.hpp"
+#include "families/rtdetr/matcher.hpp"
 #include "models/detector.hpp"
 #include "ops/postprocess.hpp"
 
@@ -26,14 +29,39 @@ struct EvalTrace {
   torch::Tensor pred_logits, pred_boxes;  // [B, Q, nc], [B, Q, 4] sigmoid cxcywh in [0, 1]
 };
 
-// The training-mode forward without denoising queries (what the criterion reads): every decoder
-// layer's logits and boxes, then the encoder's top-k proposals (scored by the same matcher as one
-// more auxiliary level).
+// The training-mode forward (what the criterion reads): every decoder layer's logits and boxes
+// of the matching queries, the encoder's top-k proposals (scored by the same matcher as one more
+// auxiliary level) and, with denoising, every layer's outputs of the denoising queries.
 struct TrainOutputs {
   std::array<torch::Tensor, 3> backbone, encoder;
   std::vector<torch::Tensor> logits, boxes;        // per decoder layer: [B, Q, nc], [B, Q, 4]
-  torch::Tensor enc_topk_logits, enc_topk_boxes;  // [B, Q, nc], sigmoid of the selected proposals
+  torch::Tensor enc_topk_logits, enc_topk_boxes;   // [B, Q, nc], sigmoid of the selected proposals
+  std::optional<DenoisingGroup> denoising;         // the group decoded in front of the Q queries
+  std::vector<torch::Tensor> dn_logits, dn_boxes;  // per decoder layer: [B, N, nc], [B, N, 4]
 };
+
+// forward_train's flat vector, read back: the last decoder layer, the auxiliary levels (decoder
+// layers 0..L-2, then the encoder top-k), and with denoising every decoder layer's denoising
+// outputs, the group count G and the positive pairs.
+struct CriterionInputs {
+  OutputLevel last;
+  std::vector<OutputLevel> aux, dn;
+  int64_t dn_groups = 0;
+  torch::Tensor dn_pairs;  // int64 [P, 3] on the CPU: (image, denoising query, GT index)
+  int64_t input_h = 0, input_w = 0;
+};
+
+// The flat layout of Detector::forward_train in training mode (forward_raw's three entries first,
+// at the same places):
+//   [0] pred_logits [B, Q, nc], [1] pred_boxes [B, Q, 4]: the last decoder layer
+//   [2] input size int64 [2] (h, w) on the CPU
+//   [3] counts int64 [3] on the CPU: A auxiliary levels, D denoising levels (0: no denoising), G
+//   [4, 4 + 2A): logits, boxes of each auxiliary level (decoder layers 0..L-2, the encoder top-k)
+//   [4 + 2A, 4 + 2A + 2D): logits [B, N, nc], boxes [B, N, 4] of each decoder layer's denoising
+//   queries, then (when D > 0) the positive pairs int64 [P, 3] (image, query, GT index) on the CPU
+std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t input_h, int64_t input_w);
+// The reverse; throws UsageError when `raw` is not such a vector.
+CriterionInputs unpack_train_outputs(const std::vector<torch::Tensor>& raw);
 
 class RtdetrModel : public Detector {
  public:
@@ -49,8 +77,18 @@ class RtdetrModel : public Detector {
   EvalTrace forward_trace(const torch::Tensor& x);
   // In training mode (batch statistics, running statistics updated): TrainOutputs. The boxes of
   // layer i >= 1 are refined from layer i-1's undetached box; the references each layer samples
-  // with and the content queries taken from the encoder are detached.
-  TrainOutputs forward_train_outputs(const torch::Tensor& x);
+  // with and the content queries taken from the encoder are detached. With ground truth (and a
+  // denoising embedding) a denoising group is drawn from the denoising source and decoded in
+  // front of the matching queries under its attention mask; none when `gts` is empty or holds
+  // no box.
+  TrainOutputs forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts = {});
+  // Training mode: pack_train_outputs of forward_train_outputs (targets as DetectionLoss reads
+  // them, undefined = no denoising). Eval mode: forward_raw.
+  std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
+
+  // Where the denoising group's random numbers come from (default: torch's global generator).
+  void set_denoising_source(DenoisingSource source) { dn_source_ = std::move(source); }
+  DenoisingOptions& denoising_options() { return dn_options_; }
 
   std::string family_name() const override { return "rtdetr"; }
   std::string size() const override { return cfg_.size; }
@@ -66,6 +104,8 @@ class RtdetrModel : public Detector {
 
  private:
   Config cfg_;
+  DenoisingOptions dn_options_;
+  DenoisingSource dn_source_ = global_generator_draws;
 };
 
 // Detections of one image from its pred_logits [Q, nc] and pred_boxes [Q, 4] (normalised

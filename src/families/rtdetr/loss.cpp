@@ -1,0 +1,142 @@
+#include "families/rtdetr/loss.hpp"
+
+#include <stdexcept>
+
+#include "libreyolo/errors.hpp"
+#include "loss/normalizer.hpp"
+
+namespace libreyolo::loss {
+
+namespace rt = models::rtdetr;
+namespace F = torch::nn::functional;
+
+torch::Tensor RtdetrLossTerms::value(const std::string& name) const {
+  for (size_t i = 0; i < names.size(); ++i)
+    if (names[i] == name) return values[i];
+  throw std::out_of_range("RT-DETR loss has no term '" + name + "'");
+}
+
+RtdetrLoss::RtdetrLoss(int nc, RtdetrLossWeights weights) : nc_(nc), w_(weights) {
+  if (nc < 1) throw UsageError("RtdetrLoss: number of classes must be >= 1, got " + std::to_string(nc));
+}
+
+std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& level,
+                                                     const std::vector<rt::ImageTargets>& gts,
+                                                     const std::vector<rt::ImageMatch>& matches,
+                                                     const torch::Tensor& num_boxes) const {
+  const auto logits = level.logits.to(torch::kFloat), boxes = level.boxes.to(torch::kFloat);
+  const auto device = logits.device();
+  const int64_t b = logits.size(0), n = logits.size(1);
+  if (static_cast<int64_t>(matches.size()) != b || static_cast<int64_t>(gts.size()) != b)
+    throw UsageError("RT-DETR loss: matches or targets for another batch size");
+  std::vector<torch::Tensor> images, queries, labels, targets;
+  for (int64_t i = 0; i < b; ++i) {
+    const auto& m = matches[i];
+    images.push_back(torch::full({m.size()}, i, torch::kLong));
+    queries.push_back(m.query);
+    const auto gt = m.gt.to(gts[i].labels.device());
+    labels.push_back(gts[i].labels.index_select(0, gt));
+    targets.push_back(gts[i].boxes.index_select(0, gt));
+  }
+  const auto img = torch::cat(images).to(device), qry = torch::cat(queries).to(device);
+  const auto gt_labels = torch::cat(labels).to(device);
+  const auto gt_boxes = torch::cat(targets).to(device, torch::kFloat);
+  const int64_t pairs = img.numel();
+  const auto src = boxes.index({img, qry});  // [P, 4]
+  rt::Overlap overlap;
+  if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
+
+  // Varifocal: IoU-valued targets at the matched queries' GT classes.
+  auto cls = torch::full({b, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto score = torch::zeros({b, n}, logits.options());
+  if (pairs > 0) {
+    cls.index_put_({img, qry}, gt_labels);
+    score.index_put_({img, qry}, overlap.iou.detach());
+  }
+  const auto onehot = F::one_hot(cls, nc_ + 1).narrow(-1, 0, nc_);
+  const auto target = score.unsqueeze(-1) * onehot;
+  const auto p = torch::sigmoid(logits).detach();
+  const auto weight = w_.vfl_alpha * p.pow(w_.vfl_gamma) * (1 - onehot) + target;
+  const auto bce = F::binary_cross_entropy_with_logits(
+      logits, target, F::BinaryCrossEntropyWithLogitsFuncOptions().weight(weight).reduction(torch::kNone));
+  const auto vfl = bce.mean(1).sum() * static_cast<double>(n) / num_boxes;
+
+  torch::Tensor l1, giou;
+  if (pairs == 0) {
+    l1 = src.sum() * 0;
+    giou = src.sum() * 0;
+  } else {
+    l1 = (src - gt_boxes).abs().sum() / num_boxes;
+    giou = (1 - overlap.giou).sum() / num_boxes;
+  }
+  return {vfl * w_.vfl, l1 * w_.bbox, giou * w_.giou};
+}
+
+RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vector<rt::ImageTargets>& gts) const {
+  const int64_t batch = in.last.logits.size(0);
+  if (static_cast<int64_t>(gts.size()) != batch)
+    throw UsageError("RT-DETR loss: " + std::to_string(gts.size()) + " target lists for a batch of " +
+                     std::to_string(batch));
+  if (in.last.logits.size(-1) != nc_)
+    throw UsageError("RT-DETR loss: logits of " + std::to_string(in.last.logits.size(-1)) + " classes, the loss has " +
+                     std::to_string(nc_));
+  const auto device = in.last.logits.device();
+  RtdetrLossTerms t;
+  int64_t count = 0;
+  for (const auto& g : gts) count += g.size();
+  t.num_boxes = loss_normalizer(torch::tensor(static_cast<float>(count), torch::TensorOptions().device(device)));
+
+  auto add = [&](const std::string& suffix, const std::array<torch::Tensor, 3>& v) {
+    static const char* kinds[3] = {"loss_vfl", "loss_bbox", "loss_giou"};
+    for (int k = 0; k < 3; ++k) {
+      t.names.push_back(kinds[k] + suffix);
+      t.values.push_back(v[k]);
+    }
+  };
+  std::vector<const rt::OutputLevel*> matched = {&in.last};
+  for (const auto& a : in.aux) matched.push_back(&a);
+  for (size_t l = 0; l < matched.size(); ++l) {
+    t.matches.push_back(rt::hungarian_match(matched[l]->logits, matched[l]->boxes, gts, w_.matcher));
+    add(l == 0 ? "" : "_aux_" + std::to_string(l - 1), level_terms(*matched[l], gts, t.matches.back(), t.num_boxes));
+  }
+
+  if (!in.dn.empty()) {
+    const auto pairs = in.dn_pairs.to(torch::kCPU, torch::kLong);
+    if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("RT-DETR loss: denoising pairs must be [P, 3]");
+    for (int64_t b = 0; b < batch; ++b) {
+      const auto rows = pairs.index({pairs.select(1, 0) == b});
+      t.dn_matches.push_back({rows.select(1, 1).contiguous(), rows.select(1, 2).contiguous()});
+    }
+    const auto num_boxes_dn = t.num_boxes * static_cast<double>(in.dn_groups);
+    for (size_t l = 0; l < in.dn.size(); ++l)
+      add("_dn_" + std::to_string(l), level_terms(in.dn[l], gts, t.dn_matches, num_boxes_dn));
+  }
+  t.total = t.values[0];
+  for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];
+  return t;
+}
+
+LossOutput RtdetrLoss::compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
+                               int64_t img_w) {
+  (void)img_h;
+  (void)img_w;
+  const auto in = rt::unpack_train_outputs(raw);
+  const auto gts = rt::split_targets(targets);
+  const auto t = terms(in, gts);
+  std::array<torch::Tensor, 3> sums;
+  for (size_t i = 0; i < t.values.size(); ++i) {
+    auto& s = sums[i % 3];
+    s = s.defined() ? s + t.values[i].detach() : t.values[i].detach();
+  }
+  int64_t matched = 0;
+  for (const auto& m : t.matches.front()) matched += m.size();
+  LossOutput o;
+  o.total = t.total;
+  o.terms = torch::stack({sums[0], sums[1], sums[2]});
+  o.num_fg = torch::tensor(static_cast<double>(matched) / static_cast<double>(gts.size()),
+                           torch::TensorOptions().dtype(torch::kFloat).device(t.total.device()));
+  o.names = &term_names();
+  return o;
+}
+
+}  // namespace libreyolo::loss

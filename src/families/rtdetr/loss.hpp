@@ -1,0 +1,77 @@
+// RT-DETR's training criterion. Every output level is scored against the ground truth of its
+// matched queries: the last decoder layer, the auxiliary levels (decoder layers 0..L-2, then the
+// encoder top-k), each matched on its own by the Hungarian matcher (families/rtdetr/matcher.hpp),
+// and with denoising every decoder layer's denoising queries, matched by construction (the
+// positive copies of each GT). Per level, with num_boxes = max(GT count of the batch, 1) (the
+// mean over processes under data parallelism), times G for the denoising levels:
+//   vfl  (x1): sum over queries x classes of BCE(logit, s) * (0.75 p^2 (1 - t) + s) / num_boxes,
+//              t the one-hot GT class of a matched query, s = t * IoU(box, GT) (detached),
+//              p = sigmoid(logit) detached;
+//   bbox (x5): sum |box - GT| (cxcywh) / num_boxes;   giou (x2): sum (1 - GIoU) / num_boxes.
+// Outputs are taken in float32. Matching synchronises with the host (the assignment is solved
+// there), so a step with this loss is never captured in a CUDA graph.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "families/rtdetr/matcher.hpp"
+#include "families/rtdetr/model.hpp"
+#include "loss/loss.hpp"
+
+namespace libreyolo::loss {
+
+struct RtdetrLossWeights {
+  double vfl = 1.0, bbox = 5.0, giou = 2.0;
+  double vfl_alpha = 0.75, vfl_gamma = 2.0;
+  models::rtdetr::MatcherWeights matcher;
+};
+
+// Every term under the reference implementation's names, in its order: loss_vfl, loss_bbox,
+// loss_giou of the last layer, the same with _aux_{i} for each auxiliary level i, then with
+// _dn_{i} for each decoder layer's denoising queries (absent without denoising). Weighted, with
+// their gradients.
+struct RtdetrLossTerms {
+  std::vector<std::string> names;
+  std::vector<torch::Tensor> values;
+  torch::Tensor total;      // the sum of all values
+  torch::Tensor num_boxes;  // the normaliser of the matched levels (float32 scalar)
+  // Matches of the last layer, then of each auxiliary level; then the denoising pairs per image.
+  std::vector<std::vector<models::rtdetr::ImageMatch>> matches;
+  std::vector<models::rtdetr::ImageMatch> dn_matches;
+  torch::Tensor value(const std::string& name) const;  // throws std::out_of_range
+};
+
+class RtdetrLoss : public DetectionLoss {
+ public:
+  explicit RtdetrLoss(int nc, RtdetrLossWeights weights = {});
+
+  // The CSV's terms: each the sum of that kind over every level (main, auxiliary, denoising).
+  const std::vector<std::string>& term_names() const override {
+    static const std::vector<std::string> names = {"vfl", "bbox", "giou"};
+    return names;
+  }
+  // raw: RtdetrModel::forward_train in training mode (pack_train_outputs' layout); targets as
+  // the interface says. num_fg: the last layer's matched queries per image.
+  LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
+                     int64_t img_w) override;
+
+  // The whole criterion, term by term.
+  RtdetrLossTerms terms(const models::rtdetr::CriterionInputs& in,
+                        const std::vector<models::rtdetr::ImageTargets>& gts) const;
+  // One level's weighted {vfl, bbox, giou} for given matches and normaliser.
+  std::array<torch::Tensor, 3> level_terms(const models::rtdetr::OutputLevel& level,
+                                           const std::vector<models::rtdetr::ImageTargets>& gts,
+                                           const std::vector<models::rtdetr::ImageMatch>& matches,
+                                           const torch::Tensor& num_boxes) const;
+
+  int num_classes() const { return nc_; }
+  const RtdetrLossWeights& weights() const { return w_; }
+
+ private:
+  int nc_;
+  RtdetrLossWeights w_;
+};
+
+}  // namespace libreyolo::loss

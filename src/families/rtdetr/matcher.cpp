@@ -1,0 +1,62 @@
+#include "families/rtdetr/matcher.hpp"
+
+#include "families/rtdetr/assignment.hpp"
+#include "libreyolo/errors.hpp"
+
+namespace libreyolo::models::rtdetr {
+
+torch::Tensor matching_cost(const torch::Tensor& logits, const torch::Tensor& boxes,
+                            const std::vector<ImageTargets>& gts, const MatcherWeights& w) {
+  if (logits.dim() != 3 || boxes.dim() != 3 || boxes.size(2) != 4 || logits.size(0) != boxes.size(0) ||
+      logits.size(1) != boxes.size(1))
+    throw UsageError("matcher: logits [B, Q, nc] and boxes [B, Q, 4] of one level");
+  if (static_cast<int64_t>(gts.size()) != logits.size(0))
+    throw UsageError("matcher: " + std::to_string(gts.size()) + " target lists for a batch of " +
+                     std::to_string(logits.size(0)));
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> labels, gt_boxes;
+  for (const auto& g : gts) {
+    labels.push_back(g.labels);
+    gt_boxes.push_back(g.boxes);
+  }
+  const auto device = logits.device();
+  const auto ids = torch::cat(labels).to(device);
+  if (ids.numel() == 0) return {};
+  const auto tgt = torch::cat(gt_boxes).to(device, torch::kFloat);
+  const int64_t b = logits.size(0), q = logits.size(1);
+  const auto p = torch::sigmoid(logits.detach().to(torch::kFloat).flatten(0, 1)).index_select(1, ids);  // [BQ, S]
+  const auto out = boxes.detach().to(torch::kFloat).flatten(0, 1);                                      // [BQ, 4]
+  const auto neg = (1 - w.alpha) * p.pow(w.gamma) * (-(1 - p + 1e-8).log());
+  const auto pos = w.alpha * (1 - p).pow(w.gamma) * (-(p + 1e-8).log());
+  const auto cost_class = pos - neg;
+  const auto cost_bbox = (out.unsqueeze(1) - tgt.unsqueeze(0)).abs().sum(-1);
+  const auto cost_giou = -box_overlap(cxcywh_to_xyxy(out).unsqueeze(1), cxcywh_to_xyxy(tgt).unsqueeze(0)).giou;
+  const auto c = w.bbox * cost_bbox + w.cls * cost_class + w.giou * cost_giou;
+  return c.view({b, q, -1});
+}
+
+std::vector<ImageMatch> solve_matches(const torch::Tensor& cost, const std::vector<ImageTargets>& gts) {
+  std::vector<ImageMatch> out;
+  const auto none = torch::zeros({0}, torch::kLong);
+  if (!cost.defined()) {
+    for (size_t i = 0; i < gts.size(); ++i) out.push_back({none, none});
+    return out;
+  }
+  const auto host = cost.detach().to(torch::kCPU);
+  int64_t start = 0;
+  for (size_t i = 0; i < gts.size(); ++i) {
+    const int64_t n = gts[i].size();
+    const auto a = linear_sum_assignment(host[static_cast<int64_t>(i)].narrow(1, start, n));
+    start += n;
+    out.push_back({torch::tensor(a.rows, torch::kLong), torch::tensor(a.cols, torch::kLong)});
+  }
+  if (start != host.size(2)) throw UsageError("matcher: the cost's columns do not match the targets");
+  return out;
+}
+
+std::vector<ImageMatch> hungarian_match(const torch::Tensor& logits, const torch::Tensor& boxes,
+                                        const std::vector<ImageTargets>& gts, const MatcherWeights& w) {
+  return solve_matches(matching_cost(logits, boxes, gts, w), gts);
+}
+
+}  // namespace libreyolo::models::rtdetr

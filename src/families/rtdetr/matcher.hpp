@@ -1,0 +1,42 @@
+// RT-DETR's Hungarian matcher: one-to-one matching of queries to ground-truth boxes per image,
+// minimising C = 5 L1(cxcywh) + 2 focal class cost + 2 (-GIoU), with the focal cost
+// 0.25 (1 - p)^2 (-log(p + 1e-8)) - 0.75 p^2 (-log(1 - p + 1e-8)) at the GT's class
+// (p = sigmoid(logit)). Each output level is matched on its own.
+#pragma once
+#include <torch/torch.h>
+
+#include <vector>
+
+#include "families/rtdetr/boxes.hpp"
+
+namespace libreyolo::models::rtdetr {
+
+struct MatcherWeights {
+  double cls = 2.0, bbox = 5.0, giou = 2.0;
+  double alpha = 0.25, gamma = 2.0;  // of the focal class cost
+};
+
+// One output level the criterion matches or supervises: logits [B, n, nc], boxes [B, n, 4]
+// (sigmoid cxcywh).
+struct OutputLevel {
+  torch::Tensor logits, boxes;
+};
+
+// One image's matched pairs: query indices (ascending) and GT indices, int64 on the CPU.
+struct ImageMatch {
+  torch::Tensor query, gt;
+  int64_t size() const { return query.size(0); }
+};
+
+// The cost of every query against every GT of the batch, [B, Q, S] float32 (S = sum of the
+// images' counts, image b's columns after those of images < b), on the outputs' device; logits
+// [B, Q, nc], boxes [B, Q, 4] cxcywh. Undefined when the batch has no GT.
+torch::Tensor matching_cost(const torch::Tensor& logits, const torch::Tensor& boxes,
+                            const std::vector<ImageTargets>& gts, const MatcherWeights& w = {});
+// The minimum-cost assignment of each image's block of such a cost (copied to the host).
+std::vector<ImageMatch> solve_matches(const torch::Tensor& cost, const std::vector<ImageTargets>& gts);
+// Both: the matches of one output level.
+std::vector<ImageMatch> hungarian_match(const torch::Tensor& logits, const torch::Tensor& boxes,
+                                        const std::vector<ImageTargets>& gts, const MatcherWeights& w = {});
+
+}  // namespace libreyolo::models::rtdetr
