@@ -43,16 +43,19 @@ double host_available_gib() {
 }
 
 double cpu_activation_bytes_per_pixel(models::Detector& model) {
+  constexpr int kSmall = 128, kLarge = 192;
   ModelStateSnapshot snapshot(model);
   double per_pixel = 0;
   try {
     torch::AutoGradMode grad(true);
     model.train();
-    forward_growth(model, 64);  // first use: lazily made buffers, thread pools
+    // 128 and 192 px: large enough for every family's input (a query-selecting decoder needs a few
+    // hundred positions).
+    forward_growth(model, kSmall);  // first use: lazily made buffers, thread pools
     // The smaller of two tries each: a loader thread allocating meanwhile only adds.
-    const double small = std::min(forward_growth(model, 64), forward_growth(model, 64));
-    const double large = std::min(forward_growth(model, 128), forward_growth(model, 128));
-    per_pixel = std::max(0.0, (large - small) / (128.0 * 128.0 - 64.0 * 64.0));
+    const double small = std::min(forward_growth(model, kSmall), forward_growth(model, kSmall));
+    const double large = std::min(forward_growth(model, kLarge), forward_growth(model, kLarge));
+    per_pixel = std::max(0.0, (large - small) / (double(kLarge) * kLarge - double(kSmall) * kSmall));
   } catch (...) {
     snapshot.restore();
     throw;

@@ -2,6 +2,7 @@
 // A new family adds its folder and one line here.
 #include "models/detector.hpp"
 #include "families/yolo9/model.hpp"
+#include "families/rtdetr/model.hpp"
 #include "families/yolox/model.hpp"
 
 namespace libreyolo::models {
@@ -10,6 +11,7 @@ const std::vector<const Family*>& families() {
   static const std::vector<Family> entries = {
       yolo9::make_family(),
       yolox::make_family(),
+      rtdetr::make_family(),
   };
   static const std::vector<const Family*> all = [] {
     std::vector<const Family*> v;

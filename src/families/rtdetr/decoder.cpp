@@ -5,6 +5,10 @@
 #include <cmath>
 #include <string>
 
+#include <libreyolo/errors.hpp>
+
+#include "core/log.hpp"
+
 namespace libreyolo::models::rtdetr {
 
 namespace F = torch::nn::functional;
@@ -209,6 +213,12 @@ QuerySelection TransformerImpl::select_queries(const torch::Tensor& memory, cons
   s.enc_logits = enc_score_head->forward(out_mem);
   s.enc_delta = enc_bbox_head->forward(out_mem);
   const auto coord_unact = s.enc_delta + anchors;
+  if (memory.size(1) < cfg.queries)
+    throw UsageError(strfmt("RT-DETR selects %d queries among the encoder's positions, and an input of %lldx%lld has "
+                            "only %lld: use imgsz >= 128",
+                            cfg.queries, static_cast<long long>(shapes.back()[1] * 32),
+                            static_cast<long long>(shapes.back()[0] * 32), static_cast<long long>(memory.size(1))),
+                     "", "config_range_error");
   s.topk_ind = std::get<1>(torch::topk(std::get<0>(s.enc_logits.max(-1)), cfg.queries, 1));
   auto take = [&](const torch::Tensor& t) {
     return t.gather(1, s.topk_ind.unsqueeze(-1).expand({-1, -1, t.size(-1)}));

@@ -112,6 +112,9 @@ class RtdetrModel : public Detector {
 // cxcywh): sigmoid scores flattened query-major (index q * nc + c), the top min(max_det, Q * nc)
 // in descending order, then those with score > conf; boxes xyxy scaled to the original image's
 // width and height (the stretch undone), not clipped.
+// The registry entry (src/families/registry.cpp lists it).
+Family make_family();
+
 ops::Detections postprocess_topk(const torch::Tensor& logits, const torch::Tensor& boxes, double conf, int max_det,
                                  int orig_h, int orig_w);
 

@@ -1,0 +1,152 @@
+// The rtdetr registry entry: building, recognising and sizing RT-DETR weights, its recipe (AdamW
+// with a slower backbone, a constant rate, clipping, no mosaic), its stretched input and its
+// top-k postprocess.
+
+#include "core/log.hpp"
+#include "families/rtdetr/loss.hpp"
+#include "families/rtdetr/model.hpp"
+#include "libreyolo/errors.hpp"
+#include "ops/postprocess.hpp"
+
+namespace libreyolo::models::rtdetr {
+
+namespace {
+
+// Without DDP's "module." prefix; the encoder's input projections under upstream RT-DETR's names
+// (input_proj.{i}.conv / .norm) take LibreYOLO's numeric ones (input_proj.{i}.0 / .1).
+std::string canonical_key(const std::string& key) {
+  std::string k = io::strip_ddp_prefix(key);
+  const std::string prefix = "encoder.input_proj.";
+  if (k.rfind(prefix, 0) == 0) {
+    const size_t dot = k.find('.', prefix.size());
+    if (dot != std::string::npos) {
+      const std::string rest = k.substr(dot + 1);
+      if (rest.rfind("conv.", 0) == 0) k = k.substr(0, dot + 1) + "0." + rest.substr(5);
+      else if (rest.rfind("norm.", 0) == 0) k = k.substr(0, dot + 1) + "1." + rest.substr(5);
+    }
+  }
+  return k;
+}
+
+void normalize_keys(io::StateDict& sd) {
+  for (auto& kv : sd) kv.first = canonical_key(kv.first);
+}
+
+io::StateDict normalized(const io::StateDict& sd) {
+  io::StateDict out = sd;
+  normalize_keys(out);
+  return out;
+}
+
+// RT-DETR weights: a PResNet backbone and the decoder's per-layer score heads.
+bool can_load(const io::StateDict& sd) {
+  bool backbone = false, heads = false;
+  for (const auto& kv : sd) {
+    const std::string k = canonical_key(kv.first);
+    backbone = backbone || k.rfind("backbone.res_layers.", 0) == 0;
+    heads = heads || k.rfind("decoder.dec_score_head.", 0) == 0;
+  }
+  return backbone && heads;
+}
+
+std::optional<std::string> infer_size(const io::StateDict& sd) {
+  const auto cfg = config_from_state_dict(normalized(sd));
+  if (!cfg || cfg->size.empty()) return std::nullopt;
+  return cfg->size;
+}
+
+std::optional<int> infer_num_classes(const io::StateDict& sd) {
+  const auto cfg = config_from_state_dict(normalized(sd));
+  if (!cfg) return std::nullopt;
+  return cfg->nc;
+}
+
+std::shared_ptr<Detector> build(const std::string& size, int nc) {
+  return std::make_shared<RtdetrModel>(size_config(size, nc));
+}
+
+// Shaped by the weights' own widths (a checkpoint of any width builds its network); nc <= 0 keeps
+// the weights' class count.
+std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
+  auto cfg = config_from_state_dict(normalized(sd));
+  if (!cfg)
+    throw ModelError("cannot tell the RT-DETR widths from the weights (a backbone, encoder or decoder key is missing)");
+  if (nc > 0) cfg->nc = nc;
+  return std::make_shared<RtdetrModel>(*cfg);
+}
+
+std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+  return std::make_unique<loss::RtdetrLoss>(model.num_classes());
+}
+
+// Decoded predictions [4 + nc, Q] (xyxy in input pixels, sigmoid scores) of one image: the flat
+// top-k over queries x classes (query-major), those above conf, boxes mapped back by the fit's
+// scales (no NMS: one query may give several classes).
+ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a) {
+  const torch::Tensor p = pred.dim() == 3 ? pred[0] : pred;
+  if (!p.defined() || p.dim() != 2 || p.size(0) <= 4)
+    throw UsageError("rtdetr postprocess: pred must be a tensor [4 + nc, Q] for one image");
+  const auto& g = a.geometry;
+  if (!(g.sx > 0) || !(g.sy > 0) || g.orig_h < 1 || g.orig_w < 1)
+    throw UsageError(strfmt("rtdetr postprocess: bad geometry (scales %g x %g, original %dx%d)", g.sx, g.sy,
+                            g.orig_w, g.orig_h));
+  if (a.max_det < 1) throw UsageError(strfmt("rtdetr postprocess: max_det must be >= 1, got %d", a.max_det));
+  const torch::Tensor f = p.to(torch::kCPU, torch::kFloat);
+  const int64_t nc = f.size(0) - 4;
+  const torch::Tensor scores = f.slice(0, 4).t().flatten();  // index q * nc + c
+  const int64_t k = std::min<int64_t>(a.max_det, scores.numel());
+  const auto [top, idx] = torch::topk(scores, k, 0, /*largest=*/true, /*sorted=*/true);
+  const torch::Tensor keep = top > a.conf;
+  const torch::Tensor q = torch::div(idx, nc, "floor").index({keep});
+  const torch::Tensor boxes = f.slice(0, 0, 4).index_select(1, q).t();  // [K, 4]
+  const torch::Tensor scale = torch::tensor({g.sx, g.sy, g.sx, g.sy}, torch::kDouble);
+  ops::Detections d;
+  d.boxes = (boxes.to(torch::kDouble) / scale).to(torch::kFloat).contiguous();
+  d.scores = top.index({keep}).contiguous();
+  d.classes = torch::remainder(idx, nc).index({keep}).contiguous();
+  return d;
+}
+
+}  // namespace
+
+Family make_family() {
+  Family f;
+  f.name = "rtdetr";
+  f.sizes = size_names();
+  f.default_size = "r18";
+  // Contrastive denoising groups sized by the batch's largest box count and the host-side
+  // Hungarian matching: the step has data-dependent shapes and host reads, so it is not captured.
+  f.capture_train_step = false;
+  f.capture_inference = false;
+  f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
+  f.make_loss = make_loss;
+  // LibreYOLO's RTDETRConfig where it differs from the defaults of config.hpp.
+  f.train_defaults = {
+      {"epochs", "72"},         {"batch", "4"},           {"optimizer", "adamw"},
+      {"lr0", "1e-4"},          {"lr_backbone", "5e-6"},  {"weight_decay", "1e-4"},
+      {"scheduler", "constant"}, {"warmup_epochs", "0"},  {"clip_max_norm", "0.1"},
+      {"mosaic_prob", "0"},     {"mixup_prob", "0"},      {"hsv_prob", "0.5"},
+      {"flip_prob", "0.5"},     {"no_aug_epochs", "0"},   {"eval_interval", "1"},
+      {"aux_weight", "0"},      {"name", "rtdetr_exp"},
+  };
+  // The optimizer groups by name, first match wins: the backbone at lr_backbone (its norms without
+  // decay), the encoder's and decoder's norms and biases without decay, the rest with it.
+  f.param_rules = {
+      {{"backbone"}, {"norm", "bn"}, /*decay=*/false, /*backbone_lr=*/true},
+      {{"backbone"}, {}, /*decay=*/true, /*backbone_lr=*/true},
+      {{"encoder"}, {"norm", "bias"}, /*decay=*/false, /*backbone_lr=*/false},
+      {{"decoder"}, {"norm", "bias"}, /*decay=*/false, /*backbone_lr=*/false},
+      {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
+  };
+  // No mosaic: every sample is one image, HSV-shifted and mirrored with probability 1/2, stretched
+  // to S x S; up to 300 boxes a sample.
+  f.augment.max_labels = 300;
+  f.input = InputSpec{};
+  f.input.fit = ops::Fit::Stretch;
+  f.postprocess = postprocess;
+  // Validation scores the top 300 of every image (conf 0: no threshold; no NMS).
+  f.train_val_thresholds = ops::PostprocessThresholds{0.0, 0.45, 300};
+  return f;
+}
+
+}  // namespace libreyolo::models::rtdetr
