@@ -332,15 +332,9 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
                            std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
                            const models::Family* family) {
-  OptimizerOptions oo;
-  oo.name = cfg.optimizer;
-  oo.lr = cfg.lr0;
-  oo.momentum = cfg.momentum;
-  oo.warmup_momentum = cfg.warmup_momentum;
-  oo.weight_decay = cfg.weight_decay;
-  oo.nesterov = cfg.nesterov;
-  if (family) oo.rules = family->param_rules;
-  oo.lr_backbone = cfg.lr_backbone;
+  const OptimizerOptions oo{cfg.optimizer,       cfg.lr0,          cfg.momentum,
+                            cfg.warmup_momentum, cfg.weight_decay, cfg.nesterov,
+                            family ? family->param_rules : std::vector<models::ParamRule>{}, cfg.lr_backbone};
   auto optimizer = make_optimizer(*model, oo);
   StepSetup s;
   // Python's round() (half to even) of nbs / batch: nearbyint in the default rounding mode.

@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "data/recipe.hpp"
@@ -94,6 +95,10 @@ struct ParamRule {
 };
 
 struct Family {
+  Family() = default;
+  Family(std::string family_name, std::vector<std::string> size_names, std::string default_size_name)
+      : name(std::move(family_name)), sizes(std::move(size_names)), default_size(std::move(default_size_name)) {}
+
   std::string name;                // the registry name: model names are name + size
   std::vector<std::string> sizes;  // {"t","s","m","c"}
   std::string default_size;

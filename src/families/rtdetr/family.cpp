@@ -110,14 +110,10 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
 }  // namespace
 
 Family make_family() {
-  Family f;
-  f.name = "rtdetr";
-  f.sizes = size_names();
-  f.default_size = "r18";
-  // Contrastive denoising groups sized by the batch's largest box count and the host-side
-  // Hungarian matching: the step has data-dependent shapes and host reads, so it is not captured.
-  f.capture_train_step = false;
-  f.capture_inference = false;
+  Family f("rtdetr", size_names(), "r18");
+  // Not captured (capture_train_step and capture_inference stay false): contrastive denoising
+  // groups sized by the batch's largest box count and the host-side Hungarian matching give the
+  // step data-dependent shapes and host reads; inference capture is not proven by a parity test.
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's RTDETRConfig where it differs from the defaults of config.hpp.

@@ -102,10 +102,7 @@ std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
 }  // namespace
 
 Family make_family() {
-  Family f;
-  f.name = "yolo9";
-  f.sizes = size_names();
-  f.default_size = "t";
+  Family f("yolo9", size_names(), "t");
   f.default_sync_bn = true;
   f.capture_train_step = true;
   f.capture_inference = true;

@@ -97,10 +97,7 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
 }  // namespace
 
 Family make_family() {
-  Family f;
-  f.name = "yolox";
-  f.sizes = size_names();
-  f.default_size = "s";
+  Family f("yolox", size_names(), "s");
   f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
   // Forward, SimOTA (dense, fixed shapes, no host reads), loss and backward: capturable. The L1
   // switch invalidates captured steps through on_close_mosaic's return value.
