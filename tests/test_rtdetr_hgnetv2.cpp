@@ -103,7 +103,8 @@ TEST(RtdetrHgnetv2, OutputsMatchTheReferenceInBothModes) {
   torch::NoGradGuard ng;
   net->eval();
   const auto eval = net->forward(x);
-  for (int i = 0; i < 3; ++i) expect_close(eval[i], tensor("eval_" + std::to_string(i)), "eval stage " + std::to_string(i + 1));
+  for (int i = 0; i < 3; ++i)
+    expect_close(eval[i], tensor("eval_" + std::to_string(i)), "eval stage " + std::to_string(i + 1));
   // Training mode: batch statistics, and the running statistics updated as the reference's.
   net->train();
   const auto train = net->forward(x);
@@ -158,7 +159,9 @@ TEST(RtdetrHgnetv2, Initialisation) {
   EXPECT_EQ(dw.sizes(), (std::vector<int64_t>{192, 1, 5, 5}));
   EXPECT_NEAR(dw.std().item<double>(), std::sqrt(2.0 / 25.0), 0.05 * std::sqrt(2.0 / 25.0));
   for (const auto& p : net->named_parameters()) {
-    if (p.key().find(".bn.weight") != std::string::npos) EXPECT_TRUE(torch::all(p.value() == 1).item<bool>()) << p.key();
-    if (p.key().find(".bn.bias") != std::string::npos) EXPECT_TRUE(torch::all(p.value() == 0).item<bool>()) << p.key();
+    const bool weight = p.key().find(".bn.weight") != std::string::npos;
+    const bool bias = p.key().find(".bn.bias") != std::string::npos;
+    if (weight) EXPECT_TRUE(torch::all(p.value() == 1).item<bool>()) << p.key();
+    if (bias) EXPECT_TRUE(torch::all(p.value() == 0).item<bool>()) << p.key();
   }
 }
