@@ -1,6 +1,8 @@
 // RT-DETR as a registered family: names and weights are recognised, sizes and class counts read
 // back, upstream key names mapped, the optimizer groups of LibreYOLO's recipe, and the
 // postprocess of decoded predictions under a stretched input.
+#include <algorithm>
+
 #include "engine/optimizer.hpp"
 #include "families/rtdetr/model.hpp"
 #include "models/detector.hpp"
@@ -76,6 +78,44 @@ TEST(RtdetrFamily, OptimizerGroupsAreTheReferences) {
     if (g.lr_ratio == 0.05) (g.decay_group ? backbone_rest : backbone_norms) = g.params.size();
   EXPECT_EQ(backbone_norms, 40u);
   EXPECT_EQ(backbone_rest, 20u);
+}
+
+TEST(RtdetrFamily, HgnetSizesAreRecognisedAndGrouped) {
+  const models::Family* f = models::find_family("rtdetr");
+  ASSERT_NE(f, nullptr);
+  for (const char* size : {"l", "x"}) {
+    SCOPED_TRACE(size);
+    EXPECT_NE(std::find(f->sizes.begin(), f->sizes.end(), size), f->sizes.end());
+    auto m = f->build(size, 7);
+    const StateDict sd = models::state_dict(*m);
+    EXPECT_EQ(models::detect_family(sd), f);
+    EXPECT_EQ(f->infer_size(sd).value_or(""), size);
+    EXPECT_EQ(f->infer_num_classes(sd).value_or(-1), 7);
+    EXPECT_EQ(f->build_like(sd, 0)->size(), size);
+  }
+  // LibreYOLO's l groups: its default build has frozen backbone norms (buffers), so the backbone
+  // gives only its 80 convolution weights (75 with the stem frozen, as the reference's default
+  // build has it); the encoder's and decoder's 205 norms and biases and 130 other tensors.
+  auto m = f->build("l", 80);
+  const auto count = [&](bool decay, double ratio) {
+    size_t n = 0;
+    for (const auto& g : libreyolo::engine::make_param_groups(*m, 1e-4, f->param_rules, 0.05))
+      if (g.decay_group == decay && g.lr_ratio == ratio) n += g.params.size();
+    return n;
+  };
+  EXPECT_EQ(count(false, 0.05), 0u);
+  EXPECT_EQ(count(true, 0.05), 80u);
+  EXPECT_EQ(count(false, 1.0), 205u);
+  EXPECT_EQ(count(true, 1.0), 130u);
+  for (auto& p : m->named_parameters())
+    if (p.key().rfind("backbone.stem.", 0) == 0) p.value().set_requires_grad(false);
+  EXPECT_EQ(count(true, 0.05), 75u);
+  // Trainable backbone norms ("bn") fall in the backbone's no-decay group: 160 in the l network.
+  auto cfg = rtdetr::size_config("l", 80);
+  cfg.frozen_norm = false;
+  m = std::make_shared<rtdetr::RtdetrModel>(cfg);
+  EXPECT_EQ(count(false, 0.05), 160u);
+  EXPECT_EQ(count(true, 0.05), 80u);
 }
 
 TEST(RtdetrFamily, PostprocessOfDecodedPredictionsUndoesTheStretch) {

@@ -1,5 +1,6 @@
-// RT-DETR network structure and its parts: state-dict names and shapes of every PResNet size
-// against LibreYOLO 1.6.0's (tests/data/rtdetr_state_dict_*_nc80.tsv), the configuration read
+// RT-DETR network structure and its parts: state-dict names and shapes of every size (PResNet and
+// HGNetv2) against LibreYOLO 1.6.0's (tests/data/rtdetr_state_dict_*_nc80.tsv), parameter counts,
+// the configuration read
 // back from weights, the reference initialisation, anchors, the transposed position embedding,
 // the deformable-attention sampling, the class-count change and the flat top-k postprocess.
 #include <cmath>
@@ -65,10 +66,52 @@ TEST(RtdetrModel, StateDictEqualsTheReferenceForEverySize) {
     ASSERT_TRUE(cfg.has_value());
     EXPECT_EQ(cfg->size, size);
     EXPECT_EQ(cfg->last_layer(), size == "r50m" ? 2 : cfg->dec_layers - 1);
-    EXPECT_EQ(cfg->frozen_norm, size == "r50" || size == "r50m" || size == "r101");
+    EXPECT_EQ(cfg->frozen_norm, size != "r18" && size != "r34");
+    EXPECT_EQ(cfg->hgnet.has_value(), size == "l" || size == "x");
     EXPECT_EQ(cfg->nc, 80);
+    // A network built from the read-back configuration has the same entries.
+    rtdetr::RtdetrModel like(*cfg);
+    EXPECT_EQ(models::state_dict(like).size(), ref.size());
   }
-  EXPECT_ANY_THROW(rtdetr::size_config("l", 80));  // HGNetv2 sizes are not built here
+  EXPECT_ANY_THROW(rtdetr::size_config("h", 80));
+}
+
+// LibreYOLO's parameter counts (nc 80): the default build (frozen backbone norms: buffers) and a
+// build with trainable backbone norms, which adds one num_batches_tracked per norm.
+TEST(RtdetrModel, HgnetSizesParameterCountsAndTrainableNorms) {
+  struct Row {
+    const char* size;
+    int64_t frozen, trainable;
+    size_t entries, trainable_entries;
+  };
+  for (const Row& r : {Row{"l", 32925036, 32970732, 861, 941}, Row{"x", 67374188, 67468108, 1111, 1241}}) {
+    SCOPED_TRACE(r.size);
+    auto cfg = rtdetr::size_config(r.size, 80);
+    ASSERT_TRUE(cfg.hgnet.has_value());
+    int64_t n = 0;
+    {
+      rtdetr::RtdetrModel m(cfg);
+      for (const auto& p : m.parameters()) n += p.numel();
+      EXPECT_EQ(n, r.frozen);
+    }
+    cfg.frozen_norm = false;
+    rtdetr::RtdetrModel m(cfg);
+    n = 0;
+    for (const auto& p : m.parameters()) n += p.numel();
+    EXPECT_EQ(n, r.trainable);
+    const auto sd = models::state_dict(m);
+    EXPECT_EQ(sd.size(), r.trainable_entries);
+    // Such weights (BatchNorm keys, num_batches_tracked) are recognised as the same size, with
+    // trainable norms, and load strictly into the network built from them.
+    auto back = rtdetr::config_from_state_dict(sd);
+    ASSERT_TRUE(back.has_value());
+    EXPECT_EQ(back->size, r.size);
+    EXPECT_FALSE(back->frozen_norm);
+    rtdetr::RtdetrModel like(*back);
+    EXPECT_NO_THROW(models::load_state_dict(like, sd, /*strict=*/true));
+    // The frozen build's entries are the reference's (checked key by key above).
+    EXPECT_EQ(models::state_dict(rtdetr::RtdetrModel(rtdetr::size_config(r.size, 80))).size(), r.entries);
+  }
 }
 
 TEST(RtdetrModel, ReferenceInitialisation) {
@@ -160,6 +203,32 @@ TEST(RtdetrModel, ForwardShapesAndClassCountChange) {
   EXPECT_EQ(raw[0].sizes(), (std::vector<int64_t>{1, 20, 3}));
   const auto pred = m.decode(raw);
   EXPECT_EQ(pred.sizes(), (std::vector<int64_t>{1, 7, 20}));
+}
+
+TEST(RtdetrModel, HgnetForwardShapes) {
+  // A narrow HGNetv2 (plain and light stages, residual blocks) under a narrow encoder and decoder.
+  auto cfg = rtdetr::size_config("l", 5);
+  cfg.hgnet = rtdetr::HgNetSpec{8, 12, {{{8, 16, 1, false, false, 3, 2}, {8, 24, 2, true, false, 3, 2},
+                                         {8, 32, 2, true, true, 5, 2}, {8, 40, 1, true, true, 5, 2}}}};
+  cfg.hidden = cfg.dec_hidden = 32;
+  cfg.enc_ffn = cfg.dec_ffn = 64;
+  cfg.queries = 20;
+  rtdetr::RtdetrModel m(cfg);
+  EXPECT_TRUE(m.presnet.is_empty());
+  ASSERT_FALSE(m.hgnet.is_empty());
+  m.eval();
+  torch::NoGradGuard no_grad;
+  const auto t = m.forward_trace(torch::rand({2, 3, 96, 128}));
+  const std::vector<int64_t> widths{24, 32, 40}, strides{8, 16, 32};
+  for (int i = 0; i < 3; ++i)
+    EXPECT_EQ(t.backbone[i].sizes(), (std::vector<int64_t>{2, widths[i], 96 / strides[i], 128 / strides[i]}));
+  EXPECT_EQ(t.pred_logits.sizes(), (std::vector<int64_t>{2, 20, 5}));
+  EXPECT_EQ(t.pred_boxes.sizes(), (std::vector<int64_t>{2, 20, 4}));
+  // The narrow widths are read back from the weights; no stock size matches them.
+  const auto back = rtdetr::config_from_state_dict(models::state_dict(m));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_TRUE(back->hgnet && *back->hgnet == *cfg.hgnet);
+  EXPECT_EQ(back->size, "");
 }
 
 TEST(RtdetrModel, PostprocessIsAFlatTopKWithoutNms) {

@@ -201,7 +201,7 @@ TEST(RtdetrParity, TrainForwardWithoutDenoising) {
   EXPECT_FALSE(reaches(t.boxes[2], dec.enc_linear->weight));
   EXPECT_FALSE(reaches(t.logits[2], dec.enc_bbox_head->layers[2]->weight));
   EXPECT_TRUE(reaches(t.enc_topk_boxes, dec.enc_bbox_head->layers[2]->weight));
-  EXPECT_TRUE(reaches(t.logits[2], f.model->backbone->stem[0]->conv->weight));  // through the memory
+  EXPECT_TRUE(reaches(t.logits[2], f.model->presnet->stem[0]->conv->weight));  // through the memory
 
   const std::string prefix = "bn_after_train_forward.";
   std::map<std::string, torch::Tensor> mine;

@@ -13,7 +13,8 @@ namespace {
 
 struct SizeRow {
   const char* size;
-  int depth;
+  int depth;                    // PResNet depth (0 with an HGNetv2)
+  const HgNetSpec& (*hgnet)();  // the HGNetv2 (nullptr with a PResNet)
   bool frozen_norm;
   int64_t hidden, enc_ffn;
   double expansion;
@@ -23,18 +24,21 @@ struct SizeRow {
     Config c;
     std::tie(c.size, c.depth, c.frozen_norm, c.hidden, c.enc_ffn) = std::make_tuple(size, depth, frozen_norm, hidden, enc_ffn);
     std::tie(c.expansion, c.dec_layers, c.eval_idx, c.nc) = std::make_tuple(expansion, dec_layers, eval_idx, nc);
+    if (hgnet) c.hgnet = hgnet();
     return c;
   }
 };
 
 // clang-format off
 const SizeRow kSizes[] = {
-  // size   depth frozen hidden ffn  expansion layers eval_idx
-  {"r18",   18,   false, 256,  1024, 0.5,      3,     -1},
-  {"r34",   34,   false, 256,  1024, 0.5,      4,     -1},
-  {"r50",   50,   true,  256,  1024, 1.0,      6,     -1},
-  {"r50m",  50,   true,  256,  1024, 0.5,      6,      2},
-  {"r101",  101,  true,  384,  2048, 1.0,      6,     -1},
+  // size   depth backbone   frozen hidden ffn  expansion layers eval_idx
+  {"r18",   18,   nullptr,   false, 256,  1024, 0.5,      3,     -1},
+  {"r34",   34,   nullptr,   false, 256,  1024, 0.5,      4,     -1},
+  {"r50",   50,   nullptr,   true,  256,  1024, 1.0,      6,     -1},
+  {"r50m",  50,   nullptr,   true,  256,  1024, 0.5,      6,      2},
+  {"r101",  101,  nullptr,   true,  384,  2048, 1.0,      6,     -1},
+  {"l",     0,    hgnetv2_l, true,  256,  1024, 1.0,      6,     -1},
+  {"x",     0,    hgnetv2_x, true,  384,  2048, 1.0,      6,     -1},
 };
 // clang-format on
 
@@ -53,7 +57,48 @@ int count(const io::StateDict& sd, const std::string& prefix, const std::string&
   return n;
 }
 
+// The rank-4 weight's kernel height, or 0 when it is missing.
+int64_t kernel_size(const io::StateDict& sd, const std::string& key) {
+  const torch::Tensor* t = io::find_tensor(sd, key, identity);
+  return t && t->dim() == 4 ? t->size(2) : 0;
+}
+
 }  // namespace
+
+bool HgStageSpec::operator==(const HgStageSpec& o) const {
+  return std::tie(mid, out, blocks, downsample, light, kernel, layers) ==
+         std::tie(o.mid, o.out, o.blocks, o.downsample, o.light, o.kernel, o.layers);
+}
+
+bool HgNetSpec::operator==(const HgNetSpec& o) const {
+  return stem_mid == o.stem_mid && stem_out == o.stem_out && stages == o.stages;
+}
+
+const HgNetSpec& hgnetv2_l() {
+  // clang-format off
+  static const HgNetSpec spec{32, 48, {{
+    // mid  out   blocks downsample light  kernel layers
+    {48,   128,  1,     false,     false, 3,     6},
+    {96,   512,  1,     true,      false, 3,     6},
+    {192,  1024, 3,     true,      true,  5,     6},
+    {384,  2048, 1,     true,      true,  5,     6},
+  }}};
+  // clang-format on
+  return spec;
+}
+
+const HgNetSpec& hgnetv2_x() {
+  // clang-format off
+  static const HgNetSpec spec{32, 64, {{
+    // mid  out   blocks downsample light  kernel layers
+    {64,   128,  1,     false,     false, 3,     6},
+    {128,  512,  2,     true,      false, 3,     6},
+    {256,  1024, 5,     true,      true,  5,     6},
+    {512,  2048, 2,     true,      true,  5,     6},
+  }}};
+  // clang-format on
+  return spec;
+}
 
 std::array<int, 4> Config::blocks() const {
   switch (depth) {
@@ -72,12 +117,13 @@ std::array<int, 4> Config::blocks() const {
 }
 
 std::array<int64_t, 3> Config::backbone_channels() const {
+  if (hgnet) return {hgnet->stages[1].out, hgnet->stages[2].out, hgnet->stages[3].out};
   const int64_t e = block_expansion();
   return {stages[1] * e, stages[2] * e, stages[3] * e};
 }
 
 const std::vector<std::string>& size_names() {
-  static const std::vector<std::string> names = {"r18", "r34", "r50", "r50m", "r101"};
+  static const std::vector<std::string> names = {"r18", "r34", "r50", "r50m", "r101", "l", "x"};
   return names;
 }
 
@@ -85,32 +131,64 @@ Config size_config(const std::string& size, int nc) {
   for (const auto& r : kSizes) {
     if (size == r.size) return r.config(nc);
   }
-  throw UsageError("unknown RT-DETR size '" + size + "'", "use one of r18, r34, r50, r50m, r101",
+  throw UsageError("unknown RT-DETR size '" + size + "'", "use one of r18, r34, r50, r50m, r101, l, x",
                    "model_unknown_size");
+}
+
+std::optional<HgNetSpec> hgnet_from_state_dict(const io::StateDict& sd) {
+  HgNetSpec h;
+  const auto mid = dim0(sd, "backbone.stem.stem1.conv.weight"), out = dim0(sd, "backbone.stem.stem4.conv.weight");
+  if (!mid || !out) return std::nullopt;
+  h.stem_mid = *mid;
+  h.stem_out = *out;
+  for (int i = 0; i < 4; ++i) {
+    auto& st = h.stages[static_cast<size_t>(i)];
+    const std::string stage = strfmt("backbone.stages.%d.", i), block = stage + "blocks.0.";
+    st.downsample = has(sd, stage + "downsample.conv.weight");
+    st.light = has(sd, block + "layers.0.conv1.conv.weight");
+    const std::string first = block + (st.light ? "layers.0.conv1.conv.weight" : "layers.0.conv.weight");
+    const std::string spatial = block + (st.light ? "layers.0.conv2.conv.weight" : "layers.0.conv.weight");
+    const auto width = dim0(sd, first), wide = dim0(sd, block + "aggregation_excitation_conv.conv.weight");
+    if (!width || !wide) return std::nullopt;
+    st.mid = *width;
+    st.out = *wide;
+    st.kernel = static_cast<int>(kernel_size(sd, spatial));
+    if (st.kernel == 0) return std::nullopt;
+    st.layers = count(sd, block + "layers.", st.light ? ".conv1.conv.weight" : ".conv.weight");
+    st.blocks = count(sd, stage + "blocks.", ".aggregation_squeeze_conv.conv.weight");
+  }
+  return h;
 }
 
 std::optional<Config> config_from_state_dict(const io::StateDict& sd) {
   Config c;
-  const auto stem = dim0(sd, "backbone.conv1.conv1_3.conv.weight");
-  if (!stem) return std::nullopt;
-  c.stem = *stem;
-  const bool bottleneck = has(sd, "backbone.res_layers.0.blocks.0.branch2c.conv.weight");
-  std::array<int, 4> counts{};
-  for (int i = 0; i < 4; ++i) {
-    const std::string stage = strfmt("backbone.res_layers.%d.blocks.", i);
-    const auto w = dim0(sd, stage + "0.branch2a.conv.weight");
-    if (!w) return std::nullopt;
-    c.stages[i] = *w;
-    counts[i] = count(sd, stage, ".branch2a.conv.weight");
+  if (has(sd, "backbone.stem.stem1.conv.weight")) {
+    c.hgnet = hgnet_from_state_dict(sd);
+    if (!c.hgnet) return std::nullopt;
+    c.depth = 0;
+    c.frozen_norm = !has(sd, "backbone.stem.stem1.bn.num_batches_tracked");
+  } else {
+    const auto stem = dim0(sd, "backbone.conv1.conv1_3.conv.weight");
+    if (!stem) return std::nullopt;
+    c.stem = *stem;
+    const bool bottleneck = has(sd, "backbone.res_layers.0.blocks.0.branch2c.conv.weight");
+    std::array<int, 4> counts{};
+    for (int i = 0; i < 4; ++i) {
+      const std::string stage = strfmt("backbone.res_layers.%d.blocks.", i);
+      const auto w = dim0(sd, stage + "0.branch2a.conv.weight");
+      if (!w) return std::nullopt;
+      c.stages[i] = *w;
+      counts[i] = count(sd, stage, ".branch2a.conv.weight");
+    }
+    c.depth = 0;
+    for (int d : {18, 34, 50, 101}) {
+      Config probe;
+      probe.depth = d;
+      if (probe.bottleneck() == bottleneck && probe.blocks() == counts) c.depth = d;
+    }
+    if (c.depth == 0) return std::nullopt;
+    c.frozen_norm = !has(sd, "backbone.conv1.conv1_1.norm.num_batches_tracked");
   }
-  c.depth = 0;
-  for (int d : {18, 34, 50, 101}) {
-    Config probe;
-    probe.depth = d;
-    if (probe.bottleneck() == bottleneck && probe.blocks() == counts) c.depth = d;
-  }
-  if (c.depth == 0) return std::nullopt;
-  c.frozen_norm = !has(sd, "backbone.conv1.conv1_1.norm.num_batches_tracked");
 
   const auto hidden = dim0(sd, "encoder.input_proj.0.0.weight");
   const auto enc_ffn = dim0(sd, "encoder.encoder.0.layers.0.linear1.weight");
@@ -132,15 +210,18 @@ std::optional<Config> config_from_state_dict(const io::StateDict& sd) {
   c.nc = static_cast<int>(*nc);
   c.denoising = has(sd, "decoder.denoising_class_embed.weight") ? 100 : 0;
 
-  // The topology (depth, expansion, decoder depth) gives eval_idx (r50m differs from r50 by its
-  // expansion only); the size name needs the stock widths too.
+  // The topology (backbone kind and depth, expansion, decoder depth) gives eval_idx (r50m differs
+  // from r50 by its expansion only); the size name needs the stock widths too.
   c.size.clear();
   const Config stock;
   for (const auto& r : kSizes) {
-    if (r.depth != c.depth || r.expansion != c.expansion || r.dec_layers != c.dec_layers) continue;
+    if (r.depth != c.depth || (r.hgnet != nullptr) != c.hgnet.has_value() || r.expansion != c.expansion ||
+        r.dec_layers != c.dec_layers)
+      continue;
     c.eval_idx = r.eval_idx;
-    if (r.hidden == c.hidden && r.enc_ffn == c.enc_ffn && c.stem == stock.stem && c.stages == stock.stages &&
-        c.dec_hidden == stock.dec_hidden && c.dec_ffn == stock.dec_ffn)
+    const bool backbone = r.hgnet ? *c.hgnet == r.hgnet() : c.stem == stock.stem && c.stages == stock.stages;
+    if (backbone && r.hidden == c.hidden && r.enc_ffn == c.enc_ffn && c.dec_hidden == stock.dec_hidden &&
+        c.dec_ffn == stock.dec_ffn)
       c.size = r.size;
   }
   return c;

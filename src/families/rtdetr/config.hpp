@@ -1,6 +1,7 @@
 // RT-DETR's hyper-parameters: one struct for every width and count the network is built from,
 // the table of LibreYOLO's sizes, and the same read back from a state dict's shapes (so a
-// checkpoint of any width, e.g. a narrow test model, builds its own network).
+// checkpoint of any width, e.g. a narrow test model, builds its own network). The backbone is a
+// PResNet-vd (sizes r18-r101) or an HGNetv2 (sizes l and x).
 #pragma once
 #include <array>
 #include <cstdint>
@@ -12,10 +13,37 @@
 
 namespace libreyolo::models::rtdetr {
 
+// One HGNetv2 stage: a depthwise 3x3/2 downsample when `downsample`, then `blocks` HG blocks of
+// `layers` convolutions `mid` wide (k x k; light: 1x1 then a depthwise k x k) aggregated to `out`
+// channels. Its input width is the previous stage's output (the stem's for stage 0).
+struct HgStageSpec {
+  int64_t mid = 0, out = 0;
+  int blocks = 0;
+  bool downsample = false, light = false;
+  int kernel = 3, layers = 6;
+  bool operator==(const HgStageSpec& o) const;
+  bool operator!=(const HgStageSpec& o) const { return !(*this == o); }
+};
+
+// An HGNetv2: the stem's middle and output widths and four stages.
+struct HgNetSpec {
+  int64_t stem_mid = 0, stem_out = 0;
+  std::array<HgStageSpec, 4> stages{};
+  bool operator==(const HgNetSpec& o) const;
+  bool operator!=(const HgNetSpec& o) const { return !(*this == o); }
+  // Input width of stage i.
+  int64_t stage_in(int i) const { return i == 0 ? stem_out : stages[static_cast<size_t>(i) - 1].out; }
+};
+
+// The backbones of sizes l and x.
+const HgNetSpec& hgnetv2_l();
+const HgNetSpec& hgnetv2_x();
+
 struct Config {
-  std::string size = "r18";  // LibreYOLO's size name, or "" when the widths match none
-  int depth = 18;            // PResNet depth: 18/34 BasicBlock, 50/101 BottleNeck
-  int64_t stem = 64;         // width of the stem's last conv (the first two have half)
+  std::string size = "r18";        // LibreYOLO's size name, or "" when the widths match none
+  std::optional<HgNetSpec> hgnet;  // the HGNetv2 backbone; none: a PResNet (depth, stem, stages)
+  int depth = 18;                  // PResNet depth: 18/34 BasicBlock, 50/101 BottleNeck
+  int64_t stem = 64;               // width of the stem's last conv (the first two have half)
   std::array<int64_t, 4> stages{64, 128, 256, 512};  // stage widths (BottleNeck outputs 4x)
   bool frozen_norm = false;  // backbone BatchNorms frozen (buffers only, no num_batches_tracked)
   int64_t hidden = 256;      // encoder width
@@ -41,12 +69,14 @@ struct Config {
   int last_layer() const { return eval_idx >= 0 ? eval_idx : dec_layers + eval_idx; }
 };
 
-// LibreYOLO's PResNet sizes: r18, r34, r50, r50m, r101 (HGNetv2's l and x are not built here).
+// LibreYOLO's sizes: r18, r34, r50, r50m, r101 (PResNet), l, x (HGNetv2).
 const std::vector<std::string>& size_names();
-// The default build of a size (frozen backbone norms for r50, r50m, r101). Throws UsageError.
+// The default build of a size (frozen backbone norms for r50, r50m, r101, l, x). Throws UsageError.
 Config size_config(const std::string& size, int nc);
 // Every width and count from the shapes of a (key-normalised) state dict; eval_idx from the
 // size the shapes match (r50m stops at layer 2). nullopt when a needed key is missing.
 std::optional<Config> config_from_state_dict(const io::StateDict& sd);
+// The HGNetv2 whose tensors are under "backbone." in `sd` (nullopt when a needed key is missing).
+std::optional<HgNetSpec> hgnet_from_state_dict(const io::StateDict& sd);
 
 }  // namespace libreyolo::models::rtdetr

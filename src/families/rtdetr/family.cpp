@@ -38,12 +38,12 @@ io::StateDict normalized(const io::StateDict& sd) {
   return out;
 }
 
-// RT-DETR weights: a PResNet backbone and the decoder's per-layer score heads.
+// RT-DETR weights: a PResNet or HGNetv2 backbone and the decoder's per-layer score heads.
 bool can_load(const io::StateDict& sd) {
   bool backbone = false, heads = false;
   for (const auto& kv : sd) {
     const std::string k = canonical_key(kv.first);
-    backbone = backbone || k.rfind("backbone.res_layers.", 0) == 0;
+    backbone = backbone || k.rfind("backbone.res_layers.", 0) == 0 || k.rfind("backbone.stem.stem1.", 0) == 0;
     heads = heads || k.rfind("decoder.dec_score_head.", 0) == 0;
   }
   return backbone && heads;

@@ -8,14 +8,21 @@ namespace libreyolo::models::rtdetr {
 
 RtdetrModel::RtdetrModel(const Config& cfg) : cfg_(cfg) {
   dn_options_.count = cfg_.denoising;
-  backbone = register_module("backbone", PResNet(cfg_));
+  if (cfg_.hgnet)
+    hgnet = register_module("backbone", HGNetv2(*cfg_.hgnet, cfg_.frozen_norm));
+  else
+    presnet = register_module("backbone", PResNet(cfg_));
   encoder = register_module("encoder", HybridEncoder(cfg_));
   decoder = register_module("decoder", Transformer(cfg_));
 }
 
+std::array<torch::Tensor, 3> RtdetrModel::backbone_forward(const torch::Tensor& x) {
+  return hgnet ? hgnet->forward(x) : presnet->forward(x);
+}
+
 EvalTrace RtdetrModel::forward_trace(const torch::Tensor& x) {
   EvalTrace t;
-  t.backbone = backbone->forward(x);
+  t.backbone = backbone_forward(x);
   t.encoder = encoder->forward(t.backbone);
   std::tie(t.pred_logits, t.pred_boxes) = decoder->forward(t.encoder, &t.selection);
   return t;
@@ -24,7 +31,7 @@ EvalTrace RtdetrModel::forward_trace(const torch::Tensor& x) {
 TrainOutputs RtdetrModel::forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts) {
   if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
   TrainOutputs t;
-  t.backbone = backbone->forward(x);
+  t.backbone = backbone_forward(x);
   t.encoder = encoder->forward(t.backbone);
   const auto [memory, shapes] = decoder->encoder_memory(t.encoder);
   const auto s = decoder->select_queries(memory, shapes);
@@ -117,7 +124,7 @@ CriterionInputs unpack_train_outputs(const std::vector<torch::Tensor>& raw) {
 std::vector<torch::Tensor> RtdetrModel::forward_raw(const torch::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3)
     throw UsageError("RT-DETR expects images [B, 3, H, W], got " + c10::str(x.sizes()));
-  const auto [logits, boxes] = decoder->forward(encoder->forward(backbone->forward(x)));
+  const auto [logits, boxes] = decoder->forward(encoder->forward(backbone_forward(x)));
   return {logits, boxes, torch::tensor({x.size(2), x.size(3)}, torch::kLong)};
 }
 

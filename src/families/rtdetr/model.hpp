@@ -1,4 +1,4 @@
-// RT-DETR (v1) detect model with LibreYOLO's parameter names: "backbone" (PResNet-vd),
+// RT-DETR (v1) detect model with LibreYOLO's parameter names: "backbone" (PResNet-vd or HGNetv2),
 // "encoder" (hybrid encoder), "decoder" (query selection and the deformable decoder), so that
 // the recursive parameter/buffer names equal its state_dict keys. The input is RGB / 255
 // stretched to a square (no letterbox); detections are a flat top-k over queries x classes
@@ -16,6 +16,7 @@
 #include "families/rtdetr/decoder.hpp"
 #include "families/rtdetr/denoising.hpp"
 #include "families/rtdetr/encoder.hpp"
+#include "families/rtdetr/hgnetv2.hpp"
 #include "families/rtdetr/matcher.hpp"
 #include "models/detector.hpp"
 #include "ops/postprocess.hpp"
@@ -98,7 +99,12 @@ class RtdetrModel : public Detector {
   std::vector<std::string> freeze_groups() const override { return {"backbone", "encoder", "decoder"}; }
   const Config& config() const { return cfg_; }
 
-  PResNet backbone{nullptr};
+  // The backbone's stage 1-3 outputs.
+  std::array<torch::Tensor, 3> backbone_forward(const torch::Tensor& x);
+
+  // The backbone, registered as "backbone": one of the two, the other nullptr.
+  PResNet presnet{nullptr};
+  HGNetv2 hgnet{nullptr};
   HybridEncoder encoder{nullptr};
   Transformer decoder{nullptr};
 
