@@ -74,31 +74,34 @@ bool HgNetSpec::operator==(const HgNetSpec& o) const {
   return stem_mid == o.stem_mid && stem_out == o.stem_out && stages == o.stages;
 }
 
-const HgNetSpec& hgnetv2_l() {
+namespace {
+
+// The backbones of sizes l and x, in that order.
+const std::array<HgNetSpec, 2>& hgnet_sizes() {
   // clang-format off
-  static const HgNetSpec spec{32, 48, {{
-    // mid  out   blocks downsample light  kernel layers
-    {48,   128,  1,     false,     false, 3,     6},
-    {96,   512,  1,     true,      false, 3,     6},
-    {192,  1024, 3,     true,      true,  5,     6},
-    {384,  2048, 1,     true,      true,  5,     6},
-  }}};
+  static const std::array<HgNetSpec, 2> specs{{
+    {32, 48, {{
+      // mid  out   blocks downsample light  kernel layers
+      {48,   128,  1,     false,     false, 3,     6},
+      {96,   512,  1,     true,      false, 3,     6},
+      {192,  1024, 3,     true,      true,  5,     6},
+      {384,  2048, 1,     true,      true,  5,     6},
+    }}},
+    {32, 64, {{
+      {64,   128,  1,     false,     false, 3,     6},
+      {128,  512,  2,     true,      false, 3,     6},
+      {256,  1024, 5,     true,      true,  5,     6},
+      {512,  2048, 2,     true,      true,  5,     6},
+    }}},
+  }};
   // clang-format on
-  return spec;
+  return specs;
 }
 
-const HgNetSpec& hgnetv2_x() {
-  // clang-format off
-  static const HgNetSpec spec{32, 64, {{
-    // mid  out   blocks downsample light  kernel layers
-    {64,   128,  1,     false,     false, 3,     6},
-    {128,  512,  2,     true,      false, 3,     6},
-    {256,  1024, 5,     true,      true,  5,     6},
-    {512,  2048, 2,     true,      true,  5,     6},
-  }}};
-  // clang-format on
-  return spec;
-}
+}  // namespace
+
+const HgNetSpec& hgnetv2_l() { return hgnet_sizes()[0]; }
+const HgNetSpec& hgnetv2_x() { return hgnet_sizes()[1]; }
 
 std::array<int, 4> Config::blocks() const {
   switch (depth) {
