@@ -46,6 +46,29 @@ TEST(RtdetrFamily, RegisteredAndRecognisedFromItsWeights) {
   EXPECT_EQ(like->num_classes(), 5);
 }
 
+// A fresh model is the from-scratch build: trainable backbone norms for every size (the state dict
+// entry counts of LibreYOLO's scratch builds), read back as the same size from its weights.
+TEST(RtdetrFamily, FreshModelsTrainTheirBackboneNorms) {
+  const models::Family* f = models::find_family("rtdetr");
+  ASSERT_NE(f, nullptr);
+  const std::vector<std::pair<std::string, size_t>> sizes = {{"r18", 533}, {"r50", 791}, {"r50m", 815},
+                                                             {"r101", 1097}, {"l", 941}, {"x", 1241}};
+  for (const auto& [size, entries] : sizes) {
+    SCOPED_TRACE(size);
+    auto m = f->build(size, 80);
+    const StateDict sd = models::state_dict(*m);
+    EXPECT_EQ(sd.size(), entries);
+    EXPECT_EQ(f->infer_size(sd).value_or(""), size);
+    int64_t norm_params = 0;
+    for (const auto& p : m->named_parameters())
+      if (p.key().rfind("backbone.", 0) == 0 && p.key().find("norm.weight") != std::string::npos) ++norm_params;
+    int64_t bn_params = 0;
+    for (const auto& p : m->named_parameters())
+      if (p.key().rfind("backbone.", 0) == 0 && p.key().find("bn.weight") != std::string::npos) ++bn_params;
+    EXPECT_GT(norm_params + bn_params, 0) << "backbone norms have no trainable weight";
+  }
+}
+
 TEST(RtdetrFamily, OptimizerGroupsAreTheReferences) {
   // LibreYOLO's r18 groups: 40 backbone norm tensors (backbone lr, no decay), 20 other backbone
   // tensors (backbone lr, decayed), 159 encoder/decoder norms and biases (no decay), 98 others, in
@@ -93,10 +116,10 @@ TEST(RtdetrFamily, HgnetSizesAreRecognisedAndGrouped) {
     EXPECT_EQ(f->infer_num_classes(sd).value_or(-1), 7);
     EXPECT_EQ(f->build_like(sd, 0)->size(), size);
   }
-  // LibreYOLO's l groups: its default build has frozen backbone norms (buffers), so the backbone
-  // gives only its 80 convolution weights (75 with the stem frozen, as the reference's default
-  // build has it); the encoder's and decoder's 205 norms and biases and 130 other tensors.
-  auto m = f->build("l", 80);
+  // LibreYOLO's l groups: its pretrained build has frozen backbone norms (buffers), so the
+  // backbone gives only its 80 convolution weights (75 with the stem frozen, as the reference's
+  // default build has it); the encoder's and decoder's 205 norms and biases and 130 other tensors.
+  std::shared_ptr<models::Detector> m = std::make_shared<rtdetr::RtdetrModel>(rtdetr::size_config("l", 80));
   const auto count = [&](bool decay, double ratio) {
     size_t n = 0;
     for (const auto& g : libreyolo::engine::make_param_groups(*m, 1e-4, f->param_rules, 0.05))
@@ -110,10 +133,9 @@ TEST(RtdetrFamily, HgnetSizesAreRecognisedAndGrouped) {
   for (auto& p : m->named_parameters())
     if (p.key().rfind("backbone.stem.", 0) == 0) p.value().set_requires_grad(false);
   EXPECT_EQ(count(true, 0.05), 75u);
-  // Trainable backbone norms ("bn") fall in the backbone's no-decay group: 160 in the l network.
-  auto cfg = rtdetr::size_config("l", 80);
-  cfg.frozen_norm = false;
-  m = std::make_shared<rtdetr::RtdetrModel>(cfg);
+  // A fresh model's trainable backbone norms ("bn") fall in the backbone's no-decay group: 160 in
+  // the l network.
+  m = f->build("l", 80);
   EXPECT_EQ(count(false, 0.05), 160u);
   EXPECT_EQ(count(true, 0.05), 80u);
 }

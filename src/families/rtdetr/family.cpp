@@ -61,8 +61,13 @@ std::optional<int> infer_num_classes(const io::StateDict& sd) {
   return cfg->nc;
 }
 
+// A fresh model is LibreYOLO's from-scratch build: no backbone weights come with it, so its
+// backbone norms train (the sizes' frozen norms describe its pretrained builds, whose checkpoints
+// build_like reads as they are).
 std::shared_ptr<Detector> build(const std::string& size, int nc) {
-  return std::make_shared<RtdetrModel>(size_config(size, nc));
+  auto cfg = size_config(size, nc);
+  cfg.frozen_norm = false;
+  return std::make_shared<RtdetrModel>(cfg);
 }
 
 // Shaped by the weights' own widths (a checkpoint of any width builds its network); nc <= 0 keeps
