@@ -3,7 +3,11 @@
 // postprocess of decoded predictions under a stretched input.
 #include <algorithm>
 
+#include <libreyolo/errors.hpp>
+#include <libreyolo/libreyolo.hpp>
+
 #include "engine/optimizer.hpp"
+#include "io/checkpoint.hpp"
 #include "families/rtdetr/model.hpp"
 #include "models/detector.hpp"
 #include "support.hpp"
@@ -166,4 +170,39 @@ TEST(RtdetrFamily, PostprocessOfDecodedPredictionsUndoesTheStretch) {
   a.conf = 0.0;
   a.max_det = 5;
   EXPECT_EQ(f->postprocess(pred[0], a).scores.size(0), 5);
+}
+
+// A checkpoint whose metadata says rtdetr but whose weights are YOLOv9's (and the other way round)
+// is refused with both names, before any network is built from the wrong weights.
+TEST(RtdetrFamily, CheckpointOfAnotherFamilysWeightsIsRefusedByName) {
+  const std::string dir = libreyolo::test::temp_dir("rtdetr_mislabel");
+  const auto write = [&](const std::string& family, const std::string& weights_family, const std::string& size) {
+    const models::Family* f = models::find_family(weights_family);
+    libreyolo::io::CheckpointMeta meta;
+    meta.family = family;
+    meta.size = size;
+    meta.task = "detect";
+    meta.nc = 2;
+    meta.names = std::vector<std::string>{"a", "b"};
+    meta.imgsz = 320;
+    const std::string path = dir + "/" + family + "_with_" + weights_family + ".pt";
+    libreyolo::io::write_checkpoint(path,
+                                    *libreyolo::io::make_checkpoint(models::state_dict(*f->build(size, 2)), meta));
+    return path;
+  };
+  const auto refusal = [](const std::string& path) -> std::string {
+    try {
+      libreyolo::LibreYOLO m(path, "cpu");
+    } catch (const libreyolo::ModelError& e) {
+      return std::string(e.code()) + ": " + e.what();
+    }
+    return "loaded";
+  };
+  const std::string a = refusal(write("rtdetr", "yolo9", "t"));
+  EXPECT_NE(a.find("model_family_mismatch"), std::string::npos) << a;
+  EXPECT_NE(a.find("'rtdetr' but the weights are yolo9's"), std::string::npos) << a;
+  const std::string b = refusal(write("yolo9", "rtdetr", "r18"));
+  EXPECT_NE(b.find("'yolo9' but the weights are rtdetr's"), std::string::npos) << b;
+  // The right label loads.
+  EXPECT_EQ(refusal(write("rtdetr", "rtdetr", "r18")), "loaded");
 }

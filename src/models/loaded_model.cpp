@@ -82,6 +82,15 @@ std::unique_ptr<LoadedModel> model_from_checkpoint(const io::PyValuePtr& root, c
     if (!fam)
       throw ModelError(origin + ": model_family '" + *ck.meta.family + "' is not supported by this build", "",
                        "model_family_mismatch");
+    // The metadata names a family whose weights these are not (a renamed or hand-made file).
+    if (fam->can_load && !fam->can_load(sd)) {
+      const Family* theirs = detect_family(sd);
+      throw ModelError(origin + ": model_family is '" + fam->name + "' but the weights are " +
+                           (theirs ? theirs->name + "'s" : "not " + fam->name + "'s"),
+                       theirs ? "set model_family to '" + theirs->name + "' or use the checkpoint the weights came from"
+                              : "",
+                       "model_family_mismatch");
+    }
   } else {
     fam = detect_family(sd);
     if (!fam)
