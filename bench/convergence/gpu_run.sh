@@ -18,7 +18,7 @@
 # that finished.
 #
 # Knobs (environment):
-#   SETS="colour hard"  MODELS="yolo9t" (also yolox-s)  SEEDS="0 1"  WHICH="ours ref"
+#   SETS="colour hard"  MODELS="yolo9t" (also yolox-s, rtdetr-r18)  SEEDS="0 1"  WHICH="ours ref"
 #   EPOCHS=30  BATCH=16  IMGSZ=320  WORKERS=8  DEVICE=0
 #   PARALLEL=1     runs at a time on the one GPU. Device time is scarce, so several runs may share
 #                  the GPU; their wall times then measure contention, not speed: compare.py marks

@@ -3,15 +3,16 @@
 scratch on a data.yaml and write the benchmark's per-run JSON (see common.py).
 
     python3 bench/convergence/run_reference.py --data DIR/data.yaml --out ref.json \
-        [--model yolo9t|yolox-s] [--epochs 30] [--batch 16] [--imgsz 320] [--workers 8] \
+        [--model yolo9t|yolox-s|rtdetr-r18] [--epochs 30] [--batch 16] [--imgsz 320] [--workers 8] \
         [--seed 0] [--device 0] [--project runs/conv] [--name ref_yolo9t_s0] [--set colour]
 
 What it does, with the reference's public API:
 
 * builds an untrained model of the requested family and size with the family's class
-  (`LibreYOLO9(None, size="t", nb_classes=nc)` / `LibreYOLOX(None, size="s", ...)`). A weights
-  file is never named, so nothing is downloaded (the `LibreYOLO("...pt")` factory would try to
-  fetch missing weights; the classes themselves do not).
+  (`LibreYOLO9(None, size="t", nb_classes=nc)` / `LibreYOLOX(None, size="s", ...)`; RT-DETR:
+  `LibreRTDETR._from_scratch(size="r18", ...)`, its build without the ImageNet backbone). A
+  weights file is never named, so nothing is downloaded (the `LibreYOLO("...pt")` factory would
+  try to fetch missing weights; the classes themselves do not, except RT-DETR's default build).
 * calls `model.train(data=..., epochs, batch, imgsz, workers, seed, device, project, name,
   exist_ok=True, eval_interval=1, pretrained=False)`. `pretrained=False` is the reference's
   own from-scratch path (the same one its CLI takes for `pretrained=false`): the network is
@@ -57,10 +58,12 @@ def parse_model(name: str) -> tuple[str, str]:
     s = re.sub(r"\.pt$", "", s)
     if s.startswith("libreyolo"):
         s = "yolo" + s[len("libreyolo"):]
-    m = re.fullmatch(r"(yolo9|yolox)[-_]?([a-z]*)", s)
+    m = re.fullmatch(r"(yolo9|yolox|rtdetr)[-_]?([a-z0-9]*)", s)
     if not m:
-        raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c> or yolox-<n|t|s|m|l|x>")
-    family, size = m.group(1), m.group(2) or ("t" if m.group(1) == "yolo9" else "s")
+        raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c>, yolox-<n|t|s|m|l|x> "
+                         "or rtdetr-<r18|r34|r50|r50m|r101|l|x>")
+    family = m.group(1)
+    size = m.group(2) or {"yolo9": "t", "yolox": "s", "rtdetr": "r18"}[family]
     return family, size
 
 
@@ -114,12 +117,19 @@ def main(argv=None) -> int:
                   file=sys.stderr)
         if family == "yolo9":
             from libreyolo import LibreYOLO9 as cls
-        else:
+        elif family == "yolox":
             from libreyolo import LibreYOLOX as cls
+        else:
+            from libreyolo import LibreRTDETR as cls
 
         names = common.data_names(data)
         t_build = time.perf_counter()
-        model = cls(None, size=size, nb_classes=len(names), device=a.device)
+        if family == "rtdetr":
+            # Its from-scratch build: no ImageNet backbone download, every backbone norm trained
+            # (what ours builds from a model name).
+            model = cls._from_scratch(size=size, nb_classes=len(names), device=a.device, seed=a.seed)
+        else:
+            model = cls(None, size=size, nb_classes=len(names), device=a.device)
         kwargs = dict(
             data=data,
             epochs=a.epochs,
