@@ -19,6 +19,12 @@ TEST(ProfileCli, DispatchedFromTheMainCommand) {
   const std::string empty = libreyolo::test::temp_dir("prof_empty_folder");
   EXPECT_EQ(libreyolo::cli::run({"profile", "infer", empty, "--device", "cpu"}, out, err), 3);
   EXPECT_NE(err.str().find("No images found in " + empty), std::string::npos) << err.str();
+  // The key=value words of the other commands: source= is the source, model= the weights.
+  err.str("");
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "model=yolo9t", "source=" + empty, "device=cpu"}, out, err), 3);
+  EXPECT_NE(err.str().find("No images found in " + empty), std::string::npos) << err.str();
+  EXPECT_EQ(libreyolo::cli::run({"profile", "infer", empty, "runz=3"}, out, err), 2);
+  EXPECT_NE(err.str().find("Unknown option --runz"), std::string::npos) << err.str();
   EXPECT_EQ(libreyolo::cli::run({"profile", "infer", "--runz", "3"}, out, err), 2);
   EXPECT_NE(err.str().find("Unknown option --runz"), std::string::npos) << err.str();
   EXPECT_EQ(libreyolo::cli::run({"profile", "run", "--help"}, out, err), 0);

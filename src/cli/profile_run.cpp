@@ -54,7 +54,7 @@ int to_int(const std::string& flag, const std::string& v) {
   }
 }
 
-// A profile sub-command's words: positionals, and options as (key, value) from --key=value,
+// A profile sub-command's words: positionals, and options as (key, value) from --key=value, key=value,
 // --key value, a bare switch (--json: ("json", "true"); --no-amp: ("amp", "false")), or a key whose
 // value may be left out (a bare --cuda-graph is "true"; a following true, false or auto is its value).
 struct Words {
@@ -67,7 +67,20 @@ Words split_words(const std::vector<std::string>& args, const std::set<std::stri
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a.rfind("--", 0) != 0) {
-      w.positional.push_back(a);
+      // The other commands' key=value form (a word that names no file): model= is --weights,
+      // source= / data= the positional, any other key its --key.
+      const size_t eq = a.find('=');
+      const bool key_value = eq != std::string::npos && eq > 0 &&
+                             a.find_first_not_of("abcdefghijklmnopqrstuvwxyz_-") == eq && !fs::exists(a);
+      if (!key_value) {
+        w.positional.push_back(a);
+        continue;
+      }
+      std::string key = a.substr(0, eq);
+      for (char& c : key)
+        if (c == '_') c = '-';
+      if (key == "source" || key == "data") w.positional.push_back(a.substr(eq + 1));
+      else w.options.emplace_back(key == "model" ? "weights" : key, a.substr(eq + 1));
       continue;
     }
     std::string key = a.substr(2), value;
