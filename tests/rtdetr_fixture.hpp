@@ -73,4 +73,33 @@ inline void check_rel(const std::string& what, const torch::Tensor& got, const t
   std::printf("  %-44s rel err %.3g\n", what.c_str(), e);
 }
 
+// Training mode selects the 300 queries from batch-statistics features, where some neighbours' scores
+// lie closer than another summation order moves them (another thread count): the same queries can
+// come out in another order. Returns, per image, the row of the recorded encoder top-k
+// (`want_boxes` [B, Q, 4], `want_logits` [B, Q, nc]) each of ours is (nearest in boxes and logits),
+// after checking it is a one-to-one map within `bound` relative; the identity where the orders agree.
+inline torch::Tensor recorded_query_order(const torch::Tensor& boxes, const torch::Tensor& logits,
+                                          const torch::Tensor& want_boxes, const torch::Tensor& want_logits,
+                                          double bound) {
+  const auto ours = torch::cat({boxes, logits}, 2).detach().to(torch::kDouble);
+  const auto want = torch::cat({want_boxes, want_logits}, 2).to(torch::kDouble);
+  const auto order = torch::cdist(ours, want).argmin(2);  // [B, Q]
+  const auto rows = torch::arange(order.size(1), order.options());
+  for (int64_t b = 0; b < order.size(0); ++b)
+    EXPECT_TRUE(torch::equal(std::get<0>(order[b].sort()), rows)) << "image " << b << ": not a one-to-one map";
+  const auto matched = want.gather(1, order.unsqueeze(2).expand_as(want));
+  EXPECT_LE(rel_err(ours, matched), bound) << "the selected queries differ, not only their order";
+  const int64_t moved = order.ne(rows.unsqueeze(0)).sum().item<int64_t>();
+  if (moved > 0) std::printf("  %lld of %lld queries in another order than recorded\n", static_cast<long long>(moved),
+                             static_cast<long long>(order.numel()));
+  return order;
+}
+
+// `want` [B, Q, ...] rearranged to our query order.
+inline torch::Tensor in_order(const torch::Tensor& want, const torch::Tensor& order) {
+  auto index = order;
+  for (int64_t d = 2; d < want.dim(); ++d) index = index.unsqueeze(d);
+  return want.gather(1, index.expand_as(want));
+}
+
 }  // namespace libreyolo::test

@@ -173,21 +173,26 @@ TEST(RtdetrDenoising, TrainForwardWithDenoisingEqualsTheReference) {
   ASSERT_TRUE(t.denoising.has_value());
   ASSERT_EQ(t.logits.size(), 3u);
   ASSERT_EQ(t.dn_logits.size(), 3u);
-  check_rel("train_dn.pred_logits", t.logits[2], f.expected("train_dn.pred_logits"), bound);
-  check_rel("train_dn.pred_boxes", t.boxes[2], f.expected("train_dn.pred_boxes"), bound);
+  // The matching queries as the reference ordered them (libreyolo::test::recorded_query_order).
+  const auto order = libreyolo::test::recorded_query_order(t.enc_topk_boxes, t.enc_topk_logits,
+                                                           f.expected("train_dn.aux_outputs.2.pred_boxes"),
+                                                           f.expected("train_dn.aux_outputs.2.pred_logits"), bound);
+  const auto want = [&](const std::string& key) { return libreyolo::test::in_order(f.expected(key), order); };
+  check_rel("train_dn.pred_logits", t.logits[2], want("train_dn.pred_logits"), bound);
+  check_rel("train_dn.pred_boxes", t.boxes[2], want("train_dn.pred_boxes"), bound);
   std::vector<torch::Tensor> aux_logits = {t.logits[0], t.logits[1], t.enc_topk_logits};
   std::vector<torch::Tensor> aux_boxes = {t.boxes[0], t.boxes[1], t.enc_topk_boxes};
   for (int l = 0; l < 3; ++l) {
     const std::string a = "train_dn.aux_outputs." + std::to_string(l) + ".";
-    check_rel(a + "pred_logits", aux_logits[l], f.expected(a + "pred_logits"), bound);
-    check_rel(a + "pred_boxes", aux_boxes[l], f.expected(a + "pred_boxes"), bound);
+    check_rel(a + "pred_logits", aux_logits[l], want(a + "pred_logits"), bound);
+    check_rel(a + "pred_boxes", aux_boxes[l], want(a + "pred_boxes"), bound);
     const std::string d = "train_dn.dn_aux_outputs." + std::to_string(l) + ".";
     check_rel(d + "pred_logits", t.dn_logits[l], f.expected(d + "pred_logits"), bound);
     check_rel(d + "pred_boxes", t.dn_boxes[l], f.expected(d + "pred_boxes"), bound);
   }
   // The mask keeps the matching queries blind to the denoising ones: their outputs are those of
   // the forward without denoising.
-  check_rel("matching logits with vs without denoising", t.logits[2], f.expected("train_nodn.pred_logits"), 1e-5);
+  check_rel("matching logits with vs without denoising", t.logits[2], want("train_nodn.pred_logits"), 1e-5);
 
   // The denoising embedding learns from the denoising outputs, its padding row never.
   t.dn_logits[2].sum().backward();
@@ -218,7 +223,11 @@ TEST(RtdetrDenoising, ForwardTrainPacksTheCriterionInputs) {
   EXPECT_TRUE(torch::equal(rows.select(1, 1), f.expected("match_dn.dn.img1.pred")));
   EXPECT_TRUE(torch::equal(rows.select(1, 2), f.expected("match_dn.dn.img1.gt")));
   check_rel("packed dn layer 2 logits", in.dn[2].logits, f.expected("train_dn.dn_aux_outputs.2.pred_logits"), 1e-4);
-  check_rel("packed encoder top-k boxes", in.aux[2].boxes, f.expected("train_dn.aux_outputs.2.pred_boxes"), 1e-4);
+  const auto order = libreyolo::test::recorded_query_order(in.aux[2].boxes, in.aux[2].logits,
+                                                           f.expected("train_dn.aux_outputs.2.pred_boxes"),
+                                                           f.expected("train_dn.aux_outputs.2.pred_logits"), 1e-4);
+  check_rel("packed encoder top-k boxes", in.aux[2].boxes,
+            libreyolo::test::in_order(f.expected("train_dn.aux_outputs.2.pred_boxes"), order), 1e-4);
   // Without targets: no denoising entries; in eval mode forward_raw's three entries.
   const auto plain = f.model->forward_train(f.input(), {});
   EXPECT_EQ(plain.size(), 4u + 2 * 3);
