@@ -76,13 +76,21 @@ void expect_grads(const libreyolo::test::RtdetrFixture& f, const std::string& pr
   std::printf("  %-12s %d gradients, worst rel err %.3g\n", prefix.c_str(), checked, worst);
 }
 
-void expect_matches(const libreyolo::test::RtdetrFixture& f, const std::string& prefix, const RtdetrLossTerms& t) {
+// Every level's matches against the recorded ones, in the reference's query order (training
+// mode can order two near-tied queries the other way round: test::recorded_query_order, from the
+// encoder top-k of `in` against the `recorded` forward's).
+void expect_matches(const libreyolo::test::RtdetrFixture& f, const std::string& prefix, const RtdetrLossTerms& t,
+                    const rtdetr::CriterionInputs& in, const std::string& recorded) {
+  const auto order = libreyolo::test::recorded_query_order(
+      in.aux.back().boxes, in.aux.back().logits, f.expected(recorded + ".aux_outputs.2.pred_boxes"),
+      f.expected(recorded + ".aux_outputs.2.pred_logits"), kLossBound);
   ASSERT_EQ(t.matches.size(), 4u);
   for (size_t l = 0; l < 4; ++l)
     for (int b = 0; b < 2; ++b) {
       const std::string p = prefix + ".level" + std::to_string(l) + ".img" + std::to_string(b) + ".";
-      EXPECT_TRUE(torch::equal(t.matches[l][b].query, f.expected(p + "pred"))) << p;
-      EXPECT_TRUE(torch::equal(t.matches[l][b].gt, f.expected(p + "gt"))) << p;
+      const auto [query, by] = order[b].index_select(0, t.matches[l][b].query).sort();
+      EXPECT_TRUE(torch::equal(query, f.expected(p + "pred"))) << p;
+      EXPECT_TRUE(torch::equal(t.matches[l][b].gt.index_select(0, by), f.expected(p + "gt"))) << p;
     }
 }
 
@@ -94,9 +102,10 @@ TEST(RtdetrLoss, EveryTermAndGradientWithoutDenoising) {
   f.model->train();
   const auto raw = f.model->forward_train(f.input(), {});
   RtdetrLoss loss(80);
-  const auto t = loss.terms(rtdetr::unpack_train_outputs(raw), f.targets());
+  const auto in = rtdetr::unpack_train_outputs(raw);
+  const auto t = loss.terms(in, f.targets());
   expect_terms(f, "loss_nodn", t, 12);
-  expect_matches(f, "match_nodn", t);
+  expect_matches(f, "match_nodn", t, in, "train_nodn");
   EXPECT_TRUE(t.dn_matches.empty());
   EXPECT_EQ(t.num_boxes.item<double>(), 10.0);
   t.total.backward();
@@ -110,9 +119,10 @@ TEST(RtdetrLoss, EveryTermAndGradientWithDenoising) {
   f.model->set_denoising_source(recorded_draws(f, "cdn"));
   const auto raw = f.model->forward_train(f.input(), f.expected("targets_padded"));
   RtdetrLoss loss(80);
-  const auto t = loss.terms(rtdetr::unpack_train_outputs(raw), f.targets());
+  const auto in = rtdetr::unpack_train_outputs(raw);
+  const auto t = loss.terms(in, f.targets());
   expect_terms(f, "loss_dn", t, 21);
-  expect_matches(f, "match_dn", t);
+  expect_matches(f, "match_dn", t, in, "train_dn");
   ASSERT_EQ(t.dn_matches.size(), 2u);
   for (int b = 0; b < 2; ++b) {
     const std::string p = "match_dn.dn.img" + std::to_string(b) + ".";
@@ -141,7 +151,7 @@ TEST(RtdetrLoss, ImageWithoutBoxes) {
   ASSERT_EQ(gts[1].size(), 0);
   const auto t = loss.terms(in, gts);
   expect_terms(f, "loss_dn_bg", t, 21);
-  expect_matches(f, "match_dn_bg", t);
+  expect_matches(f, "match_dn_bg", t, in, "train_nodn");
   EXPECT_EQ(t.dn_matches[1].size(), 0);
   EXPECT_EQ(t.num_boxes.item<double>(), 7.0);
 }
