@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "families/yolo7/model.hpp"
-#include "loss/loss.hpp"
 #include "models/detector.hpp"
 #include "models/loaded_model.hpp"
 #include "support.hpp"
@@ -149,8 +148,6 @@ TEST(Yolo7Family, RegisteredRecognisedAndNamed) {
   }
   EXPECT_ANY_THROW(models::load_model("yolo7s", "cpu"));
   EXPECT_ANY_THROW(f.build("s", 80));
-  // Training is not offered yet, and says so.
-  EXPECT_ANY_THROW(f.make_loss(m));
 }
 
 TEST(Yolo7Model, InitialisationAndClassCountChange) {

@@ -1,13 +1,13 @@
 // The yolo7 registry entry: building, recognising and sizing YOLOv7 weights (LibreYOLO's and the
-// upstream flat ones), its input convention and its single-label postprocess.
+// upstream flat ones), its loss and recipe, its input convention and its single-label postprocess.
 
 #include <limits>
 
 #include "core/log.hpp"
 #include "core/strings.hpp"
+#include "families/yolo7/loss.hpp"
 #include "families/yolo7/model.hpp"
 #include "libreyolo/errors.hpp"
-#include "loss/loss.hpp"
 #include "ops/postprocess.hpp"
 
 namespace libreyolo::models::yolo7 {
@@ -79,9 +79,8 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<Yolo7Model>(*width, nc);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector&) {
-  throw UsageError("training is not available for YOLOv7 models in this build",
-                   "use a YOLOv7 model for predict and val, or train another family");
+std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+  return std::make_unique<Yolo7Loss>(model.num_classes());
 }
 
 // Keeps, for every anchor, only its best class's score (the others at -inf, never above conf):
@@ -118,10 +117,29 @@ std::vector<ops::Detections> postprocess_batch(const torch::Tensor& pred, const 
 
 Family make_family() {
   Family f("yolo7", size_names(), "b");
-  // Inference capture is not claimed: no capture/replay parity test covers this network yet.
+  f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
+  // Neither the training step nor inference is claimed capturable: no capture/replay parity test
+  // covers this network yet (the loss itself has fixed shapes and no host reads).
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
-  f.train_defaults = {{"name", "yolo7_exp"}};
+  // LibreYOLO's name for the quadratic warm-up cosine with a flat tail.
+  f.scheduler_names = {{"yoloxwarmcos", "cos_flat"}};
+  // LibreYOLO's YOLOv7Config where it differs from the defaults of config.hpp: the YOLOX schedule
+  // and augmentation with SGD momentum 0.937 (no momentum warm-up), 3 warm-up epochs, EMA 0.9999.
+  f.train_defaults = {
+      {"warmup_momentum", "0.937"}, {"aux_weight", "0"},       {"scheduler", "yoloxwarmcos"},
+      {"warmup_lr_start", "0"},     {"min_lr_ratio", "0.05"},  {"mixup_prob", "1.0"},
+      {"degrees", "10"},            {"shear", "2"},            {"mosaic_scale", "0.1,2.0"},
+      {"eval_interval", "10"},      {"workers", "4"},          {"name", "yolo7_exp"},
+  };
+  // The optimizer's groups: BatchNorm weights, biases and the head's implicit tensors without
+  // decay, the convolution weights with it.
+  f.param_rules = {
+      {{}, {"bn.", "bias", "implicit"}, /*decay=*/false, /*backbone_lr=*/false},
+      {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
+  };
+  // After the mosaic: the default recipe (Beta(32, 32) blend with a plain partner, boxes of at
+  // most 2 pixels dropped, up to 100 boxes a sample).
   // RGB / 255, letterboxed to the top-left with 114 (as YOLOv9).
   f.input = InputSpec{false, 255.0};
   f.postprocess = postprocess;
