@@ -4,6 +4,7 @@
 #include "families/yolo9/model.hpp"
 #include "families/rtdetr/model.hpp"
 #include "families/yolox/model.hpp"
+#include "families/yolo7/model.hpp"
 
 namespace libreyolo::models {
 
@@ -12,6 +13,7 @@ const std::vector<const Family*>& families() {
       yolo9::make_family(),
       yolox::make_family(),
       rtdetr::make_family(),
+      yolo7::make_family(),
   };
   static const std::vector<const Family*> all = [] {
     std::vector<const Family*> v;

@@ -1,0 +1,150 @@
+// YOLOv7 on CUDA against LibreYOLO 1.6.0's fixture (tests/data/yolo7_reference.pt): the eval maps
+// and decode in float32 (TF32 off), the detections of the GPU postprocess, the loss and its
+// gradients; and a captured inference forward against the eager one, bit for bit (what the family
+// must show before it declares capture_inference, which it does not yet: the test captures
+// through a copy of its entry with the flag set).
+#include <ATen/Context.h>
+
+#include <cstdio>
+#include <map>
+
+#include "families/yolo7/loss.hpp"
+#include "families/yolo7/model.hpp"
+#include "io/pickle.hpp"
+#include "models/forward_graphs.hpp"
+#include "models/loaded_model.hpp"
+#include "support.hpp"
+
+namespace io = libreyolo::io;
+namespace models = libreyolo::models;
+namespace yolo7 = libreyolo::models::yolo7;
+using libreyolo::test::rel_err;
+
+namespace {
+
+const std::string kPath = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/yolo7_reference.pt";
+
+io::PyValuePtr fixture() {
+  static io::PyValuePtr root = io::load_torch_file(kPath);
+  return root;
+}
+
+torch::Tensor expected(const std::string& key) {
+  auto v = fixture()->get("expect")->get(key);
+  if (!v || !v->is_tensor()) throw std::runtime_error("fixture has no tensor " + key);
+  return v->tensor;
+}
+
+void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double e = rel_err(got.cpu(), want);
+  EXPECT_LE(e, bound) << what;
+  std::printf("  %-28s rel err %.3g\n", what.c_str(), e);
+}
+
+// Every detection of `got` is one of `want` (class equal, score within 1e-4, box within 1e-2 px),
+// each used once, and the counts agree.
+void expect_same_set(const libreyolo::ops::Detections& got, const std::string& prefix) {
+  const auto wb = expected(prefix + "boxes"), ws = expected(prefix + "scores"), wc = expected(prefix + "classes");
+  ASSERT_EQ(got.scores.size(0), ws.size(0)) << prefix;
+  std::vector<bool> used(static_cast<size_t>(ws.size(0)), false);
+  for (int64_t i = 0; i < got.scores.size(0); ++i) {
+    bool found = false;
+    for (int64_t j = 0; j < ws.size(0) && !found; ++j) {
+      if (used[static_cast<size_t>(j)] || got.classes[i].item<int64_t>() != wc[j].item<int64_t>()) continue;
+      if (std::abs(got.scores[i].item<float>() - ws[j].item<float>()) > 1e-4) continue;
+      if ((got.boxes[i] - wb[j]).abs().max().item<float>() > 1e-2) continue;
+      used[static_cast<size_t>(j)] = found = true;
+    }
+    EXPECT_TRUE(found) << prefix << ": detection " << i << " is not the reference's";
+  }
+}
+
+}  // namespace
+
+TEST(GpuYolo7, EvalMapsDecodeAndDetectionsMatchTheReference) {
+  LY_REQUIRE_CUDA();
+  const libreyolo::test::CudnnSettings exact(/*benchmark=*/false, /*deterministic=*/true, /*allow_tf32=*/false);
+  const bool tf32 = at::globalContext().allowTF32CuBLAS();
+  at::globalContext().setAllowTF32CuBLAS(false);
+  auto lm = models::model_from_checkpoint(fixture(), kPath);
+  const torch::Device dev(torch::kCUDA, 0);
+  lm->to(dev);
+  lm->model->eval();
+  torch::NoGradGuard no_grad;
+  const auto x = (expected("input_u8").to(torch::kFloat) / 255.0).to(dev);
+  const auto raw = lm->model->forward_raw(x);
+  for (int i = 0; i < 3; ++i)
+    check_rel("raw_" + std::to_string(i), raw[static_cast<size_t>(i)], expected("raw_" + std::to_string(i)), 1e-4);
+  const auto pred = lm->model->decode(raw);
+  check_rel("decoded", pred, expected("decoded"), 1e-4);
+  const auto orig = expected("orig_size");
+  for (const std::string set : {"predict", "val", "whole"}) {
+    std::vector<models::PostprocessArgs> args;
+    for (int i = 0; i < 2; ++i) {
+      models::PostprocessArgs a;
+      a.conf = expected(set + ".conf").item<double>();
+      a.iou = expected(set + ".iou").item<double>();
+      const int w = set == "whole" ? 320 : static_cast<int>(orig[i][0].item<int64_t>());
+      const int h = set == "whole" ? 320 : static_cast<int>(orig[i][1].item<int64_t>());
+      const auto box = libreyolo::ops::fit_box(h, w, 320, libreyolo::ops::Fit::Letterbox);
+      a.geometry = {box.sx, box.sy, h, w};
+      args.push_back(a);
+    }
+    const auto dets = lm->family->postprocess_batch(pred, args);
+    for (int i = 0; i < 2; ++i) expect_same_set(dets[static_cast<size_t>(i)], set + ".img" + std::to_string(i) + ".");
+  }
+  at::globalContext().setAllowTF32CuBLAS(tf32);
+}
+
+TEST(GpuYolo7, LossMatchesTheReference) {
+  LY_REQUIRE_CUDA();
+  const torch::Device dev(torch::kCUDA, 0);
+  yolo7::Yolo7Loss loss(3);
+  std::vector<torch::Tensor> raw;
+  for (int i = 0; i < 3; ++i) raw.push_back(expected("raw_" + std::to_string(i)).to(dev).requires_grad_(true));
+  const auto out = loss.compute(raw, expected("loss.targets").to(dev), 320, 320);
+  for (const std::string term : {"iou", "obj", "cls"})
+    check_rel("loss." + term, out.term(term), expected("loss." + term).to(torch::kFloat), 1e-5);
+  EXPECT_NEAR(out.num_fg.item<double>(), expected("loss.pos_index").size(0) / 2.0, 1e-9);
+  out.total.backward();
+  check_rel("d/d raw_1", raw[1].grad(), expected("loss.grad_1"), 1e-4);
+  check_rel("d/d raw_2", raw[2].grad(), expected("loss.grad_2"), 1e-4);
+}
+
+TEST(GpuYolo7, CapturedForwardEqualsEager) {
+  LY_REQUIRE_CUDA();
+  const libreyolo::test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true,
+                                           at::globalContext().allowTF32CuDNN());
+  const models::Family* registered = models::find_family("yolo7");
+  ASSERT_NE(registered, nullptr);
+  models::Family capturing = *registered;
+  capturing.capture_inference = true;
+  const models::Family* fam = &capturing;
+  const torch::Device dev(torch::kCUDA, 0);
+  for (const bool narrow : {true, false}) {
+    torch::manual_seed(0);
+    auto model = narrow ? std::shared_ptr<models::Detector>(std::make_shared<yolo7::Yolo7Model>(2, 3))
+                        : fam->build("b", 80);
+    model->to(dev);
+    model->eval();
+    for (const bool bf16 : {false, true}) {
+      models::ForwardSpec spec;
+      spec.device = dev;
+      spec.amp = bf16;
+      spec.amp_dtype = torch::kBFloat16;
+      models::ForwardGraphs graphs;
+      torch::manual_seed(7);
+      const auto noise = torch::randint(0, 256, {2, 320, 320, 3}, torch::kUInt8);
+      const auto flat = torch::full({2, 320, 320, 3}, 90, torch::kUInt8);
+      for (const auto& probe : {noise, flat}) {
+        const auto want = graphs.forward(*model, *fam, probe, spec, models::GraphMode::Off).clone();
+        const auto got = graphs.forward(*model, *fam, probe, spec, models::GraphMode::On).clone();
+        EXPECT_TRUE(torch::equal(want, got)) << (narrow ? "narrow " : "b ") << (bf16 ? "bf16" : "fp32")
+                                             << " max diff " << (want - got).abs().max().item<float>();
+      }
+      EXPECT_EQ(graphs.info().captures, 1);
+      EXPECT_EQ(graphs.info().failures, 0);
+    }
+  }
+}
