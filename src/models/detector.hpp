@@ -179,6 +179,9 @@ struct LoadReport {
   std::vector<std::string> missing, unexpected, shape_mismatch;
 };
 LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bool strict);
+// A build_like's class count: nc when > 0, else the count read from the weights (ModelError
+// naming `weights_of`, the family as the message should call it, when they give none).
+int class_count(int nc, const std::optional<int>& from_weights, const std::string& weights_of);
 // BatchNorm layers (1-, 2- or 3-d): the one test used for the optimizer's groups and for freezing.
 bool is_batchnorm(const torch::nn::Module& m);
 

@@ -102,4 +102,10 @@ bool is_batchnorm(const torch::nn::Module& m) {
          dynamic_cast<const torch::nn::BatchNorm3dImpl*>(&m);
 }
 
+int class_count(int nc, const std::optional<int>& from_weights, const std::string& weights_of) {
+  if (nc > 0) return nc;
+  if (!from_weights) throw ModelError("cannot tell the class count from the " + weights_of + " weights");
+  return *from_weights;
+}
+
 }  // namespace libreyolo::models

@@ -71,11 +71,7 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   const io::StateDict keys = normalized(sd);
   const auto width = io::leading_dim(keys, "layers.0.conv.weight", canonical_key);
   if (!width) throw ModelError("cannot tell the YOLOv7 widths from the weights (layers.0.conv.weight missing)");
-  if (nc <= 0) {
-    const auto from_weights = infer_num_classes(keys);
-    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOv7 weights");
-    nc = *from_weights;
-  }
+  nc = class_count(nc, nc > 0 ? std::nullopt : infer_num_classes(keys), "YOLOv7");
   return std::make_shared<Yolo7Model>(*width, nc);
 }
 

@@ -18,16 +18,12 @@
 #include <vector>
 
 #include "loss/loss.hpp"
+#include "loss/simota.hpp"
 
 namespace libreyolo::models::yolo7 {
 
-// The SimOTA result per prediction (and the dynamic k per GT row).
-struct Assignment {
-  torch::Tensor fg;          // [B, A] bool: the prediction is a positive
-  torch::Tensor matched_gt;  // [B, A] int64: its GT row, -1 for background
-  torch::Tensor pred_iou;    // [B, A]: IoU of its box with that GT (0 for background)
-  torch::Tensor dynamic_k;   // [B, T] int64: k of each GT row, -1 for padding rows
-};
+// The SimOTA result (loss/simota.hpp).
+using Assignment = loss::SimOtaAssignment;
 
 class Yolo7Loss : public DetectionLoss {
  public:

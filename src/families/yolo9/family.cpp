@@ -86,11 +86,7 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   }
   const auto hc = out_channels(sd, "head.cv3.0.0.conv.weight");
   if (!hc) throw ModelError("YOLOv9 weights lack head.cv3.0.0.conv.weight");
-  if (nc <= 0) {
-    const auto from_weights = infer_num_classes(sd);
-    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOv9 weights");
-    nc = *from_weights;
-  }
+  nc = class_count(nc, nc > 0 ? std::nullopt : infer_num_classes(sd), "YOLOv9");
   return std::make_shared<Yolo9Model>(*size, nc, *hc);
 }
 

@@ -59,11 +59,7 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   if (!size)
     throw ModelError("cannot tell the YOLOX size from the weights (backbone.backbone.stem.conv.conv.weight missing "
                      "or of an unknown width)");
-  if (nc <= 0) {
-    const auto from_weights = infer_num_classes(sd);
-    if (!from_weights) throw ModelError("cannot tell the class count from the YOLOX weights");
-    nc = *from_weights;
-  }
+  nc = class_count(nc, nc > 0 ? std::nullopt : infer_num_classes(sd), "YOLOX");
   return std::make_shared<YoloxModel>(*size, nc);
 }
 

@@ -18,16 +18,9 @@
 #include <vector>
 
 #include "loss/loss.hpp"
+#include "loss/simota.hpp"
 
 namespace libreyolo::loss {
-
-// The SimOTA result per anchor (and the dynamic k per GT row).
-struct SimOtaAssignment {
-  torch::Tensor fg;          // [B, A] bool: the anchor is a positive
-  torch::Tensor matched_gt;  // [B, A] int64: its GT row, -1 for background
-  torch::Tensor pred_iou;    // [B, A]: IoU of its prediction with that GT (0 for background)
-  torch::Tensor dynamic_k;   // [B, T] int64: k of each GT row, -1 for padding rows
-};
 
 class YoloxLoss : public DetectionLoss {
  public:
