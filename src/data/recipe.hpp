@@ -6,8 +6,8 @@
 namespace libreyolo::data {
 
 enum class Mixup {
-  // HSV and flip on each sample, then two mosaic samples averaged with a Beta(32, 32) weight,
-  // both label sets kept.
+  // The mosaic averaged with a partner image through the plain path (letterbox, HSV, flip) with a
+  // Beta(32, 32) weight, both label sets kept.
   Blend,
   // A partner image letterboxed, scaled by U(mixup_scale), maybe mirrored, cropped at a random
   // offset and averaged 0.5 / 0.5 with the mosaic (truncated), its labels appended; HSV and flip
