@@ -26,7 +26,8 @@ from run_reference import parse_model  # noqa: E402
 def model_class(family: str):
     import libreyolo
 
-    return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "rtdetr": libreyolo.LibreRTDETR}[family]
+    return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7,
+            "rtdetr": libreyolo.LibreRTDETR}[family]
 
 
 def one_run(a, model_name: str, batch: int, graph: bool) -> dict:
