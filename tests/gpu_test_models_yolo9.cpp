@@ -14,23 +14,9 @@ using libreyolo::test::score_logits;
 using libreyolo::test::rel_err;
 namespace models = libreyolo::models;
 
+using libreyolo::test::NoTF32;
+
 namespace {
-
-// Plain float32 convolutions and matmuls for the fp32 comparisons; restored afterwards.
-class NoTF32 {
- public:
-  NoTF32() : cudnn_(at::globalContext().allowTF32CuDNN()), cublas_(at::globalContext().allowTF32CuBLAS()) {
-    at::globalContext().setAllowTF32CuDNN(false);
-    at::globalContext().setAllowTF32CuBLAS(false);
-  }
-  ~NoTF32() {
-    at::globalContext().setAllowTF32CuDNN(cudnn_);
-    at::globalContext().setAllowTF32CuBLAS(cublas_);
-  }
-
- private:
-  bool cudnn_, cublas_;
-};
 
 class CudaAutocast {
  public:

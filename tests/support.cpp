@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <mutex>
 #include <vector>
 
@@ -107,6 +109,57 @@ CudnnSettings::~CudnnSettings() {
   ctx.setBenchmarkCuDNN(benchmark_);
   ctx.setDeterministicCuDNN(deterministic_);
   ctx.setAllowTF32CuDNN(tf32_);
+}
+
+std::vector<TsvEntry> read_state_dict_tsv(const std::string& file_name) {
+  const std::string path = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/" + file_name;
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  std::vector<TsvEntry> out;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    TsvEntry e;
+    std::string shape;
+    std::getline(ls, e.key, '	');
+    std::getline(ls, shape, '	');
+    std::getline(ls, e.dtype, '	');
+    for (char& c : shape)
+      if (c == '[' || c == ']' || c == ',') c = ' ';
+    std::istringstream ss(shape);
+    int64_t d;
+    while (ss >> d) e.shape.push_back(d);
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+io::StateDict reference_state_dict_tsv(const std::string& file_name) {
+  io::StateDict sd;
+  for (const auto& e : read_state_dict_tsv(file_name))
+    sd.emplace_back(e.key, torch::zeros(e.shape, e.dtype == "int64" ? torch::kLong : torch::kFloat));
+  return sd;
+}
+
+const torch::Tensor& state_dict_entry(const io::StateDict& sd, const std::string& key) {
+  for (const auto& kv : sd)
+    if (kv.first == key) return kv.second;
+  throw std::runtime_error("no tensor " + key);
+}
+
+NoTF32::NoTF32() {
+  auto& ctx = at::globalContext();
+  cudnn_ = ctx.allowTF32CuDNN();
+  cublas_ = ctx.allowTF32CuBLAS();
+  ctx.setAllowTF32CuDNN(false);
+  ctx.setAllowTF32CuBLAS(false);
+}
+
+NoTF32::~NoTF32() {
+  auto& ctx = at::globalContext();
+  ctx.setAllowTF32CuDNN(cudnn_);
+  ctx.setAllowTF32CuBLAS(cublas_);
 }
 
 }  // namespace libreyolo::test

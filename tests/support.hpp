@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <optional>
 #include <string>
+#include <vector>
+
+#include "io/state_dict.hpp"
 
 namespace libreyolo::test {
 
@@ -32,6 +35,31 @@ struct CudnnSettings {
 
  private:
   bool benchmark_, deterministic_, tf32_;
+};
+
+// A reference state dict's listing in tests/data/<file_name>: lines "key<TAB>[d0, d1, ...]<TAB>dtype",
+// '#' starting a comment line.
+struct TsvEntry {
+  std::string key;
+  std::vector<int64_t> shape;
+  std::string dtype;
+};
+std::vector<TsvEntry> read_state_dict_tsv(const std::string& file_name);
+// The same as zero tensors of those shapes (int64 or float32).
+io::StateDict reference_state_dict_tsv(const std::string& file_name);
+// The tensor of `key` in `sd` (throws when absent).
+const torch::Tensor& state_dict_entry(const io::StateDict& sd, const std::string& key);
+
+// Plain float32 convolutions and matmuls (no TF32 in cuDNN or cuBLAS) for one scope, for
+// float32 comparisons against reference values; the old settings come back after.
+struct NoTF32 {
+  NoTF32();
+  ~NoTF32();
+  NoTF32(const NoTF32&) = delete;
+  NoTF32& operator=(const NoTF32&) = delete;
+
+ private:
+  bool cudnn_, cublas_;
 };
 
 // Sets an environment variable for one scope (the old value, or its absence, comes back after).

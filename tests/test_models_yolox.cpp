@@ -26,41 +26,13 @@ namespace models = libreyolo::models;
 
 namespace {
 
-struct RefEntry {
-  std::string key;
-  std::vector<int64_t> shape;
-  std::string dtype;
-};
-
-std::vector<RefEntry> read_reference(const std::string& size) {
-  const std::string path = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/yolox_state_dict_" + size + "_nc80.tsv";
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  std::vector<RefEntry> out;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    RefEntry e;
-    std::string shape;
-    std::getline(ls, e.key, '\t');
-    std::getline(ls, shape, '\t');
-    std::getline(ls, e.dtype, '\t');
-    for (char& c : shape)
-      if (c == '[' || c == ']' || c == ',') c = ' ';
-    std::istringstream ss(shape);
-    int64_t d;
-    while (ss >> d) e.shape.push_back(d);
-    out.push_back(e);
-  }
-  return out;
+// The reference state_dict listing (key, shape, dtype) written by LibreYOLO itself.
+std::vector<libreyolo::test::TsvEntry> read_reference(const std::string& size) {
+  return libreyolo::test::read_state_dict_tsv("yolox_state_dict_" + size + "_nc80.tsv");
 }
 
 StateDict reference_state_dict(const std::string& size) {
-  StateDict sd;
-  for (const auto& e : read_reference(size))
-    sd.emplace_back(e.key, torch::zeros(e.shape, e.dtype == "int64" ? torch::kLong : torch::kFloat));
-  return sd;
+  return libreyolo::test::reference_state_dict_tsv("yolox_state_dict_" + size + "_nc80.tsv");
 }
 
 const models::Family& yolox_family() {

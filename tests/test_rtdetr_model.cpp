@@ -4,8 +4,6 @@
 // back from weights, the reference initialisation, anchors, the transposed position embedding,
 // the deformable-attention sampling, the class-count change and the flat top-k postprocess.
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 #include "families/rtdetr/model.hpp"
 #include "models/detector.hpp"
@@ -17,35 +15,9 @@ using libreyolo::io::StateDict;
 
 namespace {
 
-StateDict reference_state_dict(const std::string& size) {
-  const std::string path = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/rtdetr_state_dict_" + size + "_nc80.tsv";
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  StateDict sd;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::string key, shape, dtype;
-    std::getline(ls, key, '\t');
-    std::getline(ls, shape, '\t');
-    std::getline(ls, dtype, '\t');
-    for (char& c : shape)
-      if (c == '[' || c == ']' || c == ',') c = ' ';
-    std::istringstream ss(shape);
-    std::vector<int64_t> dims;
-    int64_t d;
-    while (ss >> d) dims.push_back(d);
-    sd.emplace_back(key, torch::zeros(dims, dtype == "int64" ? torch::kLong : torch::kFloat));
-  }
-  return sd;
-}
+StateDict reference_state_dict(const std::string& size) { return libreyolo::test::reference_state_dict_tsv(std::string("rtdetr_state_dict_") + size + "_nc80.tsv"); }
 
-const torch::Tensor& param(const StateDict& sd, const std::string& key) {
-  for (const auto& kv : sd)
-    if (kv.first == key) return kv.second;
-  throw std::runtime_error("no tensor " + key);
-}
+const torch::Tensor& param(const StateDict& sd, const std::string& key) { return libreyolo::test::state_dict_entry(sd, key); }
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include "families/yolo7/model.hpp"
 #include "io/pickle.hpp"
 #include "support.hpp"
+#include "yolo7_fixture.hpp"
 
 namespace io = libreyolo::io;
 namespace models = libreyolo::models;
@@ -21,17 +22,7 @@ using libreyolo::test::rel_err;
 
 namespace {
 
-io::PyValuePtr fixture() {
-  static io::PyValuePtr root =
-      io::load_torch_file(std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/yolo7_reference.pt");
-  return root;
-}
-
-torch::Tensor expected(const std::string& key) {
-  auto v = fixture()->get("expect")->get(key);
-  if (!v || !v->is_tensor()) throw std::runtime_error("fixture has no tensor " + key);
-  return v->tensor;
-}
+torch::Tensor expected(const std::string& key) { return libreyolo::test::yolo7_expected(key); }
 
 std::vector<torch::Tensor> maps() {
   std::vector<torch::Tensor> raw;

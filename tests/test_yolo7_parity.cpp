@@ -14,6 +14,7 @@
 #include "libreyolo/libreyolo.hpp"
 #include "models/loaded_model.hpp"
 #include "support.hpp"
+#include "yolo7_fixture.hpp"
 
 namespace io = libreyolo::io;
 namespace models = libreyolo::models;
@@ -22,22 +23,14 @@ using libreyolo::test::rel_err;
 
 namespace {
 
-const std::string kPath = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/yolo7_reference.pt";
 constexpr double kBound = 1e-4;  // max |got - want| / max |want|
 
-io::PyValuePtr fixture() {
-  static io::PyValuePtr root = io::load_torch_file(kPath);
-  return root;
-}
+io::PyValuePtr fixture() { return libreyolo::test::yolo7_fixture(); }
 
-torch::Tensor expected(const std::string& key) {
-  auto v = fixture()->get("expect")->get(key);
-  if (!v || !v->is_tensor()) throw std::runtime_error("fixture has no tensor " + key);
-  return v->tensor;
-}
+torch::Tensor expected(const std::string& key) { return libreyolo::test::yolo7_expected(key); }
 
 std::unique_ptr<models::LoadedModel> load() {
-  auto lm = models::model_from_checkpoint(fixture(), kPath);
+  auto lm = models::model_from_checkpoint(fixture(), libreyolo::test::yolo7_fixture_path());
   lm->model->eval();
   return lm;
 }
@@ -163,7 +156,7 @@ TEST(Yolo7Parity, PredictThroughTheApi) {
   // The letterboxed inputs as PNG files, predicted at 320: each is its own original, so the
   // detections are the reference's "whole" ones.
   const std::string dir = libreyolo::test::temp_dir("yolo7_predict");
-  libreyolo::LibreYOLO model(kPath, "cpu");
+  libreyolo::LibreYOLO model(libreyolo::test::yolo7_fixture_path(), "cpu");
   const auto u8 = expected("input_u8");
   for (int i = 0; i < 2; ++i) {
     const std::string path = dir + "/img" + std::to_string(i) + ".png";
