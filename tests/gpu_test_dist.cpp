@@ -181,27 +181,34 @@ TEST(DistGpu, PeerMemorySumsEqualNcclSums) {
 // both runs take the same cuDNN algorithms. Recorded on nvidia-h200-x2 on 2026-11-30 with cuDNN
 // autotuning on (the trainer's default): graphed vs eager 0.22 relative over the weights after 25
 // steps. Autotuning races algorithms per process, so two eager runs may differ as well: the
-// control pair measures that, and the assertion is made under LIBREYOLO_DETERMINISTIC=1.
+// control pair measures that, and the assertion is made with deterministic cuDNN: the eager pair
+// once through LIBREYOLO_DETERMINISTIC=1 and once through the `deterministic=true` option, which
+// must give the same weights.
 TEST(GpuTrainGraph, TrainerGraphedRunEqualsItsEagerRunOnOneGpu) {
   if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device on this machine";
   const std::string dir = test::temp_dir("gpu_train_graph");
   std::map<std::string, std::string> logs;
-  const auto train = [&](const std::string& name, bool graphed, bool deterministic) {
+  enum class Det { Off, Env, Option };  // deterministic cuDNN: no, by the environment, by the option
+  const auto train = [&](const std::string& name, bool graphed, Det deterministic) {
     auto a = args(dir, name, 2, 8, "0");  // 32 images: 4 steps per epoch, 8 in all
     a.push_back("val=false");
     if (graphed) a.push_back("cuda_graph=true");
     Env env{{"LIBREYOLO_TF32", "0"}};
-    if (deterministic) env.emplace_back("LIBREYOLO_DETERMINISTIC", "1");
+    if (deterministic == Det::Env) env.emplace_back("LIBREYOLO_DETERMINISTIC", "1");
+    if (deterministic == Det::Option) a.push_back("deterministic=true");
     const pid_t pid = launch(a, env, dir + "/" + name + ".txt");
     auto st = wait_for(pid, 300);
     logs[name] = slurp(dir + "/" + name + ".txt");
     ASSERT_TRUE(st && exited_ok(*st)) << logs[name];
   };
-  for (const char* n : {"tuned_a", "tuned_b"}) train(n, false, false);
-  for (const char* n : {"eager", "eager_again"}) train(n, false, true);
-  train("graphed", true, true);
+  for (const char* n : {"tuned_a", "tuned_b"}) train(n, false, Det::Off);
+  train("eager", false, Det::Env);
+  train("eager_again", false, Det::Option);
+  train("graphed", true, Det::Env);
   if (HasFatalFailure()) return;
   EXPECT_NE(logs["eager"].find("LIBREYOLO_DETERMINISTIC=1"), std::string::npos) << logs["eager"];
+  EXPECT_NE(logs["eager_again"].find("deterministic=true: cuDNN deterministic"), std::string::npos)
+      << logs["eager_again"];
   std::smatch m;
   ASSERT_TRUE(std::regex_search(logs["graphed"], m, std::regex("CUDA graphs: ([0-9]+) of 8 steps replayed")))
       << logs["graphed"];

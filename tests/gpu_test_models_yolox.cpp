@@ -23,22 +23,9 @@ namespace models = libreyolo::models;
 namespace io = libreyolo::io;
 using libreyolo::loss::YoloxLoss;
 
+using libreyolo::test::NoTF32;
+
 namespace {
-
-class NoTF32 {
- public:
-  NoTF32() : cudnn_(at::globalContext().allowTF32CuDNN()), cublas_(at::globalContext().allowTF32CuBLAS()) {
-    at::globalContext().setAllowTF32CuDNN(false);
-    at::globalContext().setAllowTF32CuBLAS(false);
-  }
-  ~NoTF32() {
-    at::globalContext().setAllowTF32CuDNN(cudnn_);
-    at::globalContext().setAllowTF32CuBLAS(cublas_);
-  }
-
- private:
-  bool cudnn_, cublas_;
-};
 
 struct Fixture {
   io::PyValuePtr checkpoint, expect;
@@ -225,41 +212,10 @@ TEST(YoloxGpuStepGraph, GraphedStepsEqualEagerBitForBitAcrossTheL1Switch) {
   cfg.momentum = 0.9;
   cfg.scheduler = "yoloxwarmcos";
   cfg.no_aug_epochs = 2;
-  const auto amp = libreyolo::engine::plan_amp(true, "bfloat16", dev);
-  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
-  for (int i = 0; i < 30; ++i) {
-    auto [im, t] = libreyolo::test::step_batch(2000 + i, 4, 128);
-    batches.emplace_back(im.pin_memory(), t.pin_memory());
-  }
-  struct Run {
-    std::vector<torch::Tensor> losses, params;
-    libreyolo::engine::StepGraphStats stats;
-  };
-  auto run = [&](bool graphs) {
-    torch::manual_seed(0);
-    auto model = fam->build("n", 2);
-    model->to(dev);
-    libreyolo::engine::to_channels_last(*model);
-    model->train();
-    auto setup = libreyolo::engine::make_step_runner(cfg, model, fam->make_loss(*model), nullptr, dev, amp, true, 3,
-                                                     fam);
-    auto& runner = *setup.runner;
-    if (graphs) {
-      EXPECT_EQ(runner.enable_cuda_graphs(), "");
-    }
-    Run r;
-    for (int i = 0; i < 30; ++i) {
-      if (i == 15 && fam->on_close_mosaic(*model, runner.loss())) runner.invalidate_cuda_graphs("L1 switch");
-      auto out = runner.forward_backward(batches[i].first, batches[i].second, 1.0);
-      r.losses.push_back(torch::cat({out.total.reshape({1}).to(torch::kFloat), out.terms.to(torch::kFloat)}).cpu());
-      runner.optimizer_step();
-    }
-    torch::cuda::synchronize();
-    for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu());
-    r.stats = runner.graph_stats();
-    return r;
-  };
-  const Run eager = run(false), graphed = run(true);
+  const auto batches = libreyolo::test::pinned_step_batches(30, 2000, 4, 128);
+  const auto build = [&] { return fam->build("n", 2); };
+  const auto eager = libreyolo::test::run_family_steps(*fam, build, cfg, batches, dev, false, 15);
+  const auto graphed = libreyolo::test::run_family_steps(*fam, build, cfg, batches, dev, true, 15);
   ASSERT_EQ(eager.losses.size(), graphed.losses.size());
   for (size_t i = 0; i < eager.losses.size(); ++i) EXPECT_TRUE(torch::equal(eager.losses[i], graphed.losses[i])) << i;
   for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(torch::equal(eager.params[i], graphed.params[i])) << i;

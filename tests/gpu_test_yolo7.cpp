@@ -1,8 +1,8 @@
 // YOLOv7 on CUDA against LibreYOLO 1.6.0's fixture (tests/data/yolo7_reference.pt): the eval maps
 // and decode in float32 (TF32 off), the detections of the GPU postprocess, the loss and its
-// gradients; and a captured inference forward against the eager one, bit for bit (what the family
-// must show before it declares capture_inference, which it does not yet: the test captures
-// through a copy of its entry with the flag set).
+// gradients; and graphed training steps equal to eager ones bit for bit (what the family needs
+// before it declares capture_train_step; its inference replay is checked with every family's in
+// gpu_test_inference_graph.cpp).
 #include <ATen/Context.h>
 
 #include <cstdio>
@@ -11,9 +11,10 @@
 #include "families/yolo7/loss.hpp"
 #include "families/yolo7/model.hpp"
 #include "io/pickle.hpp"
-#include "models/forward_graphs.hpp"
 #include "models/loaded_model.hpp"
+#include "step_check.hpp"
 #include "support.hpp"
+#include "yolo7_fixture.hpp"
 
 namespace io = libreyolo::io;
 namespace models = libreyolo::models;
@@ -22,18 +23,10 @@ using libreyolo::test::rel_err;
 
 namespace {
 
-const std::string kPath = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/yolo7_reference.pt";
 
-io::PyValuePtr fixture() {
-  static io::PyValuePtr root = io::load_torch_file(kPath);
-  return root;
-}
+io::PyValuePtr fixture() { return libreyolo::test::yolo7_fixture(); }
 
-torch::Tensor expected(const std::string& key) {
-  auto v = fixture()->get("expect")->get(key);
-  if (!v || !v->is_tensor()) throw std::runtime_error("fixture has no tensor " + key);
-  return v->tensor;
-}
+torch::Tensor expected(const std::string& key) { return libreyolo::test::yolo7_expected(key); }
 
 void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
   ASSERT_EQ(got.sizes(), want.sizes()) << what;
@@ -65,9 +58,8 @@ void expect_same_set(const libreyolo::ops::Detections& got, const std::string& p
 TEST(GpuYolo7, EvalMapsDecodeAndDetectionsMatchTheReference) {
   LY_REQUIRE_CUDA();
   const libreyolo::test::CudnnSettings exact(/*benchmark=*/false, /*deterministic=*/true, /*allow_tf32=*/false);
-  const bool tf32 = at::globalContext().allowTF32CuBLAS();
-  at::globalContext().setAllowTF32CuBLAS(false);
-  auto lm = models::model_from_checkpoint(fixture(), kPath);
+  const libreyolo::test::NoTF32 fp32;
+  auto lm = models::model_from_checkpoint(fixture(), libreyolo::test::yolo7_fixture_path());
   const torch::Device dev(torch::kCUDA, 0);
   lm->to(dev);
   lm->model->eval();
@@ -94,7 +86,6 @@ TEST(GpuYolo7, EvalMapsDecodeAndDetectionsMatchTheReference) {
     const auto dets = lm->family->postprocess_batch(pred, args);
     for (int i = 0; i < 2; ++i) expect_same_set(dets[static_cast<size_t>(i)], set + ".img" + std::to_string(i) + ".");
   }
-  at::globalContext().setAllowTF32CuBLAS(tf32);
 }
 
 TEST(GpuYolo7, LossMatchesTheReference) {
@@ -112,39 +103,30 @@ TEST(GpuYolo7, LossMatchesTheReference) {
   check_rel("d/d raw_2", raw[2].grad(), expected("loss.grad_2"), 1e-4);
 }
 
-TEST(GpuYolo7, CapturedForwardEqualsEager) {
+TEST(GpuYolo7, GraphedTrainingStepsEqualEagerBitForBit) {
   LY_REQUIRE_CUDA();
   const libreyolo::test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true,
                                            at::globalContext().allowTF32CuDNN());
-  const models::Family* registered = models::find_family("yolo7");
-  ASSERT_NE(registered, nullptr);
-  models::Family capturing = *registered;
-  capturing.capture_inference = true;
-  const models::Family* fam = &capturing;
   const torch::Device dev(torch::kCUDA, 0);
-  for (const bool narrow : {true, false}) {
-    torch::manual_seed(0);
-    auto model = narrow ? std::shared_ptr<models::Detector>(std::make_shared<yolo7::Yolo7Model>(2, 3))
-                        : fam->build("b", 80);
-    model->to(dev);
-    model->eval();
-    for (const bool bf16 : {false, true}) {
-      models::ForwardSpec spec;
-      spec.device = dev;
-      spec.amp = bf16;
-      spec.amp_dtype = torch::kBFloat16;
-      models::ForwardGraphs graphs;
-      torch::manual_seed(7);
-      const auto noise = torch::randint(0, 256, {2, 320, 320, 3}, torch::kUInt8);
-      const auto flat = torch::full({2, 320, 320, 3}, 90, torch::kUInt8);
-      for (const auto& probe : {noise, flat}) {
-        const auto want = graphs.forward(*model, *fam, probe, spec, models::GraphMode::Off).clone();
-        const auto got = graphs.forward(*model, *fam, probe, spec, models::GraphMode::On).clone();
-        EXPECT_TRUE(torch::equal(want, got)) << (narrow ? "narrow " : "b ") << (bf16 ? "bf16" : "fp32")
-                                             << " max diff " << (want - got).abs().max().item<float>();
-      }
-      EXPECT_EQ(graphs.info().captures, 1);
-      EXPECT_EQ(graphs.info().failures, 0);
-    }
+  const models::Family* fam = models::find_family("yolo7");
+  ASSERT_NE(fam, nullptr);
+  std::printf("[ REPORT   ] yolo7 declares capture_train_step: %s\n", fam->capture_train_step ? "yes" : "not yet");
+  libreyolo::TrainConfig cfg;
+  cfg.batch = 4;
+  cfg.epochs = 10;
+  cfg.warmup_epochs = 1;
+  cfg.momentum = 0.937;
+  cfg.scheduler = "yoloxwarmcos";
+  const auto batches = libreyolo::test::pinned_step_batches(24, 3000, 4, 128);
+  const auto build = [] { return std::shared_ptr<models::Detector>(std::make_shared<yolo7::Yolo7Model>(2, 2)); };
+  const auto eager = libreyolo::test::run_family_steps(*fam, build, cfg, batches, dev, false);
+  const auto graphed = libreyolo::test::run_family_steps(*fam, build, cfg, batches, dev, true);
+  ASSERT_EQ(eager.losses.size(), graphed.losses.size());
+  for (size_t i = 0; i < eager.losses.size(); ++i) {
+    EXPECT_TRUE(torch::equal(eager.losses[i], graphed.losses[i])) << "step " << i;
+    EXPECT_TRUE(torch::isfinite(eager.losses[i]).all().item<bool>()) << "step " << i;
   }
+  for (size_t i = 0; i < eager.params.size(); ++i) EXPECT_TRUE(torch::equal(eager.params[i], graphed.params[i])) << i;
+  EXPECT_GE(graphed.stats.replayed_micro_steps, 18);
+  EXPECT_EQ(graphed.stats.invalidations, 0);
 }

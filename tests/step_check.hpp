@@ -2,8 +2,10 @@
 // make_step_runner (accumulation, EMA, loss scaler), the trainer's window arithmetic, and the
 // list of every tensor a captured step must keep in place.
 #pragma once
+#include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,6 +58,56 @@ inline std::pair<torch::Tensor, torch::Tensor> step_batch(int seed, int64_t b = 
     targets[i][1] = torch::tensor({static_cast<float>((i + 1) % 2), 0.3f, 0.2f, 0.9f, 0.8f});
   }
   return {images, targets};
+}
+
+// A family's training step run `batches.size()` times (each micro-step followed by an optimizer
+// step, bf16 autocast, channels_last, no EMA) on a model from `build` (seed 0), eager or with the
+// step graphs on (of `scope`); before step `close_mosaic_at` the family's on_close_mosaic runs and its answer
+// invalidates the graphs. What came out: each step's total and terms, the parameters after, the
+// graph counters. A graphed run of a family that declares capture_train_step must equal its
+// eager run bit for bit (under deterministic cuDNN).
+struct FamilyStepRun {
+  std::vector<torch::Tensor> losses, params;
+  engine::StepGraphStats stats;
+};
+inline FamilyStepRun run_family_steps(const models::Family& fam,
+                                      const std::function<std::shared_ptr<models::Detector>()>& build,
+                                      const TrainConfig& cfg,
+                                      const std::vector<std::pair<torch::Tensor, torch::Tensor>>& batches,
+                                      const torch::Device& device, bool graphs, int close_mosaic_at = -1,
+                                      engine::GraphScope scope = engine::GraphScope::Step) {
+  torch::manual_seed(0);
+  auto model = build();
+  model->to(device);
+  engine::to_channels_last(*model);
+  model->train();
+  const auto amp = engine::plan_amp(true, "bfloat16", device);
+  auto setup = engine::make_step_runner(cfg, model, fam.make_loss(*model), nullptr, device, amp, true, 3, &fam);
+  auto& runner = *setup.runner;
+  if (graphs) EXPECT_EQ(runner.enable_cuda_graphs(3, scope), "");
+  FamilyStepRun r;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (static_cast<int>(i) == close_mosaic_at && fam.on_close_mosaic && fam.on_close_mosaic(*model, runner.loss()))
+      runner.invalidate_cuda_graphs("mosaic closed");
+    auto out = runner.forward_backward(batches[i].first, batches[i].second, 1.0);
+    r.losses.push_back(torch::cat({out.total.reshape({1}).to(torch::kFloat), out.terms.to(torch::kFloat)}).cpu());
+    runner.optimizer_step();
+  }
+  torch::cuda::synchronize();
+  for (const auto& p : model->parameters()) r.params.push_back(p.detach().cpu());
+  r.stats = runner.graph_stats();
+  return r;
+}
+
+// `n` pinned batches of step_batch(first_seed + i, b, s).
+inline std::vector<std::pair<torch::Tensor, torch::Tensor>> pinned_step_batches(int n, int first_seed, int64_t b,
+                                                                                int64_t s) {
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> out;
+  for (int i = 0; i < n; ++i) {
+    auto [im, t] = step_batch(first_seed + i, b, s);
+    out.emplace_back(im.pin_memory(), t.pin_memory());
+  }
+  return out;
 }
 
 // The trainer's accumulation arithmetic for micro-batch `bi` of an epoch of `nb` batches.

@@ -96,6 +96,18 @@ TEST(Device, ConfiguresCudnnForTrainingFromTheEnvironment) {
     ASSERT_FALSE(said.empty());
     EXPECT_NE(said.back().find("deterministic"), std::string::npos);
   }
+  {
+    // The train option does the same, and a later run without it autotunes again.
+    libreyolo::test::ScopedEnv b("LIBREYOLO_CUDNN_BENCHMARK", ""), d("LIBREYOLO_DETERMINISTIC", "");
+    const auto said = libreyolo::configure_cudnn(true, /*deterministic=*/true);
+    EXPECT_FALSE(ctx.benchmarkCuDNN());
+    EXPECT_TRUE(ctx.deterministicCuDNN());
+    ASSERT_EQ(said.size(), 1u);
+    EXPECT_NE(said[0].find("deterministic=true"), std::string::npos) << said[0];
+    EXPECT_TRUE(libreyolo::configure_cudnn(true).empty());
+    EXPECT_TRUE(ctx.benchmarkCuDNN());
+    EXPECT_FALSE(ctx.deterministicCuDNN());
+  }
   ctx.setBenchmarkCuDNN(bench);
   ctx.setDeterministicCuDNN(det);
   ctx.setBenchmarkLimitCuDNN(limit);

@@ -63,13 +63,14 @@ TEST(RtdetrFamily, FreshModelsTrainTheirBackboneNorms) {
     const StateDict sd = models::state_dict(*m);
     EXPECT_EQ(sd.size(), entries);
     EXPECT_EQ(f->infer_size(sd).value_or(""), size);
-    int64_t norm_params = 0;
-    for (const auto& p : m->named_parameters())
-      if (p.key().rfind("backbone.", 0) == 0 && p.key().find("norm.weight") != std::string::npos) ++norm_params;
-    int64_t bn_params = 0;
-    for (const auto& p : m->named_parameters())
-      if (p.key().rfind("backbone.", 0) == 0 && p.key().find("bn.weight") != std::string::npos) ++bn_params;
-    EXPECT_GT(norm_params + bn_params, 0) << "backbone norms have no trainable weight";
+    int64_t norm_weights = 0;  // trainable norm scales of the backbone (PResNet "norm", HGNetv2 "bn")
+    for (const auto& p : m->named_parameters()) {
+      const std::string& k = p.key();
+      if (k.rfind("backbone.", 0) == 0 &&
+          (k.find("norm.weight") != std::string::npos || k.find("bn.weight") != std::string::npos))
+        ++norm_weights;
+    }
+    EXPECT_GT(norm_weights, 0) << "backbone norms have no trainable weight";
   }
 }
 
@@ -205,4 +206,25 @@ TEST(RtdetrFamily, CheckpointOfAnotherFamilysWeightsIsRefusedByName) {
   EXPECT_NE(b.find("'yolo9' but the weights are rtdetr's"), std::string::npos) << b;
   // The right label loads.
   EXPECT_EQ(refusal(write("rtdetr", "rtdetr", "r18")), "loaded");
+}
+
+// The training head seam: forward_train equals the tail applied to the head's outputs, and the
+// head's parameters are exactly the backbone's and the encoder's (what the head graphs compute
+// gradients for).
+TEST(RtdetrFamily, TrainingForwardSplitsAtTheHeadSeam) {
+  torch::manual_seed(0);
+  auto m = models::find_family("rtdetr")->build("r18", 3);
+  m->train();
+  const auto x = torch::rand({1, 3, 128, 128});
+  const auto whole = m->forward_train(x, torch::Tensor());
+  const auto split = m->train_tail(m->train_head(x), x, torch::Tensor());
+  ASSERT_EQ(whole.size(), split.size());
+  for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(torch::equal(whole[i], split[i])) << "output " << i;
+  size_t head = 0, named = 0;
+  for (const auto& p : m->named_parameters())
+    if (p.key().rfind("backbone.", 0) == 0 || p.key().rfind("encoder.", 0) == 0) ++named;
+  head = m->head_parameters().size();
+  EXPECT_EQ(head, named);
+  EXPECT_GT(head, 100u);
+  EXPECT_EQ(m->train_head(x).size(), 3u);
 }

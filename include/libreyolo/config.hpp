@@ -17,6 +17,10 @@ struct TrainConfig {
   std::string cache = "false";   // false, ram (resized images in memory), disk (beside the images, reused by later runs)
   std::string loader = "auto";  // auto (the CPU loader), cpu, gpu (nvJPEG decode + CUDA augmentation; blend recipes, no mixup or cache)
   int seed = 0;
+  // CUDA: cuDNN algorithms by heuristics, deterministic ones only, no autotuning, so that a seed
+  // gives the same weights from run to run on one machine (autotuning races algorithms in each
+  // process; the step is slower without it). The CPU is reproducible for a thread count anyway.
+  bool deterministic = false;
   std::string resume;            // "", true (the loaded checkpoint), or a checkpoint path
   bool pretrained = true;        // use the loaded weights (false: fresh init of the same shape)
 
@@ -25,7 +29,7 @@ struct TrainConfig {
   std::string amp_dtype = "float16";  // float16 (dynamic loss scaling) or bfloat16 (no scaler)
   std::string memory_format = "auto"; // auto, channels_last, contiguous
   bool cuda_graph = false;            // replay the whole training step from CUDA graphs (CUDA only)
-  std::string cuda_graph_scope = "step";  // what is captured: step (forward, loss, backward, update)
+  std::string cuda_graph_scope = "step";  // step: the whole step where the family allows it, else its training head and the update; head: the head and the update
 
   // Optimisation.
   std::string optimizer = "sgd";      // sgd, adam, adamw

@@ -19,13 +19,15 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("cache", &C::cache, "cache decoded images: false or ram")
         .add("loader", &C::loader, "where samples are decoded and augmented: auto (cpu), cpu, gpu (nvJPEG + CUDA kernels)")
         .add("seed", &C::seed, "random seed")
+        .add("deterministic", &C::deterministic,
+             "CUDA: deterministic cuDNN algorithms by heuristics, no autotuning (same weights run to run; slower)")
         .add("resume", &C::resume, "resume from a checkpoint path (or true: the loaded one)")
         .add("pretrained", &C::pretrained, "start from the loaded weights")
         .add("amp", &C::amp, "mixed precision on CUDA")
         .add("amp_dtype", &C::amp_dtype, "float16 (with loss scaling) or bfloat16")
         .add("memory_format", &C::memory_format, "auto, channels_last or contiguous")
         .add("cuda_graph", &C::cuda_graph, "replay the whole training step from CUDA graphs (captured per input shape)")
-        .add("cuda_graph_scope", &C::cuda_graph_scope, "what a CUDA graph captures: step (forward, loss, backward, update)")
+        .add("cuda_graph_scope", &C::cuda_graph_scope, "what CUDA graphs capture: step (the whole step, where the family allows it, else its training head and the update) or head (the training head and the update)")
         .add("optimizer", &C::optimizer, "sgd, adam or adamw")
         .add("lr0", &C::lr0, "initial learning rate")
         .add("lr_backbone", &C::lr_backbone, "the backbone's learning rate, for families that train it apart (0 = lr0)")
@@ -177,7 +179,7 @@ void validate(const TrainConfig& c) {
   if (c.workers < 0) range_error("workers", "must be >= 0");
   check_one_of("amp_dtype", c.amp_dtype, {"float16", "bfloat16", "fp16", "bf16"});
   check_one_of("memory_format", c.memory_format, {"auto", "channels_last", "contiguous"});
-  check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step"});
+  check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step", "head"});
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
   if (c.scheduler.empty()) range_error("scheduler", "must name a schedule");  // the family reads it (engine/schedule)
   check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});

@@ -1,6 +1,7 @@
 #include "core/cuda_graph.hpp"
 
 #include <mutex>
+#include <optional>
 
 #include "core/env.hpp"
 
@@ -33,6 +34,8 @@ bool cuda_graphs_supported(const torch::Device& device, std::string* why) {
 
 struct CapturedGraph::Impl {
   at::cuda::CUDAGraph graph;
+  at::cuda::MempoolId_t pool;
+  std::optional<at::cuda::CUDAStream> stream;  // the stream captured on
 };
 
 namespace {
@@ -51,7 +54,8 @@ std::string first_line(const std::string& s) {
 
 std::unique_ptr<CapturedGraph> CapturedGraph::capture(const torch::Device& device,
                                                       const std::function<void()>& region,
-                                                      std::vector<std::shared_ptr<const void>> keep_alive) {
+                                                      std::vector<std::shared_ptr<const void>> keep_alive,
+                                                      const CapturedGraph* after) {
   std::string why;
   if (!cuda_graphs_supported(device, &why)) throw CaptureError(why);
   std::lock_guard<std::mutex> lock(capture_mutex());
@@ -63,7 +67,9 @@ std::unique_ptr<CapturedGraph> CapturedGraph::capture(const torch::Device& devic
   std::unique_ptr<CapturedGraph> out(new CapturedGraph());
   out->impl_ = std::make_unique<Impl>();
   out->keep_alive_ = std::move(keep_alive);
-  const at::cuda::MempoolId_t pool = at::cuda::graph_pool_handle();
+  if (after && !after->impl_) throw CaptureError("the graph to continue has no capture");
+  const bool own_pool = after == nullptr;
+  const at::cuda::MempoolId_t pool = own_pool ? at::cuda::graph_pool_handle() : after->impl_->pool;
   // The stream captured on carries the region's main chain; what the region forks to other
   // streams (inference branches, the training step's weight gradients) is off its critical
   // path. Kernel nodes keep their stream's priority (PyTorch instantiates with node
@@ -71,7 +77,9 @@ std::unique_ptr<CapturedGraph> CapturedGraph::capture(const torch::Device& devic
   // first when both have blocks waiting (H200, v9-t fp32 batch 1 graphed 0.717-0.721 ->
   // 0.704-0.711 ms). LIBREYOLO_GRAPH_PRIORITY=0 captures at normal priority.
   static const bool high = env_switch_on("LIBREYOLO_GRAPH_PRIORITY");
-  at::cuda::CUDAStream side = at::cuda::getStreamFromPool(high, index);
+  at::cuda::CUDAStream side = own_pool ? at::cuda::getStreamFromPool(high, index) : *after->impl_->stream;
+  out->impl_->pool = pool;
+  out->impl_->stream = side;
   bool began = false;
   try {
     c10::cuda::CUDAStreamGuard stream_guard(side);
@@ -94,7 +102,7 @@ std::unique_ptr<CapturedGraph> CapturedGraph::capture(const torch::Device& devic
       } catch (...) {
       }
       out->impl_.reset();  // the graph object before its pool
-      try {
+      try {  // this capture's reference to the pool (a shared pool stays its first graph's)
         c10::cuda::CUDACachingAllocator::releasePool(index, pool);
       } catch (...) {
       }
@@ -131,7 +139,7 @@ void release_cached_blocks(const torch::Device&) {}
 struct CapturedGraph::Impl {};
 
 std::unique_ptr<CapturedGraph> CapturedGraph::capture(const torch::Device& device, const std::function<void()>&,
-                                                      std::vector<std::shared_ptr<const void>>) {
+                                                      std::vector<std::shared_ptr<const void>>, const CapturedGraph*) {
   std::string why;
   cuda_graphs_supported(device, &why);
   throw CaptureError(why);

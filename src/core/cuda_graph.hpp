@@ -37,9 +37,12 @@ class CapturedGraph {
   // Records `region` (it must queue device work only: no host synchronisation, no host-to-device
   // copy from pageable memory, no allocation that must outlive the graph other than its outputs).
   // The current stream must be idle or ordered before: capture waits for it. Does NOT run it:
-  // call replay(). Throws CaptureError.
+  // call replay(). Throws CaptureError. `after`: a graph whose region this one continues (a
+  // backward after its forward): captured on the same stream into the same memory pool, so that it
+  // may read what that region left in the pool (saved activations); replay them in order.
   static std::unique_ptr<CapturedGraph> capture(const torch::Device& device, const std::function<void()>& region,
-                                                std::vector<std::shared_ptr<const void>> keep_alive = {});
+                                                std::vector<std::shared_ptr<const void>> keep_alive = {},
+                                                const CapturedGraph* after = nullptr);
   ~CapturedGraph();
   CapturedGraph(const CapturedGraph&) = delete;
   CapturedGraph& operator=(const CapturedGraph&) = delete;

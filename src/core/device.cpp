@@ -137,7 +137,7 @@ CudnnAutotuneScope::~CudnnAutotuneScope() {
   ctx.setBenchmarkLimitCuDNN(was_limit_);
 }
 
-std::vector<std::string> configure_cudnn(bool autotune) {
+std::vector<std::string> configure_cudnn(bool autotune, bool deterministic) {
   auto& ctx = at::globalContext();
   std::vector<std::string> said;
   const auto env = env_setting;
@@ -152,10 +152,12 @@ std::vector<std::string> configure_cudnn(bool autotune) {
   }
   // Autotuning picks by a race, so two processes can take different algorithms, whose rounding
   // differs (two autotuned fp32 runs of 8 steps on an H200: 0.012 relative over the weights).
-  if (env("LIBREYOLO_DETERMINISTIC") == "1") {
+  const bool by_env = env("LIBREYOLO_DETERMINISTIC") == "1";
+  ctx.setDeterministicCuDNN(by_env || deterministic);  // the run's setting, not an earlier run's
+  if (by_env || deterministic) {
     ctx.setBenchmarkCuDNN(false);
-    ctx.setDeterministicCuDNN(true);
-    said.push_back("LIBREYOLO_DETERMINISTIC=1: cuDNN deterministic algorithms, no autotuning");
+    said.push_back(std::string(by_env ? "LIBREYOLO_DETERMINISTIC=1" : "deterministic=true") +
+                   ": cuDNN deterministic algorithms by heuristics, no autotuning");
   }
   return said;
 }

@@ -24,8 +24,9 @@ void synchronize(const torch::Device& device);
 //   LIBREYOLO_CUDNN_BENCHMARK=0 (heuristics only), 1 (autotune), N > 1 (autotune, N candidates each)
 //   LIBREYOLO_TF32=0            full fp32 convolutions and matmuls
 //   LIBREYOLO_DETERMINISTIC=1   deterministic algorithms by heuristics (same bits from run to run)
-// Returns what the environment changed, one line per setting ("" when nothing).
-std::vector<std::string> configure_cudnn(bool autotune);
+// `deterministic` (the train option) does what LIBREYOLO_DETERMINISTIC=1 does.
+// Returns what the option or the environment changed, one line per setting ("" when nothing).
+std::vector<std::string> configure_cudnn(bool autotune, bool deterministic = false);
 // Candidates timed per convolution when autotuning (ATen's default is 10). H200, v9-t bf16 graphed,
 // batch 16: the first step of a fresh process 13.9 s with 10, 7.1 s with 4, 1.6 s without
 // autotuning; the steady speed with 4 equals 10's (590 img/s end to end; steps at batch 8/16/32

@@ -30,6 +30,7 @@ struct StepRunner::Slot {
   int seen = 0;  // staged for a step (not counting prepare_images)
   std::unique_ptr<CapturedGraph> graph;
   LossOutput out;
+  std::unique_ptr<GraphedSegment> head;  // Head scope
 };
 
 namespace {
@@ -69,7 +70,7 @@ StepRunner::~StepRunner() {
 }
 
 bool StepRunner::has_graphs() const {
-  return update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph != nullptr; });
+  return update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph || s->head; });
 }
 
 void StepRunner::set_global_step(int64_t s) {
@@ -169,7 +170,12 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
     {
       PhaseScope ps(obs, Phase::Forward);
       convert_input(s);
-      raw = model_->forward_train(s.input, s.targets);
+      if (s.head) {
+        raw = model_->train_tail(s.head->run(), s.input, s.targets);
+        ++counts_.replayed_heads;
+      } else {
+        raw = model_->forward_train(s.input, s.targets);
+      }
     }
     PhaseScope ps(obs, Phase::Loss);
     out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));
@@ -189,9 +195,34 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
   return out;
 }
 
+LossOutput StepRunner::head_scope_step(Slot& s) {
+  if (!s.head && s.seen >= capture_at_) {
+    try {
+      release_cached_blocks(cfg_.device);
+      AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype, /*cache=*/false);
+      s.head = GraphedSegment::capture(
+          cfg_.device, [&](const torch::Tensor& x) { return model_->train_head(x); }, s.input,
+          model_->head_parameters());
+      log_info(strfmt("CUDA graphs: training head captured for input %s (its forward and backward)", s.name.c_str()));
+    } catch (const CaptureError& e) {
+      graphs_failed("capturing the training head for input " + s.name, e.what());
+    }
+  }
+  ++counts_.eager_micro_steps;
+  if (s.head) {
+    try {
+      return micro_step(s, /*capturing=*/false);
+    } catch (const CaptureError& e) {  // a replay failed before the step's other work began
+      graphs_failed("replaying the training head for input " + s.name, e.what());
+    }
+  }
+  return micro_step(s, /*capturing=*/false);
+}
+
 LossOutput StepRunner::forward_backward_staged() {
   TORCH_CHECK(current_ && current_->targets.defined(), "forward_backward_staged: no batch staged");
   Slot& s = *current_;
+  if (graphs_on_ && scope_ == GraphScope::Head) return head_scope_step(s);
   if (graphs_on_ && !s.graph && s.seen >= capture_at_) {
     try {
       LossOutput out;
@@ -218,10 +249,12 @@ LossOutput StepRunner::forward_backward_staged() {
   return micro_step(s, /*capturing=*/false);
 }
 
-std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence) {
+std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence, GraphScope scope) {
   std::string why;
   if (!cuda_graphs_supported(cfg_.device, &why)) {
   }
+  if (why.empty() && scope == GraphScope::Head && model_->head_parameters().empty())
+    why = model_->family_name() + " has no training head seam";
   if (!why.empty()) {
     graphs_on_ = false;
     graphs_off_reason_ = why;
@@ -230,6 +263,7 @@ std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence) {
   // The first occurrence of a shape must run eager (it creates the gradients, lets cuDNN pick
   // its algorithms and sizes the kernels' scratch): capture on the second at the earliest.
   capture_at_ = std::max(2, capture_at_occurrence);
+  scope_ = scope;
   graphs_on_ = true;
   graphs_off_reason_.clear();
   return "";
@@ -240,6 +274,7 @@ void StepRunner::invalidate_cuda_graphs(const std::string& why) {
   if (had) synchronize(cfg_.device);  // queued replays finish before the graphs go
   for (auto& s : slots_) {
     s->graph.reset();
+    s->head.reset();
     s->out = {};
     s->seen = 0;
   }
@@ -270,7 +305,7 @@ StepGraphStats StepRunner::graph_stats() const {
   st.update_captured = update_graph_ != nullptr;
   st.captured_shapes = 0;
   for (const auto& s : slots_) {
-    if (s->graph) ++st.captured_shapes;
+    if (s->graph || s->head) ++st.captured_shapes;
     else if (s->seen > 0) st.eager_shapes.push_back(s->name);
   }
   return st;

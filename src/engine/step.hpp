@@ -19,6 +19,9 @@
 // Shapes seen fewer times run eager. A capture or replay failure switches the rest of the run to
 // eager (one warning, nothing lost: a failed capture executed nothing). invalidate_cuda_graphs()
 // drops every graph when what the step computes changes (recaptured once the shape settles).
+// With the Head scope (a network whose whole step cannot be captured, Detector::train_head), the
+// micro-step runs eager except its head, which is replayed from a forward and a backward graph
+// per shape (engine/graphed_segment.hpp), and the update is one graph as above.
 #pragma once
 #include <torch/torch.h>
 
@@ -33,6 +36,7 @@
 #include "core/cuda_graph.hpp"
 #include "engine/amp.hpp"
 #include "engine/ema.hpp"
+#include "engine/graphed_segment.hpp"
 #include "engine/optimizer.hpp"
 #include "engine/schedule.hpp"
 #include "loss/loss.hpp"
@@ -99,13 +103,18 @@ class NoGradSync final : public GradSync {
 struct StepGraphStats {
   bool enabled = false;          // enable_cuda_graphs() succeeded and no failure since
   std::string off_reason;        // why graphs are off (empty while enabled or never asked)
-  int captured_shapes = 0;       // micro-step graphs alive
+  int captured_shapes = 0;       // micro-step graphs alive (Head scope: head graphs alive)
   bool update_captured = false;  // the update graph is alive
   int64_t replayed_micro_steps = 0, eager_micro_steps = 0;
+  int64_t replayed_heads = 0;  // Head scope: eager micro-steps whose head was replayed
   int64_t replayed_updates = 0, eager_updates = 0;
   int invalidations = 0;
   std::vector<std::string> eager_shapes;  // shapes staged but not (yet) captured, e.g. "4x3x160x160"
 };
+
+// What enable_cuda_graphs() captures: the whole micro-step, or only the network's training head
+// (Detector::train_head); the update is captured in both.
+enum class GraphScope { Step, Head };
 
 class StepRunner {
  public:
@@ -154,9 +163,9 @@ class StepRunner {
   const torch::Tensor& staged_targets() const;
   const torch::Tensor& loss_divisor() const { return divisor_; }
 
-  // CUDA graphs of the whole step (see the top of this file). Returns "" when on, else why not
-  // (the step then stays eager). Not under gradient synchronisation (multi-GPU) for now.
-  std::string enable_cuda_graphs(int capture_at_occurrence = 3);
+  // CUDA graphs of the whole step, or of its head and the update (see the top of this file).
+  // Returns "" when on, else why not (the step then stays eager).
+  std::string enable_cuda_graphs(int capture_at_occurrence = 3, GraphScope scope = GraphScope::Step);
   // Drops every captured graph (the captured region would now compute something else: a loss
   // switch, reloaded weights); shapes are counted again and recaptured. `why` is logged.
   void invalidate_cuda_graphs(const std::string& why);
@@ -168,6 +177,7 @@ class StepRunner {
   void stage_images(const torch::Tensor& images, const torch::Tensor* targets);
   void convert_input(Slot& s);
   LossOutput micro_step(Slot& s, bool capturing);
+  LossOutput head_scope_step(Slot& s);
   void graphs_failed(const std::string& what, const std::string& why);
   bool has_graphs() const;  // any micro-step or update graph alive
   void run_update();
@@ -189,6 +199,7 @@ class StepRunner {
   // CUDA graphs.
   bool graphs_on_ = false;
   int capture_at_ = 3;
+  GraphScope scope_ = GraphScope::Step;
   std::string graphs_off_reason_;
   std::unique_ptr<CapturedGraph> update_graph_;
   int update_seen_ = 0;

@@ -255,9 +255,10 @@ void Trainer::setup_device() {
   }
   channels_last_ = cfg_.memory_format == "channels_last" || (cfg_.memory_format == "auto" && device_.is_cuda());
   // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
-  // fastest (measured on an H200: v9-t batch 8 bf16 step 75 -> 67 ms).
+  // fastest (measured on an H200: v9-t batch 8 bf16 step 75 -> 67 ms), unless asked for runs that
+  // repeat bit for bit.
   if (device_.is_cuda())
-    for (const std::string& line : configure_cudnn(true)) log_info(line);
+    for (const std::string& line : configure_cudnn(true, cfg_.deterministic)) log_info(line);
 }
 
 // Under torchrun every rank trains, whatever `device` says (as in LibreYOLO): rank i on
@@ -544,17 +545,28 @@ void Trainer::setup_optimization() {
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
   if (group_) install_syncs();
   if (cfg_.cuda_graph) {
+    // The deepest capture the family declares: the whole step, else the training head and the
+    // update (cuda_graph_scope=head asks for the latter on any family with a head seam).
+    const models::Family& fam = *lm_.family;
+    const bool step_scope = fam.capture_train_step && cfg_.cuda_graph_scope != "head";
     std::string why;
-    if (!lm_.family->capture_train_step)
-      why = lm_.family->name + " does not declare a capturable training step";
+    if (step_scope)
+      why = step_->enable_cuda_graphs(3, engine::GraphScope::Step);
+    else if (fam.capture_train_head)
+      why = step_->enable_cuda_graphs(3, engine::GraphScope::Head);
     else
-      why = step_->enable_cuda_graphs();
-    if (why.empty())
+      why = fam.name + " declares neither a capturable training step nor a training head seam";
+    if (!why.empty())
+      log_info("CUDA graphs off (" + why + "): training eager");
+    else if (step_scope)
       log_info(std::string("CUDA graphs: the whole step (forward, loss, backward; then the update") +
                (group_ ? ", with their all-reduces" : "") +
                ") is captured per input shape on its 3rd occurrence and replayed; other shapes run eager");
     else
-      log_info("CUDA graphs off (" + why + "): training eager");
+      log_info(std::string("CUDA graphs: the training head (") +
+               (fam.capture_train_step ? "cuda_graph_scope=head" : "the rest of " + fam.name + "'s step is not capturable") +
+               ": its forward and backward per input shape on its 3rd occurrence) and the update" +
+               (group_ ? " with its all-reduces" : "") + " are replayed; the rest of the step runs eager");
   }
   loss_names_ = step_->loss().term_names();
   loss_sums_ = torch::zeros({1 + static_cast<int64_t>(loss_names_.size())},

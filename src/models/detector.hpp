@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,6 +61,23 @@ class Detector : public torch::nn::Module {
     (void)targets;
     return forward_raw(x);
   }
+
+  // A capture seam in the training forward, for a network whose whole step cannot be captured
+  // (data-dependent shapes or host reads past some point): in training mode
+  // forward_train(x, targets) == train_tail(train_head(x), x, targets), where train_head is a
+  // fixed-shape function of x alone without host reads, reading only head_parameters() (the step
+  // runner may replay it, forward and backward, from CUDA graphs), and train_tail the rest. No seam:
+  // head_parameters() is empty (the default) and the other two are not called.
+  virtual std::vector<torch::Tensor> head_parameters() { return {}; }
+  virtual std::vector<torch::Tensor> train_head(const torch::Tensor& x) {
+    (void)x;
+    throw std::logic_error(family_name() + " has no training head seam");
+  }
+  virtual std::vector<torch::Tensor> train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                                const torch::Tensor& targets) {
+    (void)head, (void)x, (void)targets;
+    throw std::logic_error(family_name() + " has no training head seam");
+  }
 };
 
 // How a family wants its input: images arrive as NHWC uint8 RGB; the network gets float NCHW
@@ -108,6 +126,9 @@ struct Family {
   // The whole training step (forward, loss with its assigner, backward, update) is free of host
   // synchronisation and data-dependent shapes, so it can be captured in a CUDA graph.
   bool capture_train_step = false;
+  // When it cannot: the training forward has a capture seam (Detector::train_head) whose part
+  // before it the step runner replays from CUDA graphs, forward and backward, with the update.
+  bool capture_train_head = false;
   // The eval forward (input conversion, network, decode) is free of host synchronisation and
   // data-dependent shapes; proven bitwise equal to eager by a capture/replay parity test.
   bool capture_inference = false;

@@ -116,9 +116,12 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
 
 Family make_family() {
   Family f("rtdetr", size_names(), "r18");
-  // Not captured (capture_train_step and capture_inference stay false): contrastive denoising
-  // groups sized by the batch's largest box count and the host-side Hungarian matching give the
-  // step data-dependent shapes and host reads; inference capture is not proven by a parity test.
+  // The whole training step is not capturable: contrastive denoising groups sized by the batch's
+  // largest box count and the host-side Hungarian matching give it data-dependent shapes and host
+  // reads. Its head (backbone and encoder: RtdetrModel::train_head) and the eval forward (300
+  // queries) have fixed shapes and no host reads; capture_train_head and capture_inference stay
+  // off until their GPU tests (RtdetrGpu.GraphedHead*, RtdetrGpu.HeadGraphed*, the inference
+  // replay test run on every family) have passed on a GPU.
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's RTDETRConfig where it differs from the defaults of config.hpp.

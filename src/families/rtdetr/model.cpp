@@ -30,9 +30,16 @@ EvalTrace RtdetrModel::forward_trace(const torch::Tensor& x) {
 
 TrainOutputs RtdetrModel::forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts) {
   if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
+  const auto backbone = backbone_forward(x);
+  TrainOutputs t = decoder_train_outputs(encoder->forward(backbone), gts);
+  t.backbone = backbone;
+  return t;
+}
+
+TrainOutputs RtdetrModel::decoder_train_outputs(const std::array<torch::Tensor, 3>& encoded,
+                                                const std::vector<ImageTargets>& gts) {
   TrainOutputs t;
-  t.backbone = backbone_forward(x);
-  t.encoder = encoder->forward(t.backbone);
+  t.encoder = encoded;
   const auto [memory, shapes] = decoder->encoder_memory(t.encoder);
   const auto s = decoder->select_queries(memory, shapes);
   auto target = s.target, ref_unact = s.ref_unact;
@@ -62,10 +69,28 @@ TrainOutputs RtdetrModel::forward_train_outputs(const torch::Tensor& x, const st
 
 std::vector<torch::Tensor> RtdetrModel::forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
   if (!is_training()) return forward_raw(x);
+  return train_tail(train_head(x), x, targets);
+}
+
+std::vector<torch::Tensor> RtdetrModel::head_parameters() {
+  std::vector<torch::Tensor> p = hgnet ? hgnet->parameters() : presnet->parameters();
+  for (const auto& e : encoder->parameters()) p.push_back(e);
+  return p;
+}
+
+std::vector<torch::Tensor> RtdetrModel::train_head(const torch::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3)
     throw UsageError("RT-DETR expects images [B, 3, H, W], got " + c10::str(x.sizes()));
+  const auto e = encoder->forward(backbone_forward(x));
+  return {e[0], e[1], e[2]};
+}
+
+std::vector<torch::Tensor> RtdetrModel::train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                                   const torch::Tensor& targets) {
+  if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
+  if (head.size() != 3) throw UsageError("RT-DETR: the training head gives the encoder's 3 levels");
   const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
-  return pack_train_outputs(forward_train_outputs(x, gts), x.size(2), x.size(3));
+  return pack_train_outputs(decoder_train_outputs({head[0], head[1], head[2]}, gts), x.size(2), x.size(3));
 }
 
 std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t input_h, int64_t input_w) {

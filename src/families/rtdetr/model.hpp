@@ -83,9 +83,18 @@ class RtdetrModel : public Detector {
   // front of the matching queries under its attention mask; none when `gts` is empty or holds
   // no box.
   TrainOutputs forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts = {});
+  // The same from the encoder's outputs on (TrainOutputs::backbone left empty).
+  TrainOutputs decoder_train_outputs(const std::array<torch::Tensor, 3>& encoded,
+                                     const std::vector<ImageTargets>& gts = {});
   // Training mode: pack_train_outputs of forward_train_outputs (targets as DetectionLoss reads
-  // them, undefined = no denoising). Eval mode: forward_raw.
+  // them, undefined = no denoising), as train_tail(train_head(x), x, targets). Eval mode: forward_raw.
   std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
+  // The capture seam: the head is the backbone and the hybrid encoder (fixed shapes, no host
+  // reads), the tail the query selection, denoising group and decoder.
+  std::vector<torch::Tensor> head_parameters() override;
+  std::vector<torch::Tensor> train_head(const torch::Tensor& x) override;
+  std::vector<torch::Tensor> train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                        const torch::Tensor& targets) override;
 
   // Where the denoising group's random numbers come from (default: torch's global generator).
   void set_denoising_source(DenoisingSource source) { dn_source_ = std::move(source); }
