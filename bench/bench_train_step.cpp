@@ -27,6 +27,7 @@
 
 #include "bench_util.hpp"
 #include "engine/step.hpp"
+#include "core/config_schema.hpp"
 #include "core/device.hpp"
 #include "layers/conv_bn_act.hpp"
 #include "models/detector.hpp"
@@ -241,9 +242,11 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
     if (b->sc.channels_last) engine::to_channels_last(*b->ema_model);
     b->ema = std::make_unique<engine::ModelEMA>(b->ema_model, *b->model);
   }
-  // The recipe's optimizer (SGD, lr0 0.01) at a constant-looking rate: no warm-up, no
-  // accumulation, a linear decay over a million steps.
+  // The family's recipe (optimizer, its groups and rates, weight decay, gradient clipping) at a
+  // constant-looking rate: no warm-up, no accumulation, a linear decay over a million steps.
   TrainConfig tc;
+  train_schema().apply(tc, fam.train_defaults, "train");
+  tc.scheduler = "linear";
   tc.batch = static_cast<int>(c.batch);
   tc.nbs = 0;
   tc.warmup_epochs = 0;
@@ -252,7 +255,9 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
                                        b->sc.channels_last, /*batches_per_epoch=*/1, &fam)
                   .runner;
   if (c.graph) {
-    const std::string why = b->runner->enable_cuda_graphs();
+    // The whole step where the family allows it, else its training head and the update.
+    const std::string why = b->runner->enable_cuda_graphs(
+        3, fam.capture_train_step ? engine::GraphScope::Step : engine::GraphScope::Head);
     if (!why.empty()) throw std::runtime_error("--cuda-graph on: " + why);
   }
   auto [images, targets] = make_batch(c.batch, o.imgsz, 80);
@@ -395,7 +400,8 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
     const auto g = b->runner->graph_stats();
     r["graph"] = {{"enabled", g.enabled}, {"off_reason", g.off_reason}, {"captured_shapes", g.captured_shapes},
                   {"update_captured", g.update_captured}, {"replayed_steps", g.replayed_micro_steps},
-                  {"eager_steps", g.eager_micro_steps}};
+                  {"eager_steps", g.eager_micro_steps}, {"replayed_heads", g.replayed_heads},
+                  {"scope", fam.capture_train_step ? "step" : "head"}};
   }
   return r;
 }
