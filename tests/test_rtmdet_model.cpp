@@ -12,6 +12,7 @@
 
 #include "families/rtmdet/model.hpp"
 #include "libreyolo/errors.hpp"
+#include "libreyolo/libreyolo.hpp"
 #include "loss/loss.hpp"
 #include "models/detector.hpp"
 #include "models/input.hpp"
@@ -212,6 +213,8 @@ TEST(RtmdetFamily, RegisteredRecognisedAndNamed) {
     EXPECT_EQ(lm->model->num_classes(), 80) << name;
   }
   EXPECT_EQ(models::load_model("rtmdet", "cpu")->model->size(), "s");  // the default size
+  // The API counts each tensor once, as LibreYOLO does (the shared convolutions have three names).
+  EXPECT_EQ(libreyolo::LibreYOLO("rtmdet-t", "cpu").info().parameters, 4896168);
   EXPECT_ANY_THROW(models::load_model("rtmdetb", "cpu"));
   EXPECT_ANY_THROW(f.build("b", 80));
 }
