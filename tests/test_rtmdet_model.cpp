@@ -175,6 +175,10 @@ TEST(RtmdetModel, WidthsDepthsAndClassesReadBackFromWeights) {
   for (const auto& kv : sd)
     if (kv.first.rfind("backbone.stem.", 0) != 0) no_stem.push_back(kv);
   EXPECT_THROW(f.build_like(no_stem, 0), libreyolo::ModelError);
+  // RTMDet-Ins weights (a mask head) are refused rather than loaded as a detector.
+  StateDict ins = sd;
+  ins.emplace_back("head.rtm_kernel.0.weight", torch::zeros({169, 16, 1, 1}));
+  EXPECT_THROW(f.build_like(ins, 0), libreyolo::ModelError);
 }
 
 TEST(RtmdetFamily, RegisteredRecognisedAndNamed) {

@@ -118,8 +118,13 @@ std::shared_ptr<Detector> build(const std::string& size, int nc) {
   return std::make_shared<RTMDetModel>(size_arch(size), nc);
 }
 
-// nc <= 0 takes the class count from the weights.
+// nc <= 0 takes the class count from the weights. RTMDet-Ins weights (a mask head: "rtm_kernel",
+// ".mask_head.") are refused: only the detection network is here.
 std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
+  for (const auto& kv : sd)
+    if (contains(kv.first, "rtm_kernel") || contains(kv.first, ".mask_head."))
+      throw ModelError("these are RTMDet-Ins (instance segmentation) weights: " + kv.first,
+                       "only RTMDet detection weights are supported", "model_unsupported_task");
   const Arch a = arch_from_weights(sd);
   nc = class_count(nc, nc > 0 ? std::nullopt : infer_num_classes(sd), "RTMDet");
   return std::make_shared<RTMDetModel>(a, nc);
