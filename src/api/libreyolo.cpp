@@ -1,6 +1,7 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include <filesystem>
+#include <unordered_set>
 
 #include "core/device.hpp"
 #include "core/log.hpp"
@@ -148,7 +149,11 @@ ModelInfo LibreYOLO::info() const {
   i.num_classes = impl_->model->num_classes();
   i.names = impl_->names;
   i.imgsz = impl_->imgsz;
-  for (const auto& p : impl_->model->parameters()) i.parameters += p.numel();
+  // Each tensor once, as PyTorch counts them: a module registered under several names (a head
+  // convolution shared across levels) lists its parameters under each.
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : impl_->model->parameters())
+    if (seen.insert(p.unsafeGetTensorImpl()).second) i.parameters += p.numel();
   i.device = impl_->device.str();
   i.weights = impl_->weights;
   return i;

@@ -5,6 +5,7 @@
 #include "families/rtdetr/model.hpp"
 #include "families/yolox/model.hpp"
 #include "families/yolo7/model.hpp"
+#include "families/rtmdet/model.hpp"
 
 namespace libreyolo::models {
 
@@ -14,6 +15,7 @@ const std::vector<const Family*>& families() {
       yolox::make_family(),
       rtdetr::make_family(),
       yolo7::make_family(),
+      rtmdet::make_family(),
   };
   static const std::vector<const Family*> all = [] {
     std::vector<const Family*> v;

@@ -5,6 +5,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -81,10 +82,20 @@ class Detector : public torch::nn::Module {
 };
 
 // How a family wants its input: images arrive as NHWC uint8 RGB; the network gets float NCHW
-// `pixel / divisor`, channels reversed when `bgr` (a network taking BGR 0-255: bgr, divisor 1).
+// `(pixel / divisor - mean[c]) / stddev[c]`, channels reversed when `bgr` (a network taking BGR
+// 0-255: bgr, divisor 1). mean and stddev are per network channel (after the reversal); the
+// defaults (0 and 1) leave `pixel / divisor` as it is.
 struct InputSpec {
   bool bgr = false;
   double divisor = 255.0;
+  std::array<double, 3> mean{0.0, 0.0, 0.0};
+  std::array<double, 3> stddev{1.0, 1.0, 1.0};
+  // Whether mean or stddev is other than the identity.
+  bool normalizes() const {
+    for (int c = 0; c < 3; ++c)
+      if (mean[c] != 0.0 || stddev[c] != 1.0) return true;
+    return false;
+  }
   // Under autocast the input may arrive in the autocast dtype: everything the network does to it
   // before its first convolution (none, or a space-to-depth stem's strided copies) commutes with
   // that cast, which the convolution would make anyway. A family whose first ops need float32

@@ -23,7 +23,8 @@ bool input_kernel_enabled() {
 // the asked layout; false (nothing written) otherwise.
 bool convert_on_gpu(const torch::Tensor& nhwc, const InputSpec& spec, bool channels_last, torch::Tensor& out) {
   kernels::DType dt;
-  if (!input_kernel_enabled() || !nhwc.is_cuda() || !nhwc.is_contiguous() || !out.is_cuda() ||
+  // The kernel flips and scales; a per-channel normalisation takes ATen's ops.
+  if (!input_kernel_enabled() || spec.normalizes() || !nhwc.is_cuda() || !nhwc.is_contiguous() || !out.is_cuda() ||
       !kernel_dtype(out.scalar_type(), &dt))
     return false;
   if (!out.is_contiguous(channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous)) return false;
@@ -69,6 +70,12 @@ torch::Tensor to_network_input(const torch::Tensor& images, const InputSpec& spe
   torch::Tensor f = reuse && dtype == torch::kFloat ? out.copy_(x)
                                                     : x.to(torch::TensorOptions().dtype(torch::kFloat), false, false, layout);
   if (spec.divisor != 1.0) f.div_(spec.divisor);
+  if (spec.normalizes()) {
+    const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(f.device());
+    const auto mean = torch::tensor({spec.mean[0], spec.mean[1], spec.mean[2]}, opts).view({1, 3, 1, 1});
+    const auto stddev = torch::tensor({spec.stddev[0], spec.stddev[1], spec.stddev[2]}, opts).view({1, 3, 1, 1});
+    f.sub_(mean).div_(stddev);
+  }
   if (dtype == torch::kFloat) return f;
   return reuse ? out.copy_(f) : f.to(dtype);
 }
