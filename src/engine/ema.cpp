@@ -8,6 +8,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/env.hpp"
+#include "models/detector.hpp"
 
 #ifdef LIBREYOLO_CUDA_KERNELS
 #include <c10/cuda/CUDAGuard.h>
@@ -27,9 +28,9 @@ void set_ema_kernel(bool on) { ema_kernel_flag.store(on); }
 
 std::vector<torch::Tensor> ModelEMA::float_state(const torch::nn::Module& m) {
   std::vector<torch::Tensor> out;
-  for (const auto& p : m.named_parameters(true)) out.push_back(p.value());
-  for (const auto& b : m.named_buffers(true))
-    if (b.value().is_floating_point()) out.push_back(b.value());
+  for (const auto& p : models::unique_named_parameters(m)) out.push_back(p.second);
+  for (const auto& b : models::unique_named_buffers(m))
+    if (b.second.is_floating_point()) out.push_back(b.second);
   return out;
 }
 

@@ -70,7 +70,7 @@ MemoryEstimate estimate_cpu_training_memory(models::Detector& model, int batch, 
   const double pixels = static_cast<double>(imgsz) * imgsz;
   e.activations_gib = cpu_activation_bytes_per_pixel(model) * pixels * batch * kBackwardFactor / kGiB;
   int64_t params = 0;
-  for (const auto& p : model.parameters()) params += p.numel();
+  for (const auto& p : models::unique_named_parameters(model)) params += p.second.numel();
   // float32 weights, gradients, momentum (Adam: two moments) and the EMA's copy.
   const double state = static_cast<double>(params) * 4.0 * 5.0;
   // Each loader thread builds a batch of uint8 images (a mosaic canvas is 4x the pixels).

@@ -1,5 +1,7 @@
 #include "engine/optimizer.hpp"
 
+#include <unordered_set>
+
 #include "models/detector.hpp"
 
 #include <libreyolo/errors.hpp>
@@ -35,16 +37,16 @@ std::vector<ParamGroup> groups_by_rules(torch::nn::Module& model, double weight_
     groups.push_back(std::move(g));
     return groups.back();
   };
-  for (const auto& item : model.named_parameters(/*recurse=*/true)) {
-    if (!item.value().requires_grad()) continue;
+  for (const auto& item : models::unique_named_parameters(model)) {
+    if (!item.second.requires_grad()) continue;
     bool decay = true, backbone = false;
     for (const auto& r : rules)
-      if (rule_takes(r, item.key())) {
+      if (rule_takes(r, item.first)) {
         decay = r.decay;
         backbone = r.backbone_lr;
         break;
       }
-    group_for(decay, backbone ? backbone_ratio : 1.0).params.push_back(item.value());
+    group_for(decay, backbone ? backbone_ratio : 1.0).params.push_back(item.second);
   }
   return groups;
 }
@@ -60,12 +62,15 @@ std::vector<ParamGroup> make_param_groups(torch::nn::Module& model, double weigh
   weights.label = "decayed weights";
   weights.weight_decay = weight_decay;
   weights.decay_group = true;
+  std::unordered_set<const c10::TensorImpl*> seen;  // a module registered under several names: once
+  auto take = [&](ParamGroup& g, const torch::Tensor& t) {
+    if (seen.insert(t.unsafeGetTensorImpl()).second) g.params.push_back(t);
+  };
   auto visit = [&](const torch::nn::Module& mod) {
     auto own = mod.named_parameters(/*recurse=*/false);
     const bool is_bn = models::is_batchnorm(mod);
-    if (auto* b = own.find("bias"); b && b->defined() && b->requires_grad()) biases.params.push_back(*b);
-    if (auto* w = own.find("weight"); w && w->defined() && w->requires_grad())
-      (is_bn ? bn_weights : weights).params.push_back(*w);
+    if (auto* b = own.find("bias"); b && b->defined() && b->requires_grad()) take(biases, *b);
+    if (auto* w = own.find("weight"); w && w->defined() && w->requires_grad()) take(is_bn ? bn_weights : weights, *w);
   };
   // The root itself, then every submodule in registration order (named_modules with the root
   // included needs the root to live in a shared_ptr, which callers need not do).

@@ -214,11 +214,20 @@ LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bo
 // A build_like's class count: nc when > 0, else the count read from the weights (ModelError
 // naming `weights_of`, the family as the message should call it, when they give none).
 int class_count(int nc, const std::optional<int>& from_weights, const std::string& weights_of);
+// An image batch [B, 3, H, W] with H and W multiples of 32 (a network of strides 8 to 32), else
+// UsageError naming the network (`network`, as messages call it) and the shape.
+void check_stride32_input(const torch::Tensor& x, const std::string& network);
 // BatchNorm layers (1-, 2- or 3-d): the one test used for the optimizer's groups and for freezing.
 bool is_batchnorm(const torch::nn::Module& m);
 
 // parameters + persistent buffers, in registration order, as LibreYOLO names them.
 io::StateDict state_dict(const torch::nn::Module& model);
+// The parameters (buffers: unique_named_buffers), each tensor once under its first name, in
+// registration order. A module registered under several names (a convolution shared across
+// levels) lists its tensors under each name in named_parameters(); whatever updates or counts
+// tensors (optimizer groups, EMA, memory estimates) must see each once.
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& model);
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_buffers(const torch::nn::Module& model);
 
 }  // namespace models
 }  // namespace libreyolo

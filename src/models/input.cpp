@@ -71,10 +71,8 @@ torch::Tensor to_network_input(const torch::Tensor& images, const InputSpec& spe
                                                     : x.to(torch::TensorOptions().dtype(torch::kFloat), false, false, layout);
   if (spec.divisor != 1.0) f.div_(spec.divisor);
   if (spec.normalizes()) {
-    const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(f.device());
-    const auto mean = torch::tensor({spec.mean[0], spec.mean[1], spec.mean[2]}, opts).view({1, 3, 1, 1});
-    const auto stddev = torch::tensor({spec.stddev[0], spec.stddev[1], spec.stddev[2]}, opts).view({1, 3, 1, 1});
-    f.sub_(mean).div_(stddev);
+    // Per channel with scalar operands: no host-to-device copy (a captured forward may run this).
+    for (int64_t c = 0; c < 3; ++c) f.narrow(1, c, 1).sub_(spec.mean[c]).div_(spec.stddev[c]);
   }
   if (dtype == torch::kFloat) return f;
   return reuse ? out.copy_(f) : f.to(dtype);

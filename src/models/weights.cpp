@@ -1,9 +1,11 @@
 // Weights in and out of a model, for every family: state_dict as LibreYOLO names it, loading
 // with shape checks, and the BatchNorm test shared by the optimizer's groups and freezing.
 #include <unordered_map>
+#include <unordered_set>
 
 #include "core/log.hpp"
 #include "libreyolo/errors.hpp"
+
 #include "models/detector.hpp"
 
 namespace libreyolo::models {
@@ -95,6 +97,35 @@ io::StateDict state_dict(const torch::nn::Module& model) {
   io::StateDict out;
   collect(model, "", out);
   return out;
+}
+
+void check_stride32_input(const torch::Tensor& x, const std::string& network) {
+  if (x.dim() != 4 || x.size(1) != 3)
+    throw UsageError(network + " expects an input of shape [B, 3, H, W], got " + c10::str(x.sizes()));
+  if (x.size(2) % 32 != 0 || x.size(3) % 32 != 0)
+    throw UsageError(strfmt("%s needs an input height and width that are multiples of 32, got %lldx%lld",
+                            network.c_str(), static_cast<long long>(x.size(3)), static_cast<long long>(x.size(2))));
+}
+
+namespace {
+
+template <typename Items>
+std::vector<std::pair<std::string, torch::Tensor>> unique_items(const Items& items) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& item : items)
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_parameters(const torch::nn::Module& model) {
+  return unique_items(model.named_parameters(/*recurse=*/true));
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> unique_named_buffers(const torch::nn::Module& model) {
+  return unique_items(model.named_buffers(/*recurse=*/true));
 }
 
 bool is_batchnorm(const torch::nn::Module& m) {

@@ -217,13 +217,7 @@ std::string RTMDetModel::size() const {
 
 void RTMDetModel::reset_num_classes(int nc) { head_->reset_num_classes(nc); }
 
-void RTMDetModel::check_input(const torch::Tensor& x) const {
-  if (x.dim() != 4 || x.size(1) != 3)
-    throw UsageError("RTMDet expects an input of shape [B, 3, H, W], got " + c10::str(x.sizes()));
-  if (x.size(2) % 32 != 0 || x.size(3) % 32 != 0)
-    throw UsageError(strfmt("RTMDet needs an input height and width that are multiples of 32, got %lldx%lld",
-                            static_cast<long long>(x.size(3)), static_cast<long long>(x.size(2))));
-}
+void RTMDetModel::check_input(const torch::Tensor& x) const { check_stride32_input(x, "RTMDet"); }
 
 std::vector<torch::Tensor> RTMDetModel::run(const torch::Tensor& x) {
   // Backbone: stage 2, 3 and 4 outputs (strides 8, 16, 32).

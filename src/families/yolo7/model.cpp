@@ -148,13 +148,7 @@ void Yolo7Model::reset_num_classes(int nc) {
   for (auto& h : heads_->heads) h->reset_num_classes(nc);
 }
 
-void Yolo7Model::check_input(const torch::Tensor& x) const {
-  if (x.dim() != 4 || x.size(1) != 3)
-    throw UsageError("YOLOv7 expects an input of shape [B, 3, H, W], got " + c10::str(x.sizes()));
-  if (x.size(2) % 32 != 0 || x.size(3) % 32 != 0)
-    throw UsageError(strfmt("YOLOv7 needs an input height and width that are multiples of 32, got %lldx%lld",
-                            static_cast<long long>(x.size(3)), static_cast<long long>(x.size(2))));
-}
+void Yolo7Model::check_input(const torch::Tensor& x) const { check_stride32_input(x, "YOLOv7"); }
 
 std::vector<torch::Tensor> Yolo7Model::run(const torch::Tensor& x) {
   std::vector<torch::Tensor> out(layers_.size());

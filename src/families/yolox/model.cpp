@@ -265,11 +265,7 @@ YoloxModel::YoloxModel(const std::string& size, int nc) : size_(size) {
 }
 
 std::vector<torch::Tensor> YoloxModel::forward_raw(const torch::Tensor& x) {
-  if (x.dim() != 4 || x.size(1) != 3)
-    throw UsageError("YOLOX expects an input of shape [B, 3, H, W], got " + c10::str(x.sizes()));
-  if (x.size(2) % 32 != 0 || x.size(3) % 32 != 0)
-    throw UsageError(strfmt("YOLOX needs an input height and width that are multiples of 32, got %lldx%lld",
-                            static_cast<long long>(x.size(3)), static_cast<long long>(x.size(2))));
+  check_stride32_input(x, "YOLOX");
   if (is_training()) layers_.advance_bn_counters();
   if (!is_training() || !torch::GradMode::is_enabled()) return head_->forward(backbone_->forward(x));
   auto casts = layers_.prepare_weight_casts(x);  // valid for this forward only
