@@ -7,6 +7,7 @@
 
 #include "core/log.hpp"
 #include "core/strings.hpp"
+#include "families/rtmdet/loss.hpp"
 #include "families/rtmdet/model.hpp"
 #include "libreyolo/errors.hpp"
 #include "loss/loss.hpp"
@@ -130,9 +131,8 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<RTMDetModel>(a, nc);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector&) {
-  throw UsageError("RTMDet training is not available yet",
-                   "RTMDet weights load for predict and val; train another family meanwhile", "config_unsupported");
+std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+  return std::make_unique<RtmdetLoss>(model.num_classes());
 }
 
 // Level sizes (cells) of A predictions at strides 8, 16, 32 of an input whose sides are multiples
@@ -220,7 +220,7 @@ Family make_family() {
       {"mosaic_prob", "1.0"},       {"mixup_prob", "1.0"},      {"degrees", "0"},
       {"translate", "0"},           {"shear", "0"},             {"mosaic_scale", "0.1,2.0"},
       {"mixup_scale", "0.5,1.5"},   {"ema_decay", "0.9998"},    {"eval_interval", "10"},
-      {"workers", "4"},             {"name", "rtmdet_exp"},
+      {"workers", "4"},             {"name", "rtmdet_exp"},      {"aux_weight", "0"},
   };
   // The shared YOLOX pipeline after the mosaic: the scaled-paste mixup, up to 120 boxes a sample.
   f.augment.mixup = data::Mixup::ScaledPaste;
