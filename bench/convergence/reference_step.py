@@ -26,7 +26,7 @@ from run_reference import parse_model  # noqa: E402
 def model_class(family: str):
     import libreyolo
 
-    return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7,
+    return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7, "rtmdet": libreyolo.LibreRTMDet,
             "rtdetr": libreyolo.LibreRTDETR}[family]
 
 

@@ -58,12 +58,12 @@ def parse_model(name: str) -> tuple[str, str]:
     s = re.sub(r"\.pt$", "", s)
     if s.startswith("libreyolo"):
         s = "yolo" + s[len("libreyolo"):]
-    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetr)[-_]?([a-z0-9]*)", s)
+    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetr|rtmdet)[-_]?([a-z0-9]*)", s)
     if not m:
         raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c>, yolox-<n|t|s|m|l|x>, "
-                         "yolo7-b or rtdetr-<r18|r34|r50|r50m|r101|l|x>")
+                         "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x> or rtmdet-<t|s|m|l|x>")
     family = m.group(1)
-    size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18"}[family]
+    size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtmdet": "s"}[family]
     return family, size
 
 
@@ -121,6 +121,8 @@ def main(argv=None) -> int:
             from libreyolo import LibreYOLOX as cls
         elif family == "yolo7":
             from libreyolo import LibreYOLO7 as cls
+        elif family == "rtmdet":
+            from libreyolo import LibreRTMDet as cls
         else:
             from libreyolo import LibreRTDETR as cls
 
