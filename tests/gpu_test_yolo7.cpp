@@ -19,6 +19,9 @@
 namespace io = libreyolo::io;
 namespace models = libreyolo::models;
 namespace yolo7 = libreyolo::models::yolo7;
+using libreyolo::test::check_rel;
+using libreyolo::test::detections;
+using libreyolo::test::expect_same_detections;
 using libreyolo::test::rel_err;
 
 namespace {
@@ -27,31 +30,6 @@ namespace {
 io::PyValuePtr fixture() { return libreyolo::test::yolo7_fixture(); }
 
 torch::Tensor expected(const std::string& key) { return libreyolo::test::yolo7_expected(key); }
-
-void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double e = rel_err(got.cpu(), want);
-  EXPECT_LE(e, bound) << what;
-  std::printf("  %-28s rel err %.3g\n", what.c_str(), e);
-}
-
-// Every detection of `got` is one of `want` (class equal, score within 1e-4, box within 1e-2 px),
-// each used once, and the counts agree.
-void expect_same_set(const libreyolo::ops::Detections& got, const std::string& prefix) {
-  const auto wb = expected(prefix + "boxes"), ws = expected(prefix + "scores"), wc = expected(prefix + "classes");
-  ASSERT_EQ(got.scores.size(0), ws.size(0)) << prefix;
-  std::vector<bool> used(static_cast<size_t>(ws.size(0)), false);
-  for (int64_t i = 0; i < got.scores.size(0); ++i) {
-    bool found = false;
-    for (int64_t j = 0; j < ws.size(0) && !found; ++j) {
-      if (used[static_cast<size_t>(j)] || got.classes[i].item<int64_t>() != wc[j].item<int64_t>()) continue;
-      if (std::abs(got.scores[i].item<float>() - ws[j].item<float>()) > 1e-4) continue;
-      if ((got.boxes[i] - wb[j]).abs().max().item<float>() > 1e-2) continue;
-      used[static_cast<size_t>(j)] = found = true;
-    }
-    EXPECT_TRUE(found) << prefix << ": detection " << i << " is not the reference's";
-  }
-}
 
 }  // namespace
 
@@ -84,7 +62,12 @@ TEST(GpuYolo7, EvalMapsDecodeAndDetectionsMatchTheReference) {
       args.push_back(a);
     }
     const auto dets = lm->family->postprocess_batch(pred, args);
-    for (int i = 0; i < 2; ++i) expect_same_set(dets[static_cast<size_t>(i)], set + ".img" + std::to_string(i) + ".");
+    for (size_t i = 0; i < 2; ++i) {
+      const std::string p = set + ".img" + std::to_string(i) + ".";
+      const auto& d = dets[i];
+      expect_same_detections(detections(d.boxes, d.scores, d.classes),
+                             detections(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes")), p);
+    }
   }
 }
 

@@ -66,13 +66,6 @@ inline RtdetrFixture load_rtdetr_fixture(const std::string& dir) {
 }
 
 // max |got - want| / max |want| within `bound` (printed).
-inline void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double e = rel_err(got.detach().to(torch::kFloat), want.to(torch::kFloat));
-  EXPECT_LE(e, bound) << what;
-  std::printf("  %-44s rel err %.3g\n", what.c_str(), e);
-}
-
 // Training mode selects the 300 queries from batch-statistics features, where some neighbours' scores
 // lie closer than another summation order moves them (another thread count): the same queries can
 // come out in another order. Returns, per image, the row of the recorded encoder top-k

@@ -8,7 +8,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +20,16 @@
 #include <vector>
 
 namespace fs = std::filesystem;
+
+namespace {
+// The GPU tests compare runs bit for bit; a fused convolution plan arriving from a background build
+// between two runs would change the second. The test programs (and the CLI they start) build plans
+// on the calling thread unless the environment says otherwise; the background mode has its own test.
+[[maybe_unused]] const bool kPlansOnTheCallingThread = [] {
+  setenv("LIBREYOLO_CUDNN_PLAN_BUILD", "wait", /*overwrite=*/0);
+  return true;
+}();
+}  // namespace
 
 namespace libreyolo::test {
 
@@ -92,6 +104,46 @@ double rel_err(const torch::Tensor& a, const torch::Tensor& b) {
   auto bd = b.detach().to(torch::kCPU, torch::kDouble);
   double denom = std::max(bd.abs().max().item<double>(), 1e-12);
   return (ad - bd).abs().max().item<double>() / denom;
+}
+
+void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
+  ASSERT_EQ(got.sizes(), want.sizes()) << what;
+  const double e = rel_err(got, want);
+  EXPECT_LE(e, bound) << what;
+  std::printf("  %-44s rel err %.3g\n", what.c_str(), e);
+}
+
+std::vector<Detection> detections(const torch::Tensor& boxes, const torch::Tensor& scores, const torch::Tensor& classes) {
+  const auto b = boxes.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  const auto s = scores.detach().to(torch::kCPU, torch::kFloat).contiguous();
+  const auto c = classes.detach().to(torch::kCPU, torch::kLong).contiguous();
+  std::vector<Detection> out;
+  for (int64_t i = 0; i < s.size(0); ++i) {
+    const float* r = b[i].data_ptr<float>();
+    out.push_back({r[0], r[1], r[2], r[3], s[i].item<float>(), c[i].item<int64_t>()});
+  }
+  return out;
+}
+
+double expect_same_detections(const std::vector<Detection>& got, const std::vector<Detection>& want,
+                              const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  std::vector<bool> used(want.size(), false);
+  double worst = 0.0;
+  for (const Detection& g : got) {
+    bool found = false;
+    for (size_t j = 0; j < want.size() && !found; ++j) {
+      const Detection& w = want[j];
+      const double d = std::max({std::abs(g.x1 - w.x1), std::abs(g.y1 - w.y1), std::abs(g.x2 - w.x2),
+                                 std::abs(g.y2 - w.y2)});
+      if (used[j] || g.cls != w.cls || std::abs(g.score - w.score) > 1e-4 || d > 1e-2) continue;
+      used[j] = found = true;
+      worst = std::max(worst, d);
+    }
+    EXPECT_TRUE(found) << what << ": a detection of class " << g.cls << ", score " << g.score << " at (" << g.x1
+                       << ", " << g.y1 << ", " << g.x2 << ", " << g.y2 << ") is not the reference's";
+  }
+  return worst;
 }
 
 CudnnSettings::CudnnSettings(bool benchmark, bool deterministic, bool allow_tf32) {

@@ -21,6 +21,24 @@ std::optional<std::string> python_with_torch();
 bool cuda_available();
 // Max |a-b| / max(|b|, tiny).
 double rel_err(const torch::Tensor& a, const torch::Tensor& b);
+// Asserts equal shapes and rel_err(got, want) <= bound, and prints the error under `what`. The
+// default bound is that of a float32 network's outputs against the reference's float64 values.
+constexpr double kParityBound = 1e-4;
+void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want,
+               double bound = kParityBound);
+
+// One detection of a postprocessed result, and a result's rows ([N, 4] boxes, [N] scores, [N] classes).
+struct Detection {
+  float x1, y1, x2, y2, score;
+  int64_t cls;
+};
+std::vector<Detection> detections(const torch::Tensor& boxes, const torch::Tensor& scores, const torch::Tensor& classes);
+// The two lists hold the same detections, in any order: each of `got` pairs with a distinct one of
+// `want` of its class, its score within 1e-4 and its box within 1e-2 pixels. Returns the largest
+// box difference.
+double expect_same_detections(const std::vector<Detection>& got, const std::vector<Detection>& want,
+                              const std::string& what);
+
 // Runs a shell command, returns exit status; captures combined output.
 int run_command(const std::string& cmd, std::string* output = nullptr);
 

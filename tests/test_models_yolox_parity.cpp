@@ -11,6 +11,7 @@
 #include "families/yolox/model.hpp"
 #include "support.hpp"
 
+using libreyolo::test::check_rel;
 using libreyolo::test::rel_err;
 namespace models = libreyolo::models;
 namespace io = libreyolo::io;
@@ -57,12 +58,6 @@ torch::Tensor to_library_targets(const torch::Tensor& t, int64_t h, int64_t w) {
 }
 
 // Checks a relative error against its bound and prints it (the figures of the parity note).
-void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
-  const double e = rel_err(got, want);
-  EXPECT_LE(e, bound) << what;
-  std::printf("  %-40s rel err %.3g\n", what.c_str(), e);
-}
-
 torch::Tensor to_logit(const torch::Tensor& p) {
   auto d = p.to(torch::kDouble);
   return torch::log(d) - torch::log1p(-d);

@@ -18,6 +18,7 @@
 namespace io = libreyolo::io;
 namespace models = libreyolo::models;
 namespace yolo7 = libreyolo::models::yolo7;
+using libreyolo::test::check_rel;
 using libreyolo::test::rel_err;
 
 namespace {
@@ -28,13 +29,6 @@ std::vector<torch::Tensor> maps() {
   std::vector<torch::Tensor> raw;
   for (int i = 0; i < 3; ++i) raw.push_back(expected("raw_" + std::to_string(i)).clone().requires_grad_(true));
   return raw;
-}
-
-void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double e = rel_err(got, want);
-  EXPECT_LE(e, bound) << what;
-  std::printf("  %-24s rel err %.3g\n", what.c_str(), e);
 }
 
 // The loss of the fixture's maps for `kase`: its terms against the reference's, and its positives

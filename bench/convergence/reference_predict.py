@@ -20,21 +20,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_step import model_class  # noqa: E402
-from run_reference import parse_model  # noqa: E402
+from reference_step import new_model  # noqa: E402
 
 
 def one_run(a, model_name: str, graph: bool) -> dict:
     import torch
 
-    family, size = parse_model(model_name)
-    cls = model_class(family)
     record = {"model": model_name, "cuda_graph": graph, "image": a.image, "iters": a.iters, "warmup": a.warmup}
     try:
-        if family == "rtdetr":
-            model = cls._from_scratch(size=size, nb_classes=80, device=a.device, seed=0)
-        else:
-            model = cls(None, size=size, nb_classes=80, device=a.device)
+        model = new_model(model_name, 80, a.device)
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         kwargs = {"conf": 0.25}
         if graph:

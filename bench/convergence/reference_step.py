@@ -30,11 +30,19 @@ def model_class(family: str):
             "rtdetr": libreyolo.LibreRTDETR}[family]
 
 
+def new_model(model_name: str, nc: int, device: str):
+    """A from-scratch reference model of `model_name` (no weights downloaded)."""
+    family, size = parse_model(model_name)
+    cls = model_class(family)
+    if family == "rtdetr":
+        return cls._from_scratch(size=size, nb_classes=nc, device=device, seed=0)
+    return cls(None, size=size, nb_classes=nc, device=device)
+
+
 def one_run(a, model_name: str, batch: int, graph: bool) -> dict:
     import torch
 
     family, size = parse_model(model_name)
-    cls = model_class(family)
     import common  # noqa: E402  (this folder)
 
     nc = len(common.data_names(a.data))
@@ -42,10 +50,7 @@ def one_run(a, model_name: str, batch: int, graph: bool) -> dict:
     record = {"model": model_name, "batch": batch, "cuda_graph": graph, "imgsz": a.imgsz, "amp_dtype": a.amp_dtype}
     t0 = time.perf_counter()
     try:
-        if family == "rtdetr":
-            model = cls._from_scratch(size=size, nb_classes=nc, device=a.device, seed=0)
-        else:
-            model = cls(None, size=size, nb_classes=nc, device=a.device)
+        model = new_model(model_name, nc, a.device)
         results = model.train(data=a.data, epochs=a.epochs, batch=batch, imgsz=a.imgsz, workers=a.workers, seed=0,
                               device=a.device, project=str(Path(a.project).resolve()), name=name, exist_ok=True,
                               pretrained=False, amp=a.amp_dtype != "off", cuda_graph=graph, profile=True,

@@ -97,6 +97,16 @@ class BatchedLayerState {
   // Forgets the layer lists (gathered on first use): call when the root gains or loses blocks.
   void reset();
   [[nodiscard]] Scope prepare_weight_casts(const torch::Tensor& x);
+  // A forward of the root network on x: `body()` runs it, after the counters are advanced (in
+  // training) and with the weight casts prepared for its length (in training under grad).
+  template <class Body>
+  auto run_forward(const torch::Tensor& x, Body&& body) -> decltype(body()) {
+    if (!root_.is_training()) return body();
+    advance_bn_counters();
+    if (!torch::GradMode::is_enabled()) return body();
+    auto casts = prepare_weight_casts(x);  // valid for this forward only
+    return body();
+  }
 
  private:
   torch::nn::Module& root_;

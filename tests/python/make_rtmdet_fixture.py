@@ -63,6 +63,8 @@ from libreyolo.models.rtmdet.utils import preprocess_numpy
 from libreyolo.postprocess.rtmdet import postprocess
 from libreyolo.utils.serialization import wrap_libreyolo_checkpoint
 
+from fixture_images import letterboxed_blocks
+
 SEED = 20261208
 NC = 3
 IMGSZ = 320
@@ -87,19 +89,6 @@ def build(deepen, neck_blocks, exp_on_reg):
     model.neck = CSPNeXtPAFPN(in_channels=stages, out_channels=width, num_csp_blocks=neck_blocks)
     model.head = RTMDetSepBNHead(num_classes=NC, in_channels=width, feat_channels=width, exp_on_reg=exp_on_reg)
     return model
-
-
-def make_input(g):
-    x = torch.full((2, 3, IMGSZ, IMGSZ), 114, dtype=torch.uint8)
-    for i, (w, h) in enumerate(ORIGINALS):
-        r = min(IMGSZ / w, IMGSZ / h)
-        cw, ch = int(w * r), int(h * r)
-        # Blocky content (8 x 8 cells) with fine noise, so the maps have structure at every level.
-        coarse = torch.randint(0, 256, (3, (ch + 7) // 8, (cw + 7) // 8), generator=g)
-        coarse = coarse.repeat_interleave(8, 1).repeat_interleave(8, 2)[:, :ch, :cw]
-        noise = torch.randint(-24, 25, (3, ch, cw), generator=g)
-        x[i, :, :ch, :cw] = (coarse + noise).clamp(0, 255).to(torch.uint8)
-    return x
 
 
 def calibrate_and_perturb(model, exp_on_reg, cls_bias, x, g):
@@ -183,7 +172,7 @@ def main(out_path):
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(SEED + 1)
-    x_u8 = make_input(g)
+    x_u8 = letterboxed_blocks(ORIGINALS, IMGSZ, g)
     x = torch.stack([torch.from_numpy(preprocess_numpy(img.permute(1, 2, 0).numpy(), IMGSZ)[0]) for img in x_u8])
     exp = {"input_u8": x_u8, "input_crop": x[:, :, :40, 180:220].clone(),
            "orig_size": torch.tensor(ORIGINALS, dtype=torch.int64)}

@@ -66,6 +66,8 @@ from libreyolo.models.yolo7.net import YOLOv7Model
 from libreyolo.postprocess.yolo7 import decode_export, postprocess
 from libreyolo.utils.serialization import wrap_libreyolo_checkpoint
 
+from fixture_images import letterboxed_blocks
+
 SEED = 20261207
 DIV = 16
 NC = 3
@@ -100,19 +102,6 @@ def narrow_yaml(directory):
     path = pathlib.Path(directory) / "v7_narrow.yaml"
     path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
     return path
-
-
-def make_input(g):
-    x = torch.full((2, 3, IMGSZ, IMGSZ), 114, dtype=torch.uint8)
-    for i, (w, h) in enumerate(ORIGINALS):
-        r = min(IMGSZ / w, IMGSZ / h)
-        cw, ch = int(w * r), int(h * r)
-        # Blocky content (8 x 8 cells) with fine noise, so the maps have structure at every level.
-        coarse = torch.randint(0, 256, (3, (ch + 7) // 8, (cw + 7) // 8), generator=g)
-        coarse = coarse.repeat_interleave(8, 1).repeat_interleave(8, 2)[:, :ch, :cw]
-        noise = torch.randint(-24, 25, (3, ch, cw), generator=g)
-        x[i, :, :ch, :cw] = (coarse + noise).clamp(0, 255).to(torch.uint8)
-    return x
 
 
 def calibrate_and_perturb(model, g):
@@ -191,7 +180,7 @@ def main(out_path):
     calibrate_and_perturb(model, g)
     model.eval()
 
-    x_u8 = make_input(g)
+    x_u8 = letterboxed_blocks(ORIGINALS, IMGSZ, g)
     exp = {"input_u8": x_u8, "orig_size": torch.tensor(ORIGINALS, dtype=torch.int64)}
     with torch.no_grad():
         raw = model(x_u8.float() / 255.0)

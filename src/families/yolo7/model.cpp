@@ -194,10 +194,7 @@ std::vector<torch::Tensor> Yolo7Model::run(const torch::Tensor& x) {
 
 std::vector<torch::Tensor> Yolo7Model::forward_raw(const torch::Tensor& x) {
   check_input(x);
-  if (is_training()) batched_.advance_bn_counters();
-  if (!is_training() || !torch::GradMode::is_enabled()) return run(x);
-  auto casts = batched_.prepare_weight_casts(x);  // valid for this forward only
-  return run(x);
+  return batched_.run_forward(x, [&] { return run(x); });
 }
 
 Grid make_grid(const LevelSizes& level_hw, const torch::Device& device) {

@@ -329,18 +329,14 @@ bool Yolo9Model::enable_aux(double weight) {
 std::vector<torch::Tensor> Yolo9Model::forward_train(const torch::Tensor& x, const torch::Tensor& /*targets*/) {
   if (!aux_ || !is_training()) return forward_raw(x);
   check_input(x);
-  layers_.advance_bn_counters();
-  const auto run = [&] {
+  return layers_.run_forward(x, [&] {
     torch::Tensor b5;
     const auto p = backbone_->forward(x, {}, &b5);
     auto maps = head_->forward(neck_->forward(p));
     const auto aux = aux_head_->forward(aux_->forward(p[0], p[1], b5));
     maps.insert(maps.end(), aux.begin(), aux.end());
     return maps;
-  };
-  if (!torch::GradMode::is_enabled()) return run();
-  auto casts = layers_.prepare_weight_casts(x);  // valid for this forward only
-  return run();
+  });
 }
 
 std::vector<torch::Tensor> Yolo9Model::forward_raw(const torch::Tensor& x) {

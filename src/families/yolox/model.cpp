@@ -266,10 +266,7 @@ YoloxModel::YoloxModel(const std::string& size, int nc) : size_(size) {
 
 std::vector<torch::Tensor> YoloxModel::forward_raw(const torch::Tensor& x) {
   check_stride32_input(x, "YOLOX");
-  if (is_training()) layers_.advance_bn_counters();
-  if (!is_training() || !torch::GradMode::is_enabled()) return head_->forward(backbone_->forward(x));
-  auto casts = layers_.prepare_weight_casts(x);  // valid for this forward only
-  return head_->forward(backbone_->forward(x));
+  return layers_.run_forward(x, [&] { return head_->forward(backbone_->forward(x)); });
 }
 
 void YoloxModel::reset_num_classes(int nc) { head_->reset_num_classes(nc); }
