@@ -2,12 +2,17 @@
 // 25.5 ms figure (LibreYOLO 1.6.0 on the H200 machine) was measured; with --folder N, a folder of
 // N such JPEGs (different scenes) predicted at --batch B, reported as images per second end to
 // end (one untimed pass first), plus the first image's detections count at batch B and at batch 1.
+// Also the process's first predict (load_ms: the model built and moved to the device; first_ms: the
+// first call), which is a cold start when the cuDNN plan cache (LIBREYOLO_CUDNN_PLAN_CACHE) is empty;
+// --plans background (the library's default) or wait (this program's: every plan in place before the
+// steady-state figures) says how fused convolution plans missing from the cache are built.
 //   bench_predict --device cuda [--model yolo9t] [--iters 100] [--warmup 10] [--imgsz 640] [--half]
-//                 [--cuda-graph off|on|auto] [--folder N --batch B]
+//                 [--cuda-graph off|on|auto] [--plans wait|background] [--folder N --batch B]
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,6 +21,7 @@
 
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
+#include "layers/cudnn_fusion.hpp"
 
 int main(int argc, char** argv) {
   std::string device = "cpu", model = "yolo9t";
@@ -23,6 +29,7 @@ int main(int argc, char** argv) {
   bool half = false;
   std::string graph = "off";
   int folder = 0, batch = 1;
+  std::string plans = "wait";
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto val = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
@@ -36,6 +43,7 @@ int main(int argc, char** argv) {
       const std::string v = val();
       graph = v == "on" ? "true" : v;
     }
+    else if (a == "--plans") plans = val();
     else if (a == "--folder") folder = std::stoi(val());
     else if (a == "--batch") batch = std::stoi(val());
     else if (a == "--sizes" || a == "--batches" || a == "--dtypes") val();  // accepted, unused
@@ -46,7 +54,18 @@ int main(int argc, char** argv) {
   }
   const std::string path = (std::filesystem::temp_directory_path() / "libreyolo_bench_640x480.jpg").string();
   libreyolo::io::save_image(path, libreyolo::io::make_sample_image(480, 640), 90);
+  if (plans != "wait" && plans != "background") {
+    std::cerr << "--plans takes wait or background, not " << plans << "\n";
+    return 2;
+  }
+  setenv("LIBREYOLO_CUDNN_PLAN_BUILD", plans.c_str(), 1);
+  using Clock = std::chrono::steady_clock;
+  const auto ms_since = [](Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+  };
+  const auto t_load = Clock::now();
   libreyolo::LibreYOLO m(model, device);
+  const double load_ms = ms_since(t_load);
   libreyolo::Kwargs kw = {{"imgsz", std::to_string(imgsz)}, {"device", device}, {"half", half ? "true" : "false"}};
   if (graph != "off") kw.push_back({"cuda_graph", graph});
   if (folder > 0) {
@@ -75,6 +94,16 @@ int main(int argc, char** argv) {
     std::cout << out.dump(2) << "\n";
     return 0;
   }
+  const auto t_first = Clock::now();
+  const auto first = m.predict(path, kw);
+  const double first_ms = ms_since(t_first);
+  const auto st = libreyolo::models::cudnn_fusion_stats();
+  nlohmann::json cold = {{"load_ms", load_ms}, {"first_ms", first_ms}, {"first_inference_ms", first[0].inference_ms},
+                         {"plans_fused", st.fused}, {"plans_loaded", st.loaded}, {"plans_pending", st.pending},
+                         {"plan_build_ms", st.build_ms}, {"plans", plans}};
+  const auto t_ready = Clock::now();
+  libreyolo::models::cudnn_fusion_wait_background();  // the steady state has every plan
+  cold["plans_ready_after_ms"] = first_ms + ms_since(t_ready);
   for (int i = 0; i < warmup; ++i) m.predict(path, kw);
   std::vector<double> total, pre, inf, post;
   for (int i = 0; i < iters; ++i) {
@@ -91,7 +120,8 @@ int main(int argc, char** argv) {
   };
   nlohmann::json out = {{"benchmark", "predict_one_jpeg"}, {"model", model}, {"device", device}, {"imgsz", imgsz},
                         {"image", "640x480 JPEG"}, {"half", half}, {"cuda_graph", graph}, {"iters", iters}, {"total", stat(total)},
-                        {"preprocess", stat(pre)}, {"inference", stat(inf)}, {"postprocess", stat(post)}};
+                        {"preprocess", stat(pre)}, {"inference", stat(inf)}, {"postprocess", stat(post)},
+                        {"first_predict", cold}};
   std::cout << out.dump(2) << "\n";
   return 0;
 }

@@ -27,14 +27,31 @@
 namespace {
 // Seconds from the train() call to the end of each of the first steps (device work included):
 // the start-up cost a fresh process pays (cuDNN autotuning, graph capture, loader warm-up).
+// Also where the first step's time goes: the set-up before the loop (before_train), then each phase of
+// the first step, the device synchronised at each phase's end (so a phase holds its own device work).
 struct FirstSteps : libreyolo::TrainHook {
-  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now(), phase_t0;
   std::vector<double> at;
+  double setup_s = -1;
+  nlohmann::json first_step_phases = nlohmann::json::object();
   torch::Device device{torch::kCPU};
+  double since(std::chrono::steady_clock::time_point t) const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+  void before_train(libreyolo::TrainState&) override { setup_s = since(t0); }
+  bool observes_phases() const override { return at.empty(); }
+  void phase_begin(libreyolo::TrainState&, libreyolo::Phase) override {
+    if (device.is_cuda()) torch::cuda::synchronize();
+    phase_t0 = std::chrono::steady_clock::now();
+  }
+  void phase_end(libreyolo::TrainState&, libreyolo::Phase p) override {
+    if (device.is_cuda()) torch::cuda::synchronize();
+    first_step_phases[libreyolo::phase_name(p)] = since(phase_t0);
+  }
   void after_step(libreyolo::TrainState&) override {
     if (at.size() >= 5) return;
     if (device.is_cuda()) torch::cuda::synchronize();
-    at.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    at.push_back(since(t0));
   }
   bool finished() const override { return at.size() >= 5; }
   std::string name() const override { return "first_steps"; }
@@ -125,6 +142,7 @@ int main(int argc, char** argv) {
         if (kv == "cuda_graph=true" || kv == "cuda_graph=1") graphed = true;
       nlohmann::json run = {{"workers", std::stoi(w)}, {"cuda_graph", graphed}, {"profile", mode},
                             {"run_in_process", run_i}, {"first_steps_s", first->at},
+                            {"setup_s", first->setup_s}, {"first_step_phases_s", first->first_step_phases},
                             // cuDNN plans of this run (layers/cudnn_fusion.hpp): how many, how many read
                             // from the disk cache, and the seconds spent choosing (timing) or loading them.
                             {"cudnn_plans", {{"planned", plans_after.fused - plans_before.fused},

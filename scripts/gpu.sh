@@ -4,7 +4,7 @@
 # Uses the prebuilt binaries in .carry/bin when present, else builds against the machine's own
 # torch 2.11 (LIBREYOLO_GPU_BUILD=1 forces the build).
 #   LIBREYOLO_GPU_STEPS: parts to run (default "test bench"); names: test forward predict step
-#   loader e2e loss image graph verdicts e2e_graph infer_graph fold fusion yolox dist bn pool folder; "bench" = all
+#   loader e2e loss image graph verdicts e2e_graph infer_graph fold fusion yolox dist bn pool folder cold; "bench" = all
 #   benchmarks.
 #   dist needs two GPUs (nvidia-h200-x2): the NCCL tests, the scaling figure (1 GPU vs 2, spawn
 #   and torchrun) and two torchrun "nodes" of one GPU each.
@@ -185,6 +185,44 @@ want e2e && {
   run e2e_bf16 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16
   run e2e_gpu_loader 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16 --epochs 3 \
     --cuda-graph on --set loader=gpu
+}
+# Cold start: a process's first predict and first training steps with an empty cuDNN plan cache, then
+# the same with the cache those runs filled; the first predict also with plans built by the call (the
+# library's behaviour before background builds), in a cache of its own.
+want cold && {
+  COLD=$(mktemp -d /tmp/libreyolo-cold.XXXXXX)
+  for c in cold warm; do
+    LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/plans run predict_first_$c 200 "$BIN/bench_predict" --device cuda --plans background --iters 20 --warmup 3
+    LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/plans_wait run predict_first_wait_$c 200 "$BIN/bench_predict" --device cuda --plans wait --iters 20 --warmup 3
+  done
+  for c in cold warm; do  # the whole process, through the CLI
+    t0=$(date +%s.%N)
+    LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/cli timeout 120 "$BIN/libreyolo" predict model=yolo9t device=0 source=SAMPLE_IMAGE \
+      project=$COLD/runs > "$LOG/predict_cli_$c.log" 2>&1
+    summary "predict_cli_$c: rc=$? process $(python3 -c "print(round($(date +%s.%N)-$t0,2))") s"
+  done
+  for c in cold warm; do
+    LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/train run train_first_$c 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --images 256 --epochs 1 --amp-dtype bfloat16 --dir $COLD/data
+  done
+  python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
+import json, sys, os
+log = sys.argv[1]
+for name in sorted(os.listdir(log)):
+    if not name.endswith(".json") or not (name.startswith("predict_first") or name.startswith("train_first") or name.startswith("predict_cli")):
+        continue
+    try:
+        d = json.load(open(os.path.join(log, name)))
+    except Exception as e:
+        print(name, "unreadable", e); continue
+    if "first_predict" in d:
+        print(name, json.dumps(d["first_predict"]), "steady min", round(d["total"]["min_ms"], 3))
+    elif "runs" in d or "first_steps_s" in json.dumps(d):
+        runs = d.get("runs", [d])
+        for r in runs:
+            print(name, "setup", r.get("setup_s"), "first steps", r.get("first_steps_s"), "phases", json.dumps(r.get("first_step_phases_s")), "plans", json.dumps(r.get("cudnn_plans")))
+    else:
+        print(name, json.dumps(d))
+PY
 }
 # End to end: eager vs graphed, profile off vs on (the profiler's cost once its window is over).
 want e2e_graph && run e2e_graph 500 "$BIN/bench_train_e2e" --device cuda --workers 16 --amp-dtype bfloat16 \

@@ -3,7 +3,8 @@
 // float32 with TF32 allowed, NHWC), each against a float64 CPU reference; declined where it does not apply
 // (float32 with TF32 off, NCHW input, grouped); several timed candidates give the same answer;
 // conv_bias_act() (the folded inference block) takes it; plans come back from the disk cache bit for bit, and
-// a corrupted cache file is ignored. Each test keeps its plan cache in a fresh directory. Errors are printed
+// a corrupted cache file is ignored; without a plan, a configuration runs unfused while its plan is built
+// in the background, then fused with the plan the call itself would have built. Each test keeps its plan cache in a fresh directory. Errors are printed
 // so they are on record.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
@@ -40,6 +41,7 @@ torch::Tensor reference(const torch::Tensor& x, const torch::Tensor& w, const to
     GTEST_SKIP() << "cuDNN fusion not in this build (no cudnn_frontend headers) or LIBREYOLO_CUDNN_FUSION=0"; \
   const std::string plan_dir_ = test::temp_dir("cudnn_plans");                                           \
   const test::ScopedEnv plan_env_("LIBREYOLO_CUDNN_PLAN_CACHE", plan_dir_);                              \
+  const test::ScopedEnv build_env_("LIBREYOLO_CUDNN_PLAN_BUILD", "wait");                                 \
   models::cudnn_fusion_forget_plans()
 
 }  // namespace
@@ -192,6 +194,45 @@ TEST(GpuCudnnFusion, PlansComeBackFromDiskAndCorruptFilesAreIgnored) {
   models::cudnn_fusion_forget_plans();
   EXPECT_TRUE(torch::equal(models::cudnn_conv_bias_act(x, w, b32, 1, 1, true), built));
   EXPECT_EQ(models::cudnn_fusion_stats().loaded, s1.loaded);
+}
+
+TEST(GpuCudnnFusion, BackgroundBuildDeclinesUntilThePlanArrivesThenRunsTheSamePlan) {
+  LY_REQUIRE_FUSION();
+  torch::manual_seed(3);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf);
+  auto x = torch::randn({2, 32, 20, 20}, opts).contiguous(at::MemoryFormat::ChannelsLast);
+  auto w = (torch::randn({48, 32, 3, 3}, opts) * 0.1).contiguous(at::MemoryFormat::ChannelsLast);
+  auto b32 = torch::randn({48}, torch::TensorOptions().device(torch::kCUDA));
+  const test::CudnnSettings heuristics(/*benchmark=*/false, at::globalContext().deterministicCuDNN(), true);
+  torch::InferenceMode im;
+  torch::Tensor first, later;
+  {
+    const test::ScopedEnv background("LIBREYOLO_CUDNN_PLAN_BUILD", "background");
+    const auto s0 = models::cudnn_fusion_stats();
+    first = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+    EXPECT_FALSE(first.defined()) << "no plan in memory or on disk: declined while it is built";
+    // Asked again before it is ready: declined again, never a second build of it.
+    const bool again = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true).defined();
+    models::cudnn_fusion_wait_background();
+    const auto s1 = models::cudnn_fusion_stats();
+    EXPECT_EQ(s1.pending, 0);
+    EXPECT_EQ(s1.fused, s0.fused + 1) << "one plan built" << (again ? " (it was ready for the second call)" : "");
+    std::cout << "[ REPORT   ] background build: " << s1.build_ms - s0.build_ms << " ms\n";
+    later = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+    ASSERT_TRUE(later.defined()) << "the plan built in the background runs";
+    EXPECT_EQ(models::cudnn_fusion_stats().fused, s1.fused);
+  }
+  size_t files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(plan_dir_)) files += f.is_regular_file() ? 1 : 0;
+  EXPECT_EQ(files, 1u) << "the background build keeps its plan on disk";
+  // Built by the call itself in a fresh cache: the same plan (the heuristics' first that builds), the same bits.
+  const std::string fresh = test::temp_dir("cudnn_plans_fg");
+  const test::ScopedEnv fresh_env("LIBREYOLO_CUDNN_PLAN_CACHE", fresh);
+  models::cudnn_fusion_forget_plans();
+  const auto foreground = models::cudnn_conv_bias_act(x, w, b32, 1, 1, true);
+  ASSERT_TRUE(foreground.defined());
+  EXPECT_TRUE(torch::equal(foreground, later));
+  EXPECT_LE(rel_err(later, reference(x, w, b32, {"3x3 32->48", 32, 48, 3, 1, true})), 3e-3);
 }
 
 // Concatenations assembled in place (layers/concat.hpp) rest on three things the fused

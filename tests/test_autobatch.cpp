@@ -227,3 +227,30 @@ TEST(MemoryCheck, CpuEstimateGrowsWithThePixelsAndLeavesTheModelAsItWas) {
   over.available_gib = 2.0 * over.need_gib();
   EXPECT_NO_THROW(engine::check_memory_fits(over, 8, 640));
 }
+
+TEST(MemoryCheck, DeviceEstimateScalesTheCpuMeasurementAndOnlyWarns) {
+  torch::manual_seed(0);
+  auto model = models::find_family("yolo9")->build("t", 2);
+  const double per_pixel = 400.0;  // bytes per input pixel, as measured on the CPU
+  const torch::Device cuda(torch::kCUDA, 0);
+  const auto fp32 = engine::estimate_cuda_training_memory(per_pixel, *model, 4, 640, /*amp=*/false, cuda);
+  const auto amp = engine::estimate_cuda_training_memory(per_pixel, *model, 4, 640, /*amp=*/true, cuda);
+  EXPECT_EQ(fp32.where, "cuda:0");
+  // Autocast halves the activations; the float32 state and input stay.
+  EXPECT_NEAR(amp.activations_gib * 2.0, fp32.activations_gib, 1e-12);
+  EXPECT_DOUBLE_EQ(amp.fixed_gib, fp32.fixed_gib);
+  EXPECT_GT(fp32.activations_gib, per_pixel * 640.0 * 640.0 * 4 / (1024.0 * 1024.0 * 1024.0));  // the backward's share on top
+  // Too large for the device: a warning with the numbers, not an error (a step that does not fit
+  // stops with cuda_oom); the host's check refuses the same numbers.
+  engine::MemoryEstimate over = fp32;
+  over.available_gib = 0.5 * over.need_gib();
+  testing::internal::CaptureStderr();
+  EXPECT_NO_THROW(engine::check_memory_fits(over, 4, 640));
+  const std::string said = testing::internal::GetCapturedStderr();
+  EXPECT_NE(said.find("GPU memory may not suffice"), std::string::npos) << said;
+  EXPECT_NE(said.find("cuda:0"), std::string::npos) << said;
+  over.where.clear();
+  EXPECT_THROW(engine::check_memory_fits(over, 4, 640), UsageError);
+  // Without CUDA the device's free memory is unknown.
+  if (!torch::cuda::is_available()) EXPECT_EQ(engine::device_free_gib(cuda), 0.0);
+}

@@ -5,6 +5,10 @@
 
 #include <ATen/Context.h>
 #include <torch/cuda.h>
+#ifdef LIBREYOLO_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <cuda_runtime.h>
+#endif
 
 #include <cstdlib>
 
@@ -160,6 +164,22 @@ std::vector<std::string> configure_cudnn(bool autotune, bool deterministic) {
                    ": cuDNN deterministic algorithms by heuristics, no autotuning");
   }
   return said;
+}
+
+int64_t device_free_bytes(int index) {
+#ifdef LIBREYOLO_CUDA
+  if (index < 0 || index >= static_cast<int>(torch::cuda::device_count())) return -1;
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(index));
+  size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return static_cast<int64_t>(free);
+#else
+  (void)index;
+  return -1;
+#endif
 }
 
 int64_t host_available_bytes() {

@@ -59,5 +59,7 @@ class CudnnAutotuneScope {
 
 // The host memory the system has available for new work (MemAvailable), in bytes; -1 when unknown.
 int64_t host_available_bytes();
+// Free memory of CUDA device `index` (cudaMemGetInfo), in bytes; -1 when unknown (no CUDA).
+int64_t device_free_bytes(int index);
 
 }  // namespace libreyolo

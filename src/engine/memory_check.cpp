@@ -65,14 +65,20 @@ double cpu_activation_bytes_per_pixel(models::Detector& model) {
   return per_pixel;
 }
 
+namespace {
+// float32 weights, gradients, momentum (Adam: two moments) and the EMA's copy, in bytes.
+double training_state_bytes(models::Detector& model) {
+  int64_t params = 0;
+  for (const auto& p : models::unique_named_parameters(model)) params += p.second.numel();
+  return static_cast<double>(params) * 4.0 * 5.0;
+}
+}  // namespace
+
 MemoryEstimate estimate_cpu_training_memory(models::Detector& model, int batch, int imgsz, int workers) {
   MemoryEstimate e;
   const double pixels = static_cast<double>(imgsz) * imgsz;
   e.activations_gib = cpu_activation_bytes_per_pixel(model) * pixels * batch * kBackwardFactor / kGiB;
-  int64_t params = 0;
-  for (const auto& p : models::unique_named_parameters(model)) params += p.second.numel();
-  // float32 weights, gradients, momentum (Adam: two moments) and the EMA's copy.
-  const double state = static_cast<double>(params) * 4.0 * 5.0;
+  const double state = training_state_bytes(model);
   // Each loader thread builds a batch of uint8 images (a mosaic canvas is 4x the pixels).
   const double loader = static_cast<double>(std::max(workers, 1) + 2) * batch * pixels * 3.0 * 4.0;
   e.fixed_gib = (state + loader) / kGiB;
@@ -80,12 +86,43 @@ MemoryEstimate estimate_cpu_training_memory(models::Detector& model, int batch, 
   return e;
 }
 
+MemoryEstimate estimate_cuda_training_memory(double activation_bytes_per_pixel, models::Detector& model, int batch,
+                                             int imgsz, bool amp, const torch::Device& device) {
+  MemoryEstimate e;
+  const double pixels = static_cast<double>(imgsz) * imgsz;
+  e.activations_gib =
+      activation_bytes_per_pixel * (amp ? 0.5 : 1.0) * pixels * batch * kBackwardFactor / kGiB;
+  // The state, and the batch's float32 input.
+  e.fixed_gib = (training_state_bytes(model) + static_cast<double>(batch) * pixels * 3.0 * 4.0) / kGiB;
+  e.available_gib = device_free_gib(device);
+  e.where = device.str();
+  return e;
+}
+
+double device_free_gib(const torch::Device& device) {
+  if (!device.is_cuda()) return 0.0;
+  const int64_t bytes = device_free_bytes(device.index() < 0 ? 0 : device.index());
+  return bytes > 0 ? static_cast<double>(bytes) / kGiB : 0.0;
+}
+
 void check_memory_fits(const MemoryEstimate& e, int batch, int imgsz) {
-  const std::string what = strfmt("one training step of batch %d at imgsz %d needs about %.1f GiB (activations %.1f GiB, "
-                                  "weights, optimizer and loader %.1f GiB)",
-                                  batch, imgsz, e.need_gib(), e.activations_gib, e.fixed_gib);
+  const bool device = !e.where.empty();
+  const std::string what = strfmt("one training step of batch %d at imgsz %d needs about %.1f GiB%s (activations %.1f GiB, "
+                                  "%s %.1f GiB)",
+                                  batch, imgsz, e.need_gib(), device ? (" on " + e.where).c_str() : "",
+                                  e.activations_gib, device ? "weights, optimizer and input" : "weights, optimizer and loader",
+                                  e.fixed_gib);
   if (e.available_gib <= 0) {
     log_info("Memory: " + what + "; the available memory is unknown");
+    return;
+  }
+  if (device) {
+    const std::string have = strfmt("%.1f GiB free there", e.available_gib);
+    if (e.need_gib() > 0.8 * e.available_gib)
+      log_warn("GPU memory may not suffice: " + what + ", " + have +
+               " (a step that does not fit stops with cuda_oom; batch=-1 picks a batch that fits)");
+    else
+      log_info("GPU memory: " + what + ", " + have);
     return;
   }
   const std::string have = strfmt("%.1f GiB available", e.available_gib);

@@ -124,11 +124,14 @@ void Trainer::setup(bool dry_run) {
   setup_device();
   setup_data();
   setup_model();
-  if (device_.is_cpu()) {
-    const int local_batch = std::max(1, cfg_.batch / std::max(1, state_.world_size));
+  const int local_batch = std::max(1, cfg_.batch / std::max(1, state_.world_size));
+  if (device_.is_cpu())
     check_memory_fits(estimate_cpu_training_memory(*model_, local_batch, cfg_.imgsz, workers()), local_batch,
                       cfg_.imgsz);
-  }
+  else if (device_.is_cuda() && activation_bytes_per_pixel_ > 0)
+    check_memory_fits(estimate_cuda_training_memory(activation_bytes_per_pixel_, *model_, local_batch, cfg_.imgsz,
+                                                    amp_.enabled, device_),
+                      local_batch, cfg_.imgsz);
   if (dry_run) {
     check_dir_creatable(cfg_.project);
     setup_optimization();
@@ -425,6 +428,10 @@ void Trainer::setup_model() {
     model_->reset_num_classes(nc);
   }
   setup_aux(!fresh && cfg_.pretrained);
+  // The device's memory estimate is measured here, on the CPU, before the model moves.
+  const auto params = model_->parameters();
+  if (device_.is_cuda() && !params.empty() && params.front().device().is_cpu())
+    activation_bytes_per_pixel_ = cpu_activation_bytes_per_pixel(*model_);
   model_->to(device_);
   if (channels_last_) to_channels_last(*model_);
   lm_.model = model_;

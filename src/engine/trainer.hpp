@@ -127,6 +127,7 @@ class Trainer : private EpochSteps {
   std::unique_ptr<StepRunner> step_;
   AmpPlan amp_;
   bool channels_last_ = false;
+  double activation_bytes_per_pixel_ = 0;  // measured on the CPU for the device memory estimate (CUDA)
 
   std::shared_ptr<const data::YoloDataset> train_set_, val_set_;
   std::unique_ptr<data::DataLoader> train_loader_;

@@ -9,7 +9,11 @@
 #include "core/log.hpp"
 #include "layers/pixel_stride.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -72,6 +76,7 @@ torch::Tensor cudnn_conv_train(TrainConvOp, const torch::Tensor&, const torch::T
 }
 CudnnFusionStats cudnn_fusion_stats() { return {}; }
 void cudnn_fusion_forget_plans() {}
+void cudnn_fusion_wait_background() {}
 
 #else
 
@@ -99,9 +104,10 @@ struct Shapes {
 using Key = std::pair<int, Shapes>;  // device, configuration
 
 struct Plan {
-  std::shared_ptr<fe::graph::Graph> graph;  // null: declined; its candidate plan is the one executed
+  std::shared_ptr<fe::graph::Graph> graph;  // null: declined (or pending); its candidate plan is the one executed
   int64_t workspace = 0;
   bool from_disk = false;
+  bool pending = false;  // being built in the background: declined until it is replaced
 };
 
 struct Cache {
@@ -298,11 +304,11 @@ std::string describe(const Shapes& s) {
 // that plans kept on disk from an older build are not taken for the new graph.
 constexpr int kGraphVersion = 2;
 
-std::string plan_key(const Shapes& s, int device) {
+std::string plan_key(const Shapes& s, int device, int64_t count) {
   const auto* prop = at::cuda::getDeviceProperties(device);
   std::ostringstream k;
   k << "cudnn " << fe::detail::get_backend_version() << " fe " << CUDNN_FRONTEND_VERSION << " gpu " << prop->name
-    << " sm " << prop->major << prop->minor << ' ' << describe(s) << " candidates " << candidates(s)
+    << " sm " << prop->major << prop->minor << ' ' << describe(s) << " candidates " << count
     << " graph " << kGraphVersion;
   return k.str();
 }
@@ -373,19 +379,29 @@ std::shared_ptr<fe::graph::Graph> load_plan(cudnnHandle_t handle, const std::str
 // Builds the graph and picks a plan; a Plan with no graph when cuDNN declines. Runtime-compiled
 // engines compile while they build (~0.1 s each): with several candidates each is built on its own
 // thread, in its own copy of the graph with its own cuDNN handle, then timed here one by one.
-std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordered_map<int64_t, void*>& ptrs,
-                            const at::Tensor& x) {
+// `count` candidates (candidates()); with more than one, `time` gives a built candidate's GPU time
+// (time_plan on the call's operands). Without `time` (a background build) the first that builds.
+using TimePlan = std::function<float(fe::graph::Graph&, int64_t)>;
+
+// The plan kept on disk for these shapes (a Plan marked from_disk), or null.
+std::shared_ptr<Plan> stored_plan(cudnnHandle_t handle, const Shapes& s, int device, int64_t count) {
+  const std::string dir = plan_dir();
+  if (dir.empty()) return nullptr;
+  const std::string key = plan_key(s, device, count);
+  auto plan = std::make_shared<Plan>();
+  auto stored = load_plan(handle, plan_path(dir, key), key);
+  if (!stored || !stored->get_workspace_size(plan->workspace).is_good()) return nullptr;
+  plan->graph = std::move(stored);
+  plan->from_disk = true;
+  return plan;
+}
+
+std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, int device, int64_t count, const TimePlan& time) {
+  if (auto stored = stored_plan(handle, s, device, count)) return stored;
   auto plan = std::make_shared<Plan>();
   const std::string dir = plan_dir();
-  const std::string key = dir.empty() ? "" : plan_key(s, x.device().index());
+  const std::string key = dir.empty() ? "" : plan_key(s, device, count);
   const std::string path = dir.empty() ? "" : plan_path(dir, key);
-  if (!dir.empty()) {
-    if (auto stored = load_plan(handle, path, key); stored && stored->get_workspace_size(plan->workspace).is_good()) {
-      plan->graph = std::move(stored);
-      plan->from_disk = true;
-      return plan;
-    }
-  }
   auto g = operation_graph(handle, s);
   if (!g) return plan;
   static std::once_flag said_fused, said_training;
@@ -396,7 +412,8 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
                       : "cuDNN: timing training convolution plans for new shapes (once per machine: " + where + ")");
   });
   const int64_t total = g->get_execution_plan_count();
-  const int64_t count = std::min(total, candidates(s));
+  if (!time) count = 1;
+  count = std::min(total, count);
   std::shared_ptr<fe::graph::Graph> best_graph;
   int64_t best = -1;
   if (count <= 1) {  // the heuristics' first plan that builds
@@ -409,7 +426,6 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
     // plans compile their kernels while they build: `count` at a time on threads with their own
     // cuDNN handles; a training convolution's engines are precompiled, built here one by one.
     std::vector<std::shared_ptr<fe::graph::Graph>> graphs(total);
-    const int device = x.device().index();
     const auto build_one = [&](cudnnHandle_t h, int64_t i) {
       auto gi = i == 0 ? g : operation_graph(h, s);
       if (gi && gi->build_plan_at_index(i).is_good()) graphs[i] = std::move(gi);
@@ -438,7 +454,7 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, std::unordere
     for (int64_t i = 0, timed = 0; i < total && timed < count; ++i) {
       if (!graphs[i]) continue;
       ++timed;
-      const float ms = time_plan(handle, *graphs[i], i, ptrs, x);
+      const float ms = time(*graphs[i], i);
       if (ms >= 0 && (best_ms < 0 || ms < best_ms)) best_ms = ms, best = i, best_graph = graphs[i];
       if (log_level() <= LogLevel::Debug) {
         std::string name;
@@ -469,11 +485,122 @@ int64_t out_side(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
   return (in + 2 * padding - kernel) / stride + 1;
 }
 
-// The cached plan for `shapes` (built on its first use, never inside a capture) run on `ptrs`;
-// false when cuDNN has no engine for it or the launch failed (then nothing was written).
+// ---- background builds. A fused inference convolution met without autotuning (eager predict and
+// val outside training), whose plan is neither in memory nor on disk, is declined for now (the
+// caller runs ATen's convolution and its own epilogue) while worker threads, each with its own cuDNN
+// handle, build the plan (the heuristics' first that builds, what the calling thread would have
+// built) and keep it on disk; later calls of the configuration run it, later processes read it. A
+// first predict on a machine so does not wait for kernels to compile (~0.1-0.5 s each, a few dozen
+// per network). LIBREYOLO_CUDNN_PLAN_BUILD=wait builds on the calling thread instead, as autotuned
+// configurations (captures, training and its validation) and training convolutions always are.
+bool background_builds() {
+  const char* v = env_get("LIBREYOLO_CUDNN_PLAN_BUILD");
+  if (!v || !*v) return true;
+  const std::string mode = v;
+  if (mode == "wait") return false;
+  if (mode == "background") return true;
+  static std::once_flag said;
+  std::call_once(said, [&] {
+    log_warn("LIBREYOLO_CUDNN_PLAN_BUILD='" + mode + "' is neither 'background' nor 'wait': plans are built in the background");
+  });
+  return true;
+}
+
+class Builder {
+ public:
+  static Builder& get() {
+    static Builder b;
+    return b;
+  }
+  void submit(const Key& key, std::shared_ptr<Plan> pending) {
+    std::lock_guard<std::mutex> lock(m_);
+    if (threads_.empty()) {
+      const unsigned n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);
+      for (unsigned i = 0; i < n; ++i) threads_.emplace_back([this] { work(); });
+    }
+    queue_.emplace_back(key, std::move(pending));
+    ++outstanding_;
+    work_cv_.notify_one();
+  }
+  int64_t outstanding() {
+    std::lock_guard<std::mutex> lock(m_);
+    return outstanding_;
+  }
+  void wait_idle() {
+    std::unique_lock<std::mutex> lock(m_);
+    idle_cv_.wait(lock, [&] { return outstanding_ == 0; });
+  }
+  // At exit: the builds in progress finish (each well under a second), the queued ones are dropped.
+  ~Builder() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+      outstanding_ -= static_cast<int64_t>(queue_.size());
+      queue_.clear();
+    }
+    work_cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+
+ private:
+  Builder() = default;
+  void work() {
+    std::map<int, cudnnHandle_t> handles;  // this thread's, per device
+    for (;;) {
+      std::pair<Key, std::shared_ptr<Plan>> job;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) break;  // stopping
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      const auto& [device, shapes] = job.first;
+      std::shared_ptr<Plan> built;
+      const auto t0 = std::chrono::steady_clock::now();
+      try {
+        c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
+        cudnnHandle_t& h = handles[device];
+        if (h == nullptr && fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) h = nullptr;
+        if (h != nullptr) built = build(h, shapes, device, 1, {});
+      } catch (const std::exception& e) {
+        log_debug(std::string("cuDNN fusion: a background build failed: ") + e.what());
+      }
+      if (!built) built = std::make_shared<Plan>();  // declined
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      {
+        Cache& c = cache();
+        std::lock_guard<std::mutex> lock(c.mutex);
+        // Replaced meanwhile (a foreground build, forget_plans): the newer entry stays.
+        if (auto it = c.plans.find(job.first); it != c.plans.end() && it->second == job.second) {
+          it->second = built;
+          c.stats.build_ms += ms;
+          ++(built->graph ? c.stats.fused : c.stats.declined);
+          if (built->from_disk) ++c.stats.loaded;
+        }
+      }
+      std::lock_guard<std::mutex> lock(m_);
+      if (--outstanding_ == 0) idle_cv_.notify_all();
+    }
+    for (auto& [device, h] : handles)
+      if (h != nullptr) fe::detail::destroy_handle(h);
+  }
+
+  std::mutex m_;
+  std::condition_variable work_cv_, idle_cv_;
+  std::deque<std::pair<Key, std::shared_ptr<Plan>>> queue_;
+  std::vector<std::thread> threads_;
+  int64_t outstanding_ = 0;
+  bool stop_ = false;
+};
+
+// The cached plan for `shapes` (built on its first use, on this thread or in the background, never
+// inside a capture) run on `ptrs`; false when cuDNN has no engine for it, its plan is still being
+// built, or the launch failed (then nothing was written).
 bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, const at::Tensor& like) {
-  const Key key{like.device().index(), shapes};
-  const auto stream = at::cuda::getCurrentCUDAStream(like.device().index()).stream();
+  const int device = like.device().index();
+  const Key key{device, shapes};
+  const auto stream = at::cuda::getCurrentCUDAStream(device).stream();
   cudnnHandle_t handle = at::native::getCudnnHandle();
   if (fe::detail::set_stream(handle, stream) != CUDNN_STATUS_SUCCESS) return false;
   std::shared_ptr<Plan> plan;
@@ -481,19 +608,44 @@ bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, co
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.plans.find(key);
-    if (it == c.plans.end()) {
+    if (it == c.plans.end() || it->second->pending) {
       // Building times candidates (synchronising) and may compile kernels: never inside a capture.
       // Captures run each shape eagerly first (ForwardGraphs, the training step's first
       // occurrences), so this only declines strays.
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
         return false;
+      const int64_t count = candidates(shapes);
+      const bool background = shapes.op < 0 && count == 1 && background_builds();
+      if (background && it != c.plans.end()) return false;  // pending: not ready yet
       const auto t0 = std::chrono::steady_clock::now();
-      auto built = build(handle, shapes, ptrs, like);
+      std::shared_ptr<Plan> built;
+      if (background) {
+        built = stored_plan(handle, shapes, device, count);
+        if (!built) {
+          static std::once_flag said;
+          std::call_once(said, [] {
+            log_info("cuDNN fusion: building fused convolution plans in the background (once per machine); "
+                     "until each is ready its convolution runs unfused");
+          });
+          auto pending = std::make_shared<Plan>();
+          pending->pending = true;
+          c.plans.emplace(key, pending);
+          Builder::get().submit(key, pending);
+          return false;
+        }
+      } else {
+        // Autotuned, or waited for: built here (replacing a pending background build of it).
+        const TimePlan time = [&](fe::graph::Graph& g, int64_t i) { return time_plan(handle, g, i, ptrs, like); };
+        built = build(handle, shapes, device, count, time);
+      }
       c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       ++(built->graph ? c.stats.fused : c.stats.declined);
       if (built->from_disk) ++c.stats.loaded;
-      it = c.plans.emplace(key, std::move(built)).first;
+      if (it == c.plans.end())
+        it = c.plans.emplace(key, std::move(built)).first;
+      else
+        it->second = std::move(built);
     }
     plan = it->second;
   }
@@ -505,9 +657,16 @@ bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, co
 }  // namespace
 
 CudnnFusionStats cudnn_fusion_stats() {
-  std::lock_guard<std::mutex> lock(cache().mutex);
-  return cache().stats;
+  CudnnFusionStats st;
+  {
+    std::lock_guard<std::mutex> lock(cache().mutex);
+    st = cache().stats;
+  }
+  st.pending = Builder::get().outstanding();
+  return st;
 }
+
+void cudnn_fusion_wait_background() { Builder::get().wait_idle(); }
 
 void cudnn_fusion_forget_plans() {
   std::lock_guard<std::mutex> lock(cache().mutex);

@@ -31,7 +31,10 @@ bool cudnn_fusion_takes(at::ScalarType dtype);
 // graph, else the first that builds (LIBREYOLO_CUDNN_FUSION_CANDIDATES=N: N). cuDNN compiles a plan's kernel
 // when it is built (~0.1 s; candidates build in parallel threads); chosen plans are kept on disk
 // (LIBREYOLO_CUDNN_PLAN_CACHE, default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later process loads
-// them instead. Never builds inside a CUDA graph capture (declines instead).
+// them instead. Never builds inside a CUDA graph capture (declines instead). Without autotuning (eager
+// predict and val) a configuration whose plan is neither in memory nor on disk is declined while its plan is
+// built in the background (LIBREYOLO_CUDNN_PLAN_BUILD=background, the default; =wait: built by the call), so a
+// first predict on a machine runs at once, unfused, and fuses as the plans arrive.
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
                                   int64_t stride, int64_t padding, bool act, const torch::Tensor& residual = {},
                                   const torch::Tensor& out = {});
@@ -57,8 +60,13 @@ struct CudnnFusionStats {
   int64_t fused = 0, declined = 0;
   int64_t loaded = 0;   // of the fused: plans read from the on-disk plan cache instead of built
   double build_ms = 0;  // total time spent building (and timing) plans
+  int64_t pending = 0;  // being built in the background (not yet counted above)
 };
 CudnnFusionStats cudnn_fusion_stats();
+
+// Waits until no plan is being built in the background (see cudnn_conv_bias_act); for tests and
+// benchmarks that want every configuration's plan in place.
+void cudnn_fusion_wait_background();
 
 // Forgets the plans held in memory (the next use of a configuration reads the disk cache or builds
 // again), as a new process would; for tests.
