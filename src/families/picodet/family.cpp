@@ -9,6 +9,7 @@
 
 #include "core/log.hpp"
 #include "core/strings.hpp"
+#include "families/picodet/loss.hpp"
 #include "families/picodet/model.hpp"
 #include "libreyolo/errors.hpp"
 #include "loss/loss.hpp"
@@ -123,9 +124,8 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<PicoDetModel>(a, nc);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector&) {
-  throw UsageError("PicoDet training is not available yet",
-                   "PicoDet weights load for predict and val; train another family meanwhile", "config_unsupported");
+std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+  return std::make_unique<PicodetLoss>(model.num_classes());
 }
 
 // The four levels' cell counts of A predictions from a square input: the stride-8 side n gives
@@ -213,8 +213,26 @@ Family make_family() {
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   f.input_size = size_input;
-  // Neither the training step (no loss yet) nor inference is claimed capturable: no
-  // capture/replay parity test covers this network yet.
+  // Neither the training step nor inference is claimed capturable: no capture/replay parity test
+  // covers this network yet (the loss itself has no host reads and fixed shapes).
+  // LibreYOLO's PICODETConfig where it differs from the defaults of config.hpp: SGD at 0.01
+  // (momentum 0.9 from the first step, Nesterov, decay 4e-5 on the convolution weights: the shared
+  // grouping), a quadratic warm-up of one epoch from 0.001 and a cosine to 0 (cos_flat with no flat
+  // tail), no mosaic, mixup, HSV or affine: the horizontal flip is the only augmentation, EMA 0.9998.
+  f.train_defaults = {
+      {"optimizer", "sgd"},        {"lr0", "0.01"},          {"momentum", "0.9"},
+      {"warmup_momentum", "0.9"},  {"nesterov", "true"},     {"weight_decay", "4e-5"},
+      {"scheduler", "cos_flat"},   {"warmup_epochs", "1"},   {"warmup_lr_start", "0.001"},
+      {"min_lr_ratio", "0"},       {"no_aug_epochs", "0"},   {"mosaic_prob", "0"},
+      {"mixup_prob", "0"},         {"hsv_prob", "0"},        {"flip_prob", "0.5"},
+      {"degrees", "0"},            {"translate", "0"},       {"shear", "0"},
+      {"ema_decay", "0.9998"},     {"ema_tau", "2000"},      {"eval_interval", "10"},
+      {"save_period", "10"},       {"patience", "50"},       {"workers", "4"},
+      {"name", "picodet_exp"},     {"aux_weight", "0"},
+  };
+  // The shared per-sample transform (flip, stretch; boxes of a side of at most one pixel after
+  // the fit dropped), up to 50 boxes a sample.
+  f.augment.max_labels = 50;
   // RGB 0-255 minus the ImageNet mean over its standard deviation, stretched to S x S.
   f.input.bgr = false;
   f.input.divisor = 1.0;
