@@ -29,9 +29,14 @@ namespace {
 
 const std::string kPath = std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/picodet_reference.pt";
 // max |got - want| / max |want| of float32 results against float64 ones rounded to float32: a
-// few dozen float32 layers accumulate relative rounding of order 1e-6 (sums of at most a few
-// thousand terms per output); 1e-4 leaves two orders of magnitude for any x86-64 summation order.
+// few dozen float32 layers accumulate relative rounding of order 1e-6 per layer (sums of at most a
+// few thousand terms per output), which this network amplifies (BatchNorms subtracting running
+// means large against their deviations): the reference's own float32 forward is up to 6.4e-5 from
+// its float64 one (recorded per input size in the fixture). The bound is 1e-4, or three times the
+// reference's own float32 error where that is larger: a float32 forward in any summation order
+// lands as far as the reference's does, not three times farther.
 constexpr double kBound = 1e-4;
+constexpr double kReferenceErrorFactor = 3.0;
 constexpr int kClasses = 3;
 const std::vector<int> kSizes = {320, 416, 400};
 
@@ -55,6 +60,11 @@ std::shared_ptr<models::Detector> network() {
 }
 
 std::string key(int size, const std::string& what) { return "s" + std::to_string(size) + "." + what; }
+
+// The float32 bound at an input size for the maps ("maps") or the decoded boxes and scores.
+double float32_bound(int size, const std::string& what) {
+  return std::max(kBound, kReferenceErrorFactor * expected(key(size, "ref_f32_err_" + what)).item<double>());
+}
 
 // The network input as the family converts the stretched RGB images.
 torch::Tensor input(int size) {
@@ -85,9 +95,10 @@ std::vector<Det> rows(const torch::Tensor& boxes, const torch::Tensor& scores, c
 }
 
 // The two lists hold the same detections, in any order: each of `got` pairs with a distinct one of
-// `want` of its class, its score within 1e-4 and its box within 1e-2 pixels (boxes of a few
-// hundred pixels: 1e-4 relative is 1e-2 px at most at 640). Returns the largest box difference.
-double expect_same_set(const std::vector<Det>& got, const std::vector<Det>& want, const std::string& what) {
+// `want` of its class, its score within score_tol and its box within box_tol pixels. Returns the
+// largest box difference.
+double expect_same_set(const std::vector<Det>& got, const std::vector<Det>& want, const std::string& what,
+                       double score_tol, double box_tol) {
   EXPECT_EQ(got.size(), want.size()) << what;
   std::vector<bool> used(want.size(), false);
   double worst = 0.0;
@@ -97,7 +108,7 @@ double expect_same_set(const std::vector<Det>& got, const std::vector<Det>& want
       const Det& w = want[j];
       const double d = std::max({std::abs(g.x1 - w.x1), std::abs(g.y1 - w.y1), std::abs(g.x2 - w.x2),
                                  std::abs(g.y2 - w.y2)});
-      if (used[j] || g.cls != w.cls || std::abs(g.score - w.score) > 1e-4 || d > 1e-2) continue;
+      if (used[j] || g.cls != w.cls || std::abs(g.score - w.score) > score_tol || d > box_tol) continue;
       used[j] = found = true;
       worst = std::max(worst, d);
     }
@@ -105,6 +116,18 @@ double expect_same_set(const std::vector<Det>& got, const std::vector<Det>& want
                        << ", " << g.y1 << ", " << g.x2 << ", " << g.y2 << ") is not the reference's";
   }
   return worst;
+}
+
+// The decoded values' float32 bound at an input size as detection tolerances: scores (at most 1)
+// within it, boxes within it relative to the largest decoded coordinate, times the largest
+// stretch-inverse factor of the originals (at most 1.6 here).
+struct Tolerance {
+  double score, box;
+};
+Tolerance detection_tolerance(int size) {
+  const double bound = float32_bound(size, "decoded");
+  const double coordinate = expected(key(size, "decoded")).narrow(2, 0, 4).abs().max().item<double>();
+  return {bound, bound * coordinate * 1.6};
 }
 
 }  // namespace
@@ -148,8 +171,11 @@ TEST(PicodetParity, EvalMapsAndDecode) {
     std::vector<torch::Tensor> ref_maps;
     for (int l = 0; l < 4; ++l) {
       const auto want = expected(key(s, "raw_" + std::to_string(l)));
-      check_rel(key(s, "cls_" + std::to_string(l)), raw[l].narrow(1, 0, kClasses), want.narrow(1, 0, kClasses));
-      check_rel(key(s, "box_" + std::to_string(l)), raw[l].narrow(1, kClasses, 32), want.narrow(1, kClasses, 32));
+      const double bound = float32_bound(s, "maps");
+      check_rel(key(s, "cls_" + std::to_string(l)), raw[l].narrow(1, 0, kClasses), want.narrow(1, 0, kClasses),
+                bound);
+      check_rel(key(s, "box_" + std::to_string(l)), raw[l].narrow(1, kClasses, 32), want.narrow(1, kClasses, 32),
+                bound);
       ref_maps.push_back(want);
     }
     if (s == 416) {
@@ -160,8 +186,9 @@ TEST(PicodetParity, EvalMapsAndDecode) {
     }
     const auto pred = m->decode(raw);
     const auto want = expected(key(s, "decoded")).transpose(1, 2);  // [B, A, 4 + nc] -> [B, 4 + nc, A]
-    check_rel(key(s, "decoded boxes"), pred.narrow(1, 0, 4), want.narrow(1, 0, 4));
-    check_rel(key(s, "decoded scores"), pred.narrow(1, 4, kClasses), want.narrow(1, 4, kClasses));
+    check_rel(key(s, "decoded boxes"), pred.narrow(1, 0, 4), want.narrow(1, 0, 4), float32_bound(s, "decoded"));
+    check_rel(key(s, "decoded scores"), pred.narrow(1, 4, kClasses), want.narrow(1, 4, kClasses),
+              float32_bound(s, "decoded"));
     // The reference's own maps decode to its predictions as closely (the decode alone).
     check_rel(key(s, "decode of reference maps"), m->decode(ref_maps), want);
   }
@@ -199,8 +226,10 @@ TEST(PicodetParity, PostprocessedDetections) {
         const auto want = rows(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes"));
         ASSERT_GT(want.size(), 0u) << p;
         const auto got = family().postprocess(pred[static_cast<int64_t>(i)], a);
-        const double d = expect_same_set(rows(got.boxes, got.scores, got.classes), want, p);
-        std::printf("  %-24s %3zu detections, largest box difference %.3g px\n", p.c_str(), want.size(), d);
+        const auto tol = detection_tolerance(s);
+        const double d = expect_same_set(rows(got.boxes, got.scores, got.classes), want, p, tol.score, tol.box);
+        std::printf("  %-24s %3zu detections, largest box difference %.3g px (bound %.3g)\n", p.c_str(), want.size(), d,
+                    tol.box);
       }
     }
   }
@@ -220,6 +249,8 @@ TEST(PicodetParity, PredictThroughTheApi) {
     std::vector<Det> got;
     for (const auto& d : results[0].detections) got.push_back({d.x1, d.y1, d.x2, d.y2, d.score, d.class_id});
     const std::string p = "s320.whole.img" + std::to_string(i) + ".";
-    expect_same_set(got, rows(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes")), "api " + p);
+    const auto tol = detection_tolerance(320);
+    expect_same_set(got, rows(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes")), "api " + p,
+                    tol.score, tol.box);
   }
 }

@@ -41,6 +41,10 @@ state dict) with two more entries:
                                                           the 32 box logits (side-major)
     s<S>.decoded                 float32 [B, A, 7]       the head's export output: xyxy input
                                                           pixels, then sigmoid scores
+    s<S>.ref_f32_err_maps        float64 []              the reference's own float32 forward
+                                                          against its float64 one: max |error| /
+                                                          max |value|, the largest over the levels
+    s<S>.ref_f32_err_decoded     float64 []              the same of the decoded boxes and scores
     <set>.conf, <set>.iou        float64 []              the thresholds (max_det 300)
     s<S>.<set>.img<i>.boxes      float32 [K, 4]          postprocess of batch image i: xyxy in the
                                                           original's pixels
@@ -146,6 +150,14 @@ def main(out_path):
     perturb_and_calibrate(model, inputs[320], g)
     model.eval()
     weights = {k: v.clone() for k, v in model.state_dict().items()}
+    # The reference's own float32 forward, kept to measure its float32 error below.
+    f32 = {}
+    with torch.no_grad():
+        for size in RUNS:
+            cls, reg = model(inputs[size])
+            model.head.export = True
+            f32[size] = ([torch.cat([c, r], 1) for c, r in zip(cls, reg)], model(inputs[size]))
+            model.head.export = False
     model.double()
     with torch.no_grad():
         for size, (which, sets) in RUNS.items():
@@ -158,6 +170,15 @@ def main(out_path):
             decoded = model(xd)
             model.head.export = False
             exp[p + "decoded"] = decoded.float()
+            # How far the reference's own float32 forward is from its float64 one (max |error| over
+            # max |value|, the largest of the four levels; the decoded boxes and scores).
+            maps32, dec32 = f32[size]
+            exp[p + "ref_f32_err_maps"] = torch.tensor(max(
+                float((m32.double() - torch.cat([c, r], 1)).abs().max() / torch.cat([c, r], 1).abs().max())
+                for m32, c, r in zip(maps32, cls, reg)), dtype=torch.float64)
+            exp[p + "ref_f32_err_decoded"] = torch.tensor(max(
+                float((dec32[..., a:b].double() - decoded[..., a:b]).abs().max() / decoded[..., a:b].abs().max())
+                for a, b in ((0, 4), (4, 4 + NC))), dtype=torch.float64)
             for set_name in sets:
                 conf, iou = THRESHOLDS[set_name]
                 scores = decoded[..., 4:]
@@ -185,7 +206,9 @@ def main(out_path):
     back = torch.load(out_path, weights_only=True, map_location="cpu")
     assert list(back["model"].keys()) == list(weights.keys())
     counts = {k[:-7]: v.numel() for k, v in exp.items() if k.endswith(".scores")}
-    print(f"wrote {out_path}: {len(back['model'])} weight entries, detections {counts}")
+    errs = {size: (float(exp[f"s{size}.ref_f32_err_maps"]), float(exp[f"s{size}.ref_f32_err_decoded"])) for size in RUNS}
+    print(f"wrote {out_path}: {len(back['model'])} weight entries, detections {counts}, "
+          f"the reference's float32 errors (maps, decoded) {errs}")
 
 
 if __name__ == "__main__":
