@@ -27,6 +27,7 @@ def model_class(family: str):
     import libreyolo
 
     return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7, "rtmdet": libreyolo.LibreRTMDet,
+            "picodet": libreyolo.LibrePICODET,
             "rtdetr": libreyolo.LibreRTDETR}[family]
 
 

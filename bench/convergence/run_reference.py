@@ -58,12 +58,12 @@ def parse_model(name: str) -> tuple[str, str]:
     s = re.sub(r"\.pt$", "", s)
     if s.startswith("libreyolo"):
         s = "yolo" + s[len("libreyolo"):]
-    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetr|rtmdet)[-_]?([a-z0-9]*)", s)
+    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetr|rtmdet|picodet)[-_]?([a-z0-9]*)", s)
     if not m:
         raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c>, yolox-<n|t|s|m|l|x>, "
-                         "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x> or rtmdet-<t|s|m|l|x>")
+                         "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x>, rtmdet-<t|s|m|l|x> or picodet-<s|m|l>")
     family = m.group(1)
-    size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtmdet": "s"}[family]
+    size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtmdet": "s", "picodet": "s"}[family]
     return family, size
 
 
@@ -123,6 +123,8 @@ def main(argv=None) -> int:
             from libreyolo import LibreYOLO7 as cls
         elif family == "rtmdet":
             from libreyolo import LibreRTMDet as cls
+        elif family == "picodet":
+            from libreyolo import LibrePICODET as cls
         else:
             from libreyolo import LibreRTDETR as cls
 

@@ -75,6 +75,7 @@ TrainConfig train_config_for(const models::LoadedModel& impl, const Kwargs& opti
   TrainConfig cfg;
   cfg.amp = impl.family->default_amp;
   cfg.sync_bn = impl.family->default_sync_bn;
+  if (impl.family->input_size) cfg.imgsz = impl.family->input_size(impl.model->size());
   train_schema().apply(cfg, impl.family->train_defaults, "train");
   train_schema().apply(cfg, options, "train");
   validate(cfg);

@@ -6,6 +6,7 @@
 #include "families/yolox/model.hpp"
 #include "families/yolo7/model.hpp"
 #include "families/rtmdet/model.hpp"
+#include "families/picodet/model.hpp"
 
 namespace libreyolo::models {
 
@@ -16,6 +17,7 @@ const std::vector<const Family*>& families() {
       rtdetr::make_family(),
       yolo7::make_family(),
       rtmdet::make_family(),
+      picodet::make_family(),
   };
   static const std::vector<const Family*> all = [] {
     std::vector<const Family*> v;

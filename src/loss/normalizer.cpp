@@ -23,13 +23,13 @@ std::shared_ptr<CountSync> count_sync() {
   return g_sync;
 }
 
-torch::Tensor loss_normalizer(const torch::Tensor& local) {
+torch::Tensor loss_normalizer(const torch::Tensor& local, double min_value) {
   auto sync = count_sync();
-  if (!sync || sync->world_size() <= 1) return local.clamp_min(1.0);
+  if (!sync || sync->world_size() <= 1) return local.clamp_min(min_value);
   // A private float32 copy: the all-reduce writes into it.
   torch::Tensor t = local.detach().to(torch::kFloat, /*non_blocking=*/false, /*copy=*/true).reshape({1});
   sync->all_reduce_sum(t);
-  return (t.clamp_min(1.0) / static_cast<double>(sync->world_size())).reshape({}).to(local.scalar_type());
+  return (t.clamp_min(min_value) / static_cast<double>(sync->world_size())).reshape({}).to(local.scalar_type());
 }
 
 }  // namespace libreyolo

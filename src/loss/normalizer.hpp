@@ -21,7 +21,9 @@ using CountSync = CrossProcessSum;  // core/cross_process.hpp
 void set_count_sync(std::shared_ptr<CountSync> sync);
 std::shared_ptr<CountSync> count_sync();
 
-// The normaliser of a loss whose local (this shard's) count is `local` (a 0-dim tensor, no grad).
-torch::Tensor loss_normalizer(const torch::Tensor& local);
+// The normaliser of a loss whose local (this shard's) count is `local` (a 0-dim tensor, no grad):
+// the global sum at least `min_value` (1 for a count; a loss normalising by a sum of weights may
+// ask for less), over the world size.
+torch::Tensor loss_normalizer(const torch::Tensor& local, double min_value = 1.0);
 
 }  // namespace libreyolo

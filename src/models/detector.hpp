@@ -131,6 +131,9 @@ struct Family {
   std::string name;                // the registry name: model names are name + size
   std::vector<std::string> sizes;  // {"t","s","m","c"}
   std::string default_size;
+  // The input side (imgsz) of a size: what a fresh model predicts and validates at and what
+  // training uses when no imgsz is given. Unset: 640 for a fresh model, training's own default.
+  std::function<int(const std::string& size)> input_size;
   bool default_amp = true;
   bool default_sync_bn = false;
   bool supports_spawn = true;

@@ -69,6 +69,7 @@ std::unique_ptr<LoadedModel> fresh_model(const std::string& family, const std::s
   impl->family = fam;
   impl->model = fam->build(size, nc);
   impl->names = default_names(nc);
+  if (fam->input_size) impl->imgsz = fam->input_size(size);
   impl->to(resolve_device(device));
   return impl;
 }
@@ -130,7 +131,10 @@ std::unique_ptr<LoadedModel> model_from_checkpoint(const io::PyValuePtr& root, c
              " entries in the weights were not used (first: " + report.unexpected.front() + ")");
   impl->names = ck.meta.names ? *ck.meta.names : default_names(*nc);
   if (static_cast<int>(impl->names.size()) != *nc) impl->names = default_names(*nc);
-  if (ck.meta.imgsz && *ck.meta.imgsz > 0) impl->imgsz = static_cast<int>(*ck.meta.imgsz);
+  if (ck.meta.imgsz && *ck.meta.imgsz > 0)
+    impl->imgsz = static_cast<int>(*ck.meta.imgsz);
+  else if (fam->input_size)
+    impl->imgsz = fam->input_size(impl->model->size());
   impl->checkpoint = ck.root;
   return impl;
 }
