@@ -126,7 +126,7 @@ std::vector<Detection> detections(const torch::Tensor& boxes, const torch::Tenso
 }
 
 double expect_same_detections(const std::vector<Detection>& got, const std::vector<Detection>& want,
-                              const std::string& what) {
+                              const std::string& what, double score_tol, double box_tol) {
   EXPECT_EQ(got.size(), want.size()) << what;
   std::vector<bool> used(want.size(), false);
   double worst = 0.0;
@@ -136,7 +136,7 @@ double expect_same_detections(const std::vector<Detection>& got, const std::vect
       const Detection& w = want[j];
       const double d = std::max({std::abs(g.x1 - w.x1), std::abs(g.y1 - w.y1), std::abs(g.x2 - w.x2),
                                  std::abs(g.y2 - w.y2)});
-      if (used[j] || g.cls != w.cls || std::abs(g.score - w.score) > 1e-4 || d > 1e-2) continue;
+      if (used[j] || g.cls != w.cls || std::abs(g.score - w.score) > score_tol || d > box_tol) continue;
       used[j] = found = true;
       worst = std::max(worst, d);
     }

@@ -34,10 +34,10 @@ struct Detection {
 };
 std::vector<Detection> detections(const torch::Tensor& boxes, const torch::Tensor& scores, const torch::Tensor& classes);
 // The two lists hold the same detections, in any order: each of `got` pairs with a distinct one of
-// `want` of its class, its score within 1e-4 and its box within 1e-2 pixels. Returns the largest
-// box difference.
+// `want` of its class, its score within score_tol and its box within box_tol pixels. Returns the
+// largest box difference.
 double expect_same_detections(const std::vector<Detection>& got, const std::vector<Detection>& want,
-                              const std::string& what);
+                              const std::string& what, double score_tol = 1e-4, double box_tol = 1e-2);
 
 // Runs a shell command, returns exit status; captures combined output.
 int run_command(const std::string& cmd, std::string* output = nullptr);

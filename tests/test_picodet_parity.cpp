@@ -23,6 +23,9 @@
 namespace io = libreyolo::io;
 namespace models = libreyolo::models;
 namespace picodet = libreyolo::models::picodet;
+using libreyolo::test::check_rel;
+using libreyolo::test::detections;
+using libreyolo::test::expect_same_detections;
 using libreyolo::test::rel_err;
 
 namespace {
@@ -70,52 +73,6 @@ double float32_bound(int size, const std::string& what) {
 torch::Tensor input(int size) {
   return models::to_network_input(expected(key(size, "input_u8")).permute({0, 2, 3, 1}).contiguous(), family().input,
                                   torch::kCPU, false);
-}
-
-void check_rel(const std::string& what, const torch::Tensor& got, const torch::Tensor& want, double bound = kBound) {
-  ASSERT_EQ(got.sizes(), want.sizes()) << what;
-  const double e = rel_err(got, want);
-  EXPECT_LE(e, bound) << what;
-  std::printf("  %-30s rel err %.3g\n", what.c_str(), e);
-}
-
-struct Det {
-  float x1, y1, x2, y2, score;
-  int64_t cls;
-};
-
-std::vector<Det> rows(const torch::Tensor& boxes, const torch::Tensor& scores, const torch::Tensor& classes) {
-  std::vector<Det> out;
-  const auto b = boxes.to(torch::kFloat).contiguous(), s = scores.to(torch::kFloat).contiguous();
-  const auto c = classes.to(torch::kLong).contiguous();
-  for (int64_t i = 0; i < s.size(0); ++i)
-    out.push_back({b[i][0].item<float>(), b[i][1].item<float>(), b[i][2].item<float>(), b[i][3].item<float>(),
-                   s[i].item<float>(), c[i].item<int64_t>()});
-  return out;
-}
-
-// The two lists hold the same detections, in any order: each of `got` pairs with a distinct one of
-// `want` of its class, its score within score_tol and its box within box_tol pixels. Returns the
-// largest box difference.
-double expect_same_set(const std::vector<Det>& got, const std::vector<Det>& want, const std::string& what,
-                       double score_tol, double box_tol) {
-  EXPECT_EQ(got.size(), want.size()) << what;
-  std::vector<bool> used(want.size(), false);
-  double worst = 0.0;
-  for (const Det& g : got) {
-    bool found = false;
-    for (size_t j = 0; j < want.size() && !found; ++j) {
-      const Det& w = want[j];
-      const double d = std::max({std::abs(g.x1 - w.x1), std::abs(g.y1 - w.y1), std::abs(g.x2 - w.x2),
-                                 std::abs(g.y2 - w.y2)});
-      if (used[j] || g.cls != w.cls || std::abs(g.score - w.score) > score_tol || d > box_tol) continue;
-      used[j] = found = true;
-      worst = std::max(worst, d);
-    }
-    EXPECT_TRUE(found) << what << ": a detection of class " << g.cls << ", score " << g.score << " at (" << g.x1
-                       << ", " << g.y1 << ", " << g.x2 << ", " << g.y2 << ") is not the reference's";
-  }
-  return worst;
 }
 
 // The decoded values' float32 bound at an input size as detection tolerances: scores (at most 1)
@@ -223,11 +180,11 @@ TEST(PicodetParity, PostprocessedDetections) {
         const auto box = libreyolo::ops::fit_box(h, w, s, libreyolo::ops::Fit::Stretch);
         a.geometry = {box.sx, box.sy, h, w};
         const std::string p = key(s, set + ".img" + std::to_string(i) + ".");
-        const auto want = rows(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes"));
+        const auto want = detections(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes"));
         ASSERT_GT(want.size(), 0u) << p;
         const auto got = family().postprocess(pred[static_cast<int64_t>(i)], a);
         const auto tol = detection_tolerance(s);
-        const double d = expect_same_set(rows(got.boxes, got.scores, got.classes), want, p, tol.score, tol.box);
+        const double d = expect_same_detections(detections(got.boxes, got.scores, got.classes), want, p, tol.score, tol.box);
         std::printf("  %-24s %3zu detections, largest box difference %.3g px (bound %.3g)\n", p.c_str(), want.size(), d,
                     tol.box);
       }
@@ -246,11 +203,11 @@ TEST(PicodetParity, PredictThroughTheApi) {
     io::save_image(path, u8[i].permute({1, 2, 0}).contiguous());
     const auto results = model.predict(path, {{"imgsz", "320"}, {"conf", "0.25"}, {"iou", "0.45"}});
     ASSERT_EQ(results.size(), 1u);
-    std::vector<Det> got;
+    std::vector<libreyolo::test::Detection> got;
     for (const auto& d : results[0].detections) got.push_back({d.x1, d.y1, d.x2, d.y2, d.score, d.class_id});
     const std::string p = "s320.whole.img" + std::to_string(i) + ".";
     const auto tol = detection_tolerance(320);
-    expect_same_set(got, rows(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes")), "api " + p,
+    expect_same_detections(got, detections(expected(p + "boxes"), expected(p + "scores"), expected(p + "classes")), "api " + p,
                     tol.score, tol.box);
   }
 }
