@@ -31,7 +31,7 @@ def one_run(a, model_name: str, graph: bool) -> dict:
     cls = model_class(family)
     record = {"model": model_name, "cuda_graph": graph, "image": a.image, "iters": a.iters, "warmup": a.warmup}
     try:
-        if family == "rtdetr":
+        if family in ("rtdetr", "rtdetrv2"):
             model = cls._from_scratch(size=size, nb_classes=80, device=a.device, seed=0)
         else:
             model = cls(None, size=size, nb_classes=80, device=a.device)

@@ -27,7 +27,7 @@ def model_class(family: str):
     import libreyolo
 
     return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7, "rtmdet": libreyolo.LibreRTMDet,
-            "rtdetr": libreyolo.LibreRTDETR}[family]
+            "rtdetr": libreyolo.LibreRTDETR, "rtdetrv2": libreyolo.LibreRTDETRv2}[family]
 
 
 def one_run(a, model_name: str, batch: int, graph: bool) -> dict:
@@ -42,7 +42,7 @@ def one_run(a, model_name: str, batch: int, graph: bool) -> dict:
     record = {"model": model_name, "batch": batch, "cuda_graph": graph, "imgsz": a.imgsz, "amp_dtype": a.amp_dtype}
     t0 = time.perf_counter()
     try:
-        if family == "rtdetr":
+        if family in ("rtdetr", "rtdetrv2"):
             model = cls._from_scratch(size=size, nb_classes=nc, device=a.device, seed=0)
         else:
             model = cls(None, size=size, nb_classes=nc, device=a.device)
