@@ -222,18 +222,28 @@ std::optional<Config> config_from_state_dict(const io::StateDict& sd) {
   c.points = static_cast<int>(*offsets / (c.heads * Config::kLevels * 2));
   if (is_v2_state_dict(sd)) {
     v2_options(c, 0);
-    // 1/n repeated n times per level, level by level.
+    // The buffer holds 1/n n times per level, level by level; values that do not read so (a
+    // state dict of shapes only) leave the points spread evenly over the levels.
     const torch::Tensor* scale = io::find_tensor(sd, "decoder.decoder.layers.0.cross_attn.num_points_scale", identity);
-    c.v2.level_points.clear();
     const auto s = scale->to(torch::kDouble).contiguous();
     const double* v = s.data_ptr<double>();
+    std::vector<int> counts;
     for (int64_t i = 0; i < s.numel();) {
-      const int n = static_cast<int>(std::lround(1.0 / v[i]));
-      if (n < 1 || i + n > s.numel()) return std::nullopt;
-      c.v2.level_points.push_back(n);
+      const double inv = v[i] > 0 ? 1.0 / v[i] : 0.0;
+      const int n = std::isfinite(inv) && inv >= 1 && inv < 1e6 ? static_cast<int>(std::lround(inv)) : 0;
+      if (n < 1 || i + n > s.numel()) {
+        counts.clear();
+        break;
+      }
+      counts.push_back(n);
       i += n;
     }
-    if (static_cast<int>(c.v2.level_points.size()) != Config::kLevels) return std::nullopt;
+    if (static_cast<int>(counts.size()) == Config::kLevels) {
+      c.v2.level_points = counts;
+    } else {
+      if (s.numel() % Config::kLevels != 0) return std::nullopt;
+      c.v2.level_points.assign(Config::kLevels, static_cast<int>(s.numel() / Config::kLevels));
+    }
     c.points = c.v2.level_points[0];
     c.v2.named_enc_output = has(sd, "decoder.enc_output.proj.weight");
     // The anchors of a square input of side S have S^2 (1/64 + 1/256 + 1/1024) = 21 S^2 / 1024 rows.
