@@ -10,6 +10,7 @@
 #include <libreyolo/errors.hpp>
 #include <libreyolo/libreyolo.hpp>
 
+#include "engine/optimizer.hpp"
 #include "families/rtdetr/loss.hpp"
 #include "families/rtdetr/model.hpp"
 #include "io/pickle.hpp"
@@ -256,6 +257,30 @@ TEST(RtdetrV2Family, RegisteredAndToldApartFromRtdetr) {
   // A fresh model's backbone norms train (LibreYOLO's scratch build).
   EXPECT_EQ(models::state_dict(*v2->build("r50", 80)).size(), 799u);
   EXPECT_ANY_THROW(v2->build("l", 80));
+}
+
+TEST(RtdetrV2Family, OptimizerGroupsAreTheReferences) {
+  // LibreYOLO 1.6.0's RT-DETRv2-r18 groups (its trainer's grouping run on its network): scratch
+  // build 46 backbone norms, 23 other backbone tensors, 160 encoder/decoder norms and biases, 97
+  // others; its default build freezes the stem: 40 and 20. One more no-decay tensor than RT-DETR
+  // (159/98): the proposal LayerNorm is named "enc_output.norm", which the rule sees.
+  const models::Family* f = models::find_family("rtdetrv2");
+  ASSERT_NE(f, nullptr);
+  auto m = f->build("r18", 80);
+  const auto count = [&](bool decay, double ratio) {
+    size_t n = 0;
+    for (const auto& g : libreyolo::engine::make_param_groups(*m, 1e-4, f->param_rules, 0.05))
+      if (g.decay_group == decay && g.lr_ratio == ratio) n += g.params.size();
+    return n;
+  };
+  EXPECT_EQ(count(false, 0.05), 46u);
+  EXPECT_EQ(count(true, 0.05), 23u);
+  EXPECT_EQ(count(false, 1.0), 160u);
+  EXPECT_EQ(count(true, 1.0), 97u);
+  for (auto& p : m->named_parameters())
+    if (p.key().rfind("backbone.conv1.", 0) == 0) p.value().set_requires_grad(false);
+  EXPECT_EQ(count(false, 0.05), 40u);
+  EXPECT_EQ(count(true, 0.05), 20u);
 }
 
 TEST(RtdetrV2Family, NamesInTheApiAndTheCli) {
