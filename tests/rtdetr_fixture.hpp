@@ -1,6 +1,8 @@
-// Loads the narrow RT-DETR parity fixture (rtdetr_r18narrow_nc80_s320 in LIBREYOLO_FIXTURES,
-// made with LibreYOLO 1.6.0): the checkpoint's weights strictly into a network built from their
-// shapes (eval mode, CPU, float32) and the dict of expected tensors.
+// Loads an RT-DETR(v2) parity fixture made with LibreYOLO 1.6.0 (the narrow RT-DETR one,
+// rtdetr_r18narrow_nc80_s320 in LIBREYOLO_FIXTURES, or RT-DETRv2's in tests/data): the
+// checkpoint's weights strictly into a network built from their shapes (eval mode, CPU, float32)
+// and the dict of expected tensors; and the checks the parity tests of both share (loss terms,
+// gradients, the recorded denoising draws).
 #pragma once
 #include <torch/torch.h>
 
@@ -10,7 +12,12 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+#include <cmath>
+#include <map>
+
 #include "families/rtdetr/boxes.hpp"
+#include "families/rtdetr/loss.hpp"
 #include "families/rtdetr/model.hpp"
 #include "io/pickle.hpp"
 #include "models/detector.hpp"
@@ -52,8 +59,8 @@ struct RtdetrFixture {
   }
 };
 
-inline RtdetrFixture load_rtdetr_fixture(const std::string& dir) {
-  const std::string name = dir + "/rtdetr_r18narrow_nc80_s320";
+// `name`: the path of the checkpoint without ".pt" (the expected tensors are in name + "_expect.pt").
+inline RtdetrFixture load_rtdetr_fixture_files(const std::string& name) {
   RtdetrFixture f;
   f.checkpoint = io::load_torch_file(name + ".pt");
   f.expect = io::load_torch_file(name + "_expect.pt");
@@ -63,6 +70,72 @@ inline RtdetrFixture load_rtdetr_fixture(const std::string& dir) {
   f.cfg = *cfg;
   f.model = f.fresh_model();
   return f;
+}
+
+inline RtdetrFixture load_rtdetr_fixture(const std::string& dir) {
+  return load_rtdetr_fixture_files(dir + "/rtdetr_r18narrow_nc80_s320");
+}
+
+// The denoising draws recorded under `prefix` (".rand_label_u", ...), as the group's random source
+// (which throws when asked for draws of another shape).
+inline models::rtdetr::DenoisingSource recorded_draws(const RtdetrFixture& f, const std::string& prefix) {
+  models::rtdetr::DenoisingDraws d{f.expected(prefix + ".rand_label_u"), f.expected(prefix + ".rand_new_label"),
+                                   f.expected(prefix + ".rand_sign_bits"), f.expected(prefix + ".rand_part_u")};
+  return [d](int64_t b, int64_t n, int64_t, const torch::Device&) {
+    if (d.label_u.size(0) != b || d.label_u.size(1) != n) throw std::runtime_error("recorded draws of another shape");
+    return d;
+  };
+}
+
+// Every recorded term under `prefix` (e.g. loss_dn) against ours, by name, within `bound`
+// relative; both sides have exactly the same `count` names (and the total).
+inline void expect_loss_terms(const RtdetrFixture& f, const std::string& prefix, const loss::RtdetrLossTerms& t,
+                              size_t count, double bound) {
+  ASSERT_EQ(t.names.size(), count);
+  size_t recorded = 0;
+  double worst = 0;
+  for (const auto& [key, value] : f.expect->dict) {
+    const std::string name = key->as_string();
+    if (name.rfind(prefix + ".", 0) != 0) continue;
+    const std::string term = name.substr(prefix.size() + 1);
+    const auto got = term == "total_loss" ? t.total : t.value(term);
+    const double want = value->tensor.item<double>(), have = got.item<double>();
+    const double e = std::abs(have - want) / std::max(std::abs(want), 1e-12);
+    EXPECT_LE(e, bound) << name << ": " << have << " vs " << want;
+    worst = std::max(worst, e);
+    if (term != "total_loss") ++recorded;
+  }
+  EXPECT_EQ(recorded, count);
+  std::printf("  %-12s %zu terms + total (%.6f vs %.6f), worst rel err %.3g\n", prefix.c_str(), count,
+              t.total.item<double>(), f.expected(prefix + ".total_loss").item<double>(), worst);
+}
+
+// The recorded gradients under `prefix` (`count` of them) against the model's, within `bound`
+// relative; an empty recorded tensor means the parameter got no gradient.
+inline void expect_gradients(const RtdetrFixture& f, const std::string& prefix, torch::nn::Module& model, int count,
+                             double bound) {
+  std::map<std::string, torch::Tensor> params;
+  for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
+  int checked = 0;
+  double worst = 0;
+  for (const auto& [key, value] : f.expect->dict) {
+    const std::string name = key->as_string();
+    if (name.rfind(prefix + ".", 0) != 0) continue;
+    const auto it = params.find(name.substr(prefix.size() + 1));
+    ASSERT_NE(it, params.end()) << name;
+    const auto g = it->second.grad();
+    ++checked;
+    if (value->tensor.numel() == 0) {
+      EXPECT_TRUE(!g.defined() || g.abs().max().item<double>() == 0.0) << name;
+      continue;
+    }
+    ASSERT_TRUE(g.defined()) << name;
+    const double e = rel_err(g, value->tensor);
+    EXPECT_LE(e, bound) << name;
+    worst = std::max(worst, e);
+  }
+  EXPECT_EQ(checked, count);
+  std::printf("  %-12s %d gradients, worst rel err %.3g\n", prefix.c_str(), checked, worst);
 }
 
 // max |got - want| / max |want| within `bound` (printed).

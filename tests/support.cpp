@@ -190,7 +190,9 @@ std::vector<TsvEntry> read_state_dict_tsv(const std::string& file_name) {
 io::StateDict reference_state_dict_tsv(const std::string& file_name) {
   io::StateDict sd;
   for (const auto& e : read_state_dict_tsv(file_name))
-    sd.emplace_back(e.key, torch::zeros(e.shape, e.dtype == "int64" ? torch::kLong : torch::kFloat));
+    sd.emplace_back(e.key, torch::zeros(e.shape, e.dtype == "int64" ? torch::kLong
+                                                 : e.dtype == "bool" ? torch::kBool
+                                                                     : torch::kFloat));
   return sd;
 }
 

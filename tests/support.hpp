@@ -63,7 +63,7 @@ struct TsvEntry {
   std::string dtype;
 };
 std::vector<TsvEntry> read_state_dict_tsv(const std::string& file_name);
-// The same as zero tensors of those shapes (int64 or float32).
+// The same as zero tensors of those shapes (int64, bool or float32).
 io::StateDict reference_state_dict_tsv(const std::string& file_name);
 // The tensor of `key` in `sd` (throws when absent).
 const torch::Tensor& state_dict_entry(const io::StateDict& sd, const std::string& key);

@@ -26,15 +26,7 @@ rtdetr::DenoisingSource constant_draws(float u, int label, float bit, float part
   };
 }
 
-// The draws the reference recorded under `prefix` (cdn / cdn_bg).
-rtdetr::DenoisingSource recorded_draws(const libreyolo::test::RtdetrFixture& f, const std::string& prefix) {
-  rtdetr::DenoisingDraws d{f.expected(prefix + ".rand_label_u"), f.expected(prefix + ".rand_new_label"),
-                           f.expected(prefix + ".rand_sign_bits"), f.expected(prefix + ".rand_part_u")};
-  return [d](int64_t b, int64_t n, int64_t, const torch::Device&) {
-    if (d.label_u.size(0) != b || d.label_u.size(1) != n) throw std::runtime_error("recorded draws of another shape");
-    return d;
-  };
-}
+using libreyolo::test::recorded_draws;  // the draws the reference recorded under a prefix
 
 }  // namespace
 

@@ -20,60 +20,15 @@ namespace {
 constexpr double kLossBound = 1e-4;  // relative, per term
 constexpr double kGradBound = 1e-3;  // relative (max |d| / max |want|), per parameter
 
-rtdetr::DenoisingSource recorded_draws(const libreyolo::test::RtdetrFixture& f, const std::string& prefix) {
-  rtdetr::DenoisingDraws d{f.expected(prefix + ".rand_label_u"), f.expected(prefix + ".rand_new_label"),
-                           f.expected(prefix + ".rand_sign_bits"), f.expected(prefix + ".rand_part_u")};
-  return [d](int64_t, int64_t, int64_t, const torch::Device&) { return d; };
-}
+using libreyolo::test::recorded_draws;
 
-// Every recorded term under `prefix` (loss_nodn / loss_dn / loss_dn_bg) against ours, by name;
-// both sides have exactly the same names.
 void expect_terms(const libreyolo::test::RtdetrFixture& f, const std::string& prefix, const RtdetrLossTerms& t,
                   size_t count) {
-  ASSERT_EQ(t.names.size(), count);
-  size_t recorded = 0;
-  double worst = 0;
-  for (const auto& [key, value] : f.expect->dict) {
-    const std::string name = key->as_string();
-    if (name.rfind(prefix + ".", 0) != 0) continue;
-    const std::string term = name.substr(prefix.size() + 1);
-    const auto got = term == "total_loss" ? t.total : t.value(term);
-    const double want = value->tensor.item<double>(), have = got.item<double>();
-    const double e = std::abs(have - want) / std::max(std::abs(want), 1e-12);
-    EXPECT_LE(e, kLossBound) << name << ": " << have << " vs " << want;
-    worst = std::max(worst, e);
-    if (term != "total_loss") ++recorded;
-  }
-  EXPECT_EQ(recorded, count);
-  std::printf("  %-12s %zu terms + total (%.6f vs %.6f), worst rel err %.3g\n", prefix.c_str(), count,
-              t.total.item<double>(), f.expected(prefix + ".total_loss").item<double>(), worst);
+  libreyolo::test::expect_loss_terms(f, prefix, t, count, kLossBound);
 }
 
-// The 20 recorded gradients under `prefix` (grad_nodn / grad_dn) against the model's; an empty
-// recorded tensor means the parameter got no gradient.
 void expect_grads(const libreyolo::test::RtdetrFixture& f, const std::string& prefix, torch::nn::Module& model) {
-  std::map<std::string, torch::Tensor> params;
-  for (const auto& p : model.named_parameters()) params[p.key()] = p.value();
-  int checked = 0;
-  double worst = 0;
-  for (const auto& [key, value] : f.expect->dict) {
-    const std::string name = key->as_string();
-    if (name.rfind(prefix + ".", 0) != 0) continue;
-    const auto it = params.find(name.substr(prefix.size() + 1));
-    ASSERT_NE(it, params.end()) << name;
-    const auto g = it->second.grad();
-    ++checked;
-    if (value->tensor.numel() == 0) {
-      EXPECT_TRUE(!g.defined() || g.abs().max().item<double>() == 0.0) << name;
-      continue;
-    }
-    ASSERT_TRUE(g.defined()) << name;
-    const double e = rel_err(g, value->tensor);
-    EXPECT_LE(e, kGradBound) << name;
-    worst = std::max(worst, e);
-  }
-  EXPECT_EQ(checked, 20);
-  std::printf("  %-12s %d gradients, worst rel err %.3g\n", prefix.c_str(), checked, worst);
+  libreyolo::test::expect_gradients(f, prefix, model, 20, kGradBound);
 }
 
 // Every level's matches against the recorded ones, in the reference's query order (training

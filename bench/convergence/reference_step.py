@@ -28,14 +28,14 @@ def model_class(family: str):
 
     return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7, "rtmdet": libreyolo.LibreRTMDet,
             "picodet": libreyolo.LibrePICODET,
-            "rtdetr": libreyolo.LibreRTDETR}[family]
+            "rtdetr": libreyolo.LibreRTDETR, "rtdetrv2": libreyolo.LibreRTDETRv2}[family]
 
 
 def new_model(model_name: str, nc: int, device: str):
     """A from-scratch reference model of `model_name` (no weights downloaded)."""
     family, size = parse_model(model_name)
     cls = model_class(family)
-    if family == "rtdetr":
+    if family in ("rtdetr", "rtdetrv2"):
         return cls._from_scratch(size=size, nb_classes=nc, device=device, seed=0)
     return cls(None, size=size, nb_classes=nc, device=device)
 

@@ -58,12 +58,14 @@ def parse_model(name: str) -> tuple[str, str]:
     s = re.sub(r"\.pt$", "", s)
     if s.startswith("libreyolo"):
         s = "yolo" + s[len("libreyolo"):]
-    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetr|rtmdet|picodet)[-_]?([a-z0-9]*)", s)
+    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetrv2|rtdetr|rtmdet|picodet)[-_]?([a-z0-9]*)", s)
     if not m:
         raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c>, yolox-<n|t|s|m|l|x>, "
-                         "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x>, rtmdet-<t|s|m|l|x> or picodet-<s|m|l>")
+                         "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x>, rtdetrv2-<r18|r34|r50|r50m|r101>, "
+                         "rtmdet-<t|s|m|l|x> or picodet-<s|m|l>")
     family = m.group(1)
-    size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtmdet": "s", "picodet": "s"}[family]
+    size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtdetrv2": "r18",
+                            "rtmdet": "s", "picodet": "s"}[family]
     return family, size
 
 
@@ -125,12 +127,14 @@ def main(argv=None) -> int:
             from libreyolo import LibreRTMDet as cls
         elif family == "picodet":
             from libreyolo import LibrePICODET as cls
+        elif family == "rtdetrv2":
+            from libreyolo import LibreRTDETRv2 as cls
         else:
             from libreyolo import LibreRTDETR as cls
 
         names = common.data_names(data)
         t_build = time.perf_counter()
-        if family == "rtdetr":
+        if family in ("rtdetr", "rtdetrv2"):
             # Its from-scratch build: no ImageNet backbone download, every backbone norm trained
             # (what ours builds from a model name).
             model = cls._from_scratch(size=size, nb_classes=len(names), device=a.device, seed=a.seed)

@@ -26,11 +26,21 @@ EnvFlag ema_kernel_flag{"LIBREYOLO_EMA_KERNEL"};
 
 void set_ema_kernel(bool on) { ema_kernel_flag.store(on); }
 
-std::vector<torch::Tensor> ModelEMA::float_state(const torch::nn::Module& m) {
+std::vector<torch::Tensor> ModelEMA::float_state(const torch::nn::Module& m, const torch::nn::Module& source) {
   std::vector<torch::Tensor> out;
   for (const auto& p : models::unique_named_parameters(m)) out.push_back(p.second);
-  for (const auto& b : models::unique_named_buffers(m))
-    if (b.second.is_floating_point()) out.push_back(b.second);
+  // A floating-point buffer of the trained model holding infinities (a constant table such as
+  // logit-space anchors, +inf where invalid) is left out: lerp(inf, inf, w) is NaN where the
+  // reference's d * v + (1 - d) * m keeps inf; the EMA copy keeps its values, the model's.
+  const auto theirs = models::unique_named_buffers(source);
+  const auto mine = models::unique_named_buffers(m);
+  for (size_t i = 0; i < mine.size(); ++i) {
+    if (!mine[i].second.is_floating_point()) continue;
+    if (i < theirs.size() && theirs[i].second.is_floating_point() &&
+        !torch::isfinite(theirs[i].second).all().item<bool>())
+      continue;
+    out.push_back(mine[i].second);
+  }
   return out;
 }
 
@@ -39,8 +49,8 @@ ModelEMA::ModelEMA(std::shared_ptr<torch::nn::Module> ema_model, const torch::nn
     : ema_(std::move(ema_model)), decay_(decay), tau_(tau), updates_(updates), source_(&model) {
   ema_->eval();
   for (auto& p : ema_->parameters()) p.set_requires_grad(false);
-  ema_state_ = float_state(*ema_);
-  source_state_ = float_state(model);
+  ema_state_ = float_state(*ema_, model);
+  source_state_ = float_state(model, model);
   bool same = ema_state_.size() == source_state_.size();
   for (size_t i = 0; same && i < ema_state_.size(); ++i)
     same = ema_state_[i].sizes() == source_state_[i].sizes();

@@ -30,7 +30,8 @@ class ModelEMA {
   const std::shared_ptr<torch::nn::Module>& module() const { return ema_; }
 
  private:
-  static std::vector<torch::Tensor> float_state(const torch::nn::Module& m);
+  // m's parameters and floating-point buffers, without the buffers `source` holds non-finite.
+  static std::vector<torch::Tensor> float_state(const torch::nn::Module& m, const torch::nn::Module& source);
   std::shared_ptr<torch::nn::Module> ema_;
   double decay_, tau_;
   long long updates_;

@@ -15,6 +15,7 @@ const std::vector<const Family*>& families() {
       yolo9::make_family(),
       yolox::make_family(),
       rtdetr::make_family(),
+      rtdetr::make_v2_family(),
       yolo7::make_family(),
       rtmdet::make_family(),
       picodet::make_family(),

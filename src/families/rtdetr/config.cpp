@@ -2,6 +2,8 @@
 
 #include <torch/types.h>
 
+#include <algorithm>
+#include <cmath>
 #include <tuple>
 
 #include "core/log.hpp"
@@ -64,6 +66,18 @@ int64_t kernel_size(const io::StateDict& sd, const std::string& key) {
 }
 
 }  // namespace
+
+bool DecoderOptions::operator==(const DecoderOptions& o) const {
+  return std::tie(level_points, points_scale_buffer, sampling, query_select, ffn_clamp, xavier_ffn_init, anchor_size,
+                  named_enc_output, enc_aux_level) ==
+         std::tie(o.level_points, o.points_scale_buffer, o.sampling, o.query_select, o.ffn_clamp, o.xavier_ffn_init,
+                  o.anchor_size, o.named_enc_output, o.enc_aux_level);
+}
+
+std::vector<int64_t> Config::points_per_level() const {
+  if (!v2.level_points.empty()) return {v2.level_points.begin(), v2.level_points.end()};
+  return std::vector<int64_t>(kLevels, points);
+}
 
 bool HgStageSpec::operator==(const HgStageSpec& o) const {
   return std::tie(mid, out, blocks, downsample, light, kernel, layers) ==
@@ -206,11 +220,48 @@ std::optional<Config> config_from_state_dict(const io::StateDict& sd) {
   c.dec_hidden = *dec_hidden;
   c.dec_ffn = *dec_ffn;
   c.points = static_cast<int>(*offsets / (c.heads * Config::kLevels * 2));
+  if (is_v2_state_dict(sd)) {
+    v2_options(c, 0);
+    // The buffer holds 1/n n times per level, level by level; values that do not read so (a
+    // state dict of shapes only) leave the points spread evenly over the levels.
+    const torch::Tensor* scale = io::find_tensor(sd, "decoder.decoder.layers.0.cross_attn.num_points_scale", identity);
+    const auto s = scale->to(torch::kDouble).contiguous();
+    const double* v = s.data_ptr<double>();
+    std::vector<int> counts;
+    for (int64_t i = 0; i < s.numel();) {
+      const double inv = v[i] > 0 ? 1.0 / v[i] : 0.0;
+      const int n = std::isfinite(inv) && inv >= 1 && inv < 1e6 ? static_cast<int>(std::lround(inv)) : 0;
+      if (n < 1 || i + n > s.numel()) {
+        counts.clear();
+        break;
+      }
+      counts.push_back(n);
+      i += n;
+    }
+    if (static_cast<int>(counts.size()) == Config::kLevels) {
+      c.v2.level_points = counts;
+    } else {
+      if (s.numel() % Config::kLevels != 0) return std::nullopt;
+      c.v2.level_points.assign(Config::kLevels, static_cast<int>(s.numel() / Config::kLevels));
+    }
+    c.points = c.v2.level_points[0];
+    c.v2.named_enc_output = has(sd, "decoder.enc_output.proj.weight");
+    // The anchors of a square input of side S have S^2 (1/64 + 1/256 + 1/1024) = 21 S^2 / 1024 rows.
+    if (const auto t = io::find_tensor(sd, "decoder.anchors", identity); t && t->dim() == 3) {
+      const auto side = static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(t->size(1)) * 1024.0 / 21.0)));
+      if (side % 32 != 0 || side * side * 21 / 1024 != t->size(1)) return std::nullopt;
+      c.v2.anchor_size = side;
+    }
+  }
   c.dec_layers = count(sd, "decoder.dec_score_head.", ".weight");
   if (c.dec_layers == 0) return std::nullopt;
   const auto nc = dim0(sd, strfmt("decoder.dec_score_head.%d.bias", c.dec_layers - 1));
   if (!nc) return std::nullopt;
   c.nc = static_cast<int>(*nc);
+  // A one-output encoder score head over several classes: class-agnostic query selection (v2).
+  if (const auto enc_classes = dim0(sd, "decoder.enc_score_head.weight");
+      c.v2.points_scale_buffer && enc_classes && *enc_classes == 1 && c.nc != 1)
+    c.v2.query_select = QuerySelect::Agnostic;
   c.denoising = has(sd, "decoder.denoising_class_embed.weight") ? 100 : 0;
 
   // The topology (backbone kind and depth, expansion, decoder depth) gives eval_idx (r50m differs
@@ -228,6 +279,40 @@ std::optional<Config> config_from_state_dict(const io::StateDict& sd) {
       c.size = r.size;
   }
   return c;
+}
+
+const std::vector<std::string>& v2_size_names() {
+  static const std::vector<std::string> names = {"r18", "r34", "r50", "r50m", "r101"};
+  return names;
+}
+
+void v2_options(Config& c, int64_t input_size) {
+  c.family = "rtdetrv2";
+  DecoderOptions& o = c.v2;
+  o.level_points.assign(Config::kLevels, c.points);
+  o.points_scale_buffer = true;
+  o.sampling = Sampling::Bilinear;
+  o.query_select = QuerySelect::BestClass;
+  o.ffn_clamp = false;
+  o.xavier_ffn_init = true;
+  o.anchor_size = input_size;
+  o.named_enc_output = true;
+  o.enc_aux_level = true;
+}
+
+Config v2_size_config(const std::string& size, int nc) {
+  const auto& names = v2_size_names();
+  if (std::find(names.begin(), names.end(), size) == names.end())
+    throw UsageError("unknown RT-DETRv2 size '" + size + "'" +
+                         (size == "l" || size == "x" ? " (its HGNetv2 sizes are RT-DETR's: rtdetr-" + size + ")" : ""),
+                     "use one of r18, r34, r50, r50m, r101", "model_unknown_size");
+  Config c = size_config(size, nc);
+  v2_options(c, 640);
+  return c;
+}
+
+bool is_v2_state_dict(const io::StateDict& sd) {
+  return has(sd, "decoder.decoder.layers.0.cross_attn.num_points_scale");
 }
 
 }  // namespace libreyolo::models::rtdetr

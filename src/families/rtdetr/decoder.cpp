@@ -2,7 +2,9 @@
 
 #include <c10/util/irange.h>
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include <libreyolo/errors.hpp>
@@ -13,15 +15,35 @@ namespace libreyolo::models::rtdetr {
 
 namespace F = torch::nn::functional;
 
-MSDeformableAttentionImpl::MSDeformableAttentionImpl(int64_t embed_, int64_t heads_, int64_t levels_, int64_t points_)
-    : embed(embed_), heads(heads_), levels(levels_), points(points_) {
+MSDeformableAttentionImpl::MSDeformableAttentionImpl(int64_t embed_, int64_t heads_, std::vector<int64_t> points_,
+                                                     Sampling sampling_, bool scale_buffer)
+    : embed(embed_),
+      heads(heads_),
+      levels(static_cast<int64_t>(points_.size())),
+      total_points(0),
+      points(std::move(points_)),
+      sampling(sampling_) {
   TORCH_CHECK(embed % heads == 0, "deformable attention width ", embed, " is not a multiple of ", heads, " heads");
-  const int64_t total = heads * levels * points;
+  TORCH_CHECK(levels > 0, "deformable attention without levels");
+  std::vector<float> scale;
+  for (const int64_t n : points) {
+    TORCH_CHECK(n > 0, "deformable attention: ", n, " sampling points on a level");
+    total_points += n;
+    scale.insert(scale.end(), static_cast<size_t>(n), 1.0f / static_cast<float>(n));
+  }
+  if (!scale_buffer)
+    TORCH_CHECK(std::all_of(points.begin(), points.end(), [&](int64_t n) { return n == points[0]; }),
+                "deformable attention: per-level point counts need the num_points_scale layout");
+  if (scale_buffer) num_points_scale = register_buffer("num_points_scale", torch::tensor(scale, torch::kFloat));
+  const int64_t total = heads * total_points;
   sampling_offsets = register_module("sampling_offsets", torch::nn::Linear(embed, total * 2));
   attention_weights = register_module("attention_weights", torch::nn::Linear(embed, total));
   value_proj = register_module("value_proj", torch::nn::Linear(embed, embed));
   output_proj = register_module("output_proj", torch::nn::Linear(embed, embed));
   reset_parameters();
+  // Discrete sampling has no gradient with respect to the locations.
+  if (sampling == Sampling::Discrete)
+    for (auto& p : sampling_offsets->parameters()) p.set_requires_grad(false);
 }
 
 void MSDeformableAttentionImpl::reset_parameters() {
@@ -30,8 +52,10 @@ void MSDeformableAttentionImpl::reset_parameters() {
   const auto theta = torch::arange(heads, torch::kFloat) * (2.0 * M_PI / static_cast<double>(heads));
   auto dir = torch::stack({theta.cos(), theta.sin()}, -1);  // [heads, 2]
   dir = dir / std::get<0>(dir.abs().max(-1, /*keepdim=*/true));
-  auto grid = dir.reshape({heads, 1, 1, 2}).repeat({1, levels, points, 1});
-  grid = grid * torch::arange(1, points + 1, torch::kFloat).reshape({1, 1, -1, 1});
+  std::vector<torch::Tensor> index;  // 1..n within each level
+  for (const int64_t n : points) index.push_back(torch::arange(1, n + 1, torch::kFloat));
+  auto grid = dir.reshape({heads, 1, 2}).repeat({1, total_points, 1});
+  grid = grid * torch::cat(index).reshape({1, -1, 1});
   sampling_offsets->bias.copy_(grid.flatten());
   attention_weights->weight.zero_();
   attention_weights->bias.zero_();
@@ -43,29 +67,50 @@ void MSDeformableAttentionImpl::reset_parameters() {
 
 torch::Tensor deformable_attention_core(const torch::Tensor& value, const LevelShapes& shapes,
                                         const torch::Tensor& locations, const torch::Tensor& weights) {
+  const std::vector<int64_t> points(static_cast<size_t>(locations.size(3)), locations.size(4));
+  return deformable_attention_core(value, shapes, locations.flatten(3, 4), weights.flatten(3, 4), points,
+                                   Sampling::Bilinear);
+}
+
+torch::Tensor deformable_attention_core(const torch::Tensor& value, const LevelShapes& shapes,
+                                        const torch::Tensor& locations, const torch::Tensor& weights,
+                                        const std::vector<int64_t>& points, Sampling sampling) {
   const int64_t b = value.size(0), heads = value.size(2), d = value.size(3);
-  const int64_t q = locations.size(1), levels = locations.size(3), points = locations.size(4);
-  TORCH_CHECK(static_cast<int64_t>(shapes.size()) == levels, "deformable attention: ", shapes.size(),
-              " level shapes for ", levels, " levels");
-  const auto grids = locations * 2 - 1;
+  const int64_t q = locations.size(1), total = locations.size(3);
+  TORCH_CHECK(shapes.size() == points.size(), "deformable attention: ", shapes.size(), " level shapes for ",
+              points.size(), " levels");
+  TORCH_CHECK(std::accumulate(points.begin(), points.end(), int64_t{0}) == total, "deformable attention: ", total,
+              " sampling points, the levels have another count");
+  const auto grids = sampling == Sampling::Bilinear ? locations * 2 - 1 : locations;
   std::vector<torch::Tensor> sampled;
-  sampled.reserve(levels);
-  int64_t start = 0;
-  for (const auto l : c10::irange(levels)) {
-    const int64_t h = shapes[l][0], w = shapes[l][1];
+  sampled.reserve(points.size());
+  int64_t start = 0, first = 0;
+  for (const auto l : c10::irange(points.size())) {
+    const int64_t h = shapes[l][0], w = shapes[l][1], n = points[l];
     // [B, h*w, heads, d] -> [B*heads, d, h, w]
     const auto v = value.narrow(1, start, h * w).flatten(2).permute({0, 2, 1}).reshape({b * heads, d, h, w});
     start += h * w;
-    // [B, Q, heads, points, 2] -> [B*heads, Q, points, 2]
-    const auto g = grids.select(3, l).permute({0, 2, 1, 3, 4}).flatten(0, 1);
-    sampled.push_back(F::grid_sample(
-        v, g, F::GridSampleFuncOptions().mode(torch::kBilinear).padding_mode(torch::kZeros).align_corners(false)));
+    // [B, Q, heads, n, 2] -> [B*heads, Q, n, 2]
+    const auto g = grids.narrow(3, first, n).permute({0, 2, 1, 3, 4}).flatten(0, 1);
+    first += n;
+    if (sampling == Sampling::Bilinear) {
+      sampled.push_back(F::grid_sample(
+          v, g, F::GridSampleFuncOptions().mode(torch::kBilinear).padding_mode(torch::kZeros).align_corners(false)));
+      continue;
+    }
+    // The cell (int(x * w + 0.5), int(y * h + 0.5)) (truncation), clamped to [0, h - 1] as the
+    // reference clamps both coordinates (and x to w - 1, where the reference would index outside).
+    const auto scale = torch::tensor({static_cast<double>(w), static_cast<double>(h)}, g.options());
+    const auto cell = (g * scale + 0.5).to(torch::kLong).clamp(0, h - 1);
+    const auto x = cell.select(-1, 0).clamp_max(w - 1), y = cell.select(-1, 1);
+    const auto flat = (y * w + x).reshape({b * heads, 1, q * n}).expand({-1, d, -1});
+    sampled.push_back(v.flatten(2).gather(2, flat).reshape({b * heads, d, q, n}));
   }
   TORCH_CHECK(start == value.size(1), "deformable attention: level shapes cover ", start, " of ", value.size(1),
               " tokens");
-  // [B, Q, heads, levels, points] -> [B*heads, 1, Q, levels*points]
-  const auto aw = weights.permute({0, 2, 1, 3, 4}).reshape({b * heads, 1, q, levels * points});
-  const auto out = (torch::stack(sampled, -2).flatten(-2) * aw).sum(-1).reshape({b, heads * d, q});
+  // [B, Q, heads, P] -> [B*heads, 1, Q, P]
+  const auto aw = weights.permute({0, 2, 1, 3}).reshape({b * heads, 1, q, total});
+  const auto out = (torch::cat(sampled, -1) * aw).sum(-1).reshape({b, heads * d, q});
   return out.permute({0, 2, 1});
 }
 
@@ -73,24 +118,33 @@ torch::Tensor MSDeformableAttentionImpl::forward(const torch::Tensor& query, con
                                                  const torch::Tensor& value, const LevelShapes& shapes) {
   const int64_t b = query.size(0), q = query.size(1), t = value.size(1);
   const auto v = value_proj->forward(value).reshape({b, t, heads, embed / heads});
-  const auto off = sampling_offsets->forward(query).reshape({b, q, heads, levels, points, 2});
-  auto aw = attention_weights->forward(query).reshape({b, q, heads, levels * points});
-  aw = torch::softmax(aw, -1).reshape({b, q, heads, levels, points});
-  const auto r = ref.reshape({b, q, 1, 1, 1, 4});
+  const auto off = sampling_offsets->forward(query).reshape({b, q, heads, total_points, 2});
+  auto aw = attention_weights->forward(query).reshape({b, q, heads, total_points});
+  aw = torch::softmax(aw, -1);
+  const auto r = ref.reshape({b, q, 1, 1, 4});
   const auto xy = r.narrow(-1, 0, 2), wh = r.narrow(-1, 2, 2);
-  const auto loc = xy + off / static_cast<double>(points) * wh * 0.5;
-  return output_proj->forward(deformable_attention_core(v, shapes, loc, aw));
+  const auto scaled = num_points_scale.defined() ? off * num_points_scale.to(query.scalar_type()).unsqueeze(-1)
+                                                 : off / static_cast<double>(points[0]);
+  const auto loc = xy + scaled * wh * 0.5;
+  return output_proj->forward(deformable_attention_core(v, shapes, loc, aw, points, sampling));
 }
 
-DecoderLayerImpl::DecoderLayerImpl(int64_t c, int64_t heads, int64_t ffn, int64_t levels, int64_t points) {
+DecoderLayerImpl::DecoderLayerImpl(const Config& cfg) : clamp(cfg.v2.ffn_clamp) {
+  const int64_t c = cfg.dec_hidden;
   auto ln = [c] { return torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(1e-5)); };
-  self_attn = register_module("self_attn", MultiheadAttention(c, heads));
+  self_attn = register_module("self_attn", MultiheadAttention(c, cfg.heads));
   norm1 = register_module("norm1", ln());
-  cross_attn = register_module("cross_attn", MSDeformableAttention(c, heads, levels, points));
+  cross_attn = register_module("cross_attn", MSDeformableAttention(c, cfg.heads, cfg.points_per_level(),
+                                                                   cfg.v2.sampling, cfg.v2.points_scale_buffer));
   norm2 = register_module("norm2", ln());
-  linear1 = register_module("linear1", torch::nn::Linear(c, ffn));
-  linear2 = register_module("linear2", torch::nn::Linear(ffn, c));
+  linear1 = register_module("linear1", torch::nn::Linear(c, cfg.dec_ffn));
+  linear2 = register_module("linear2", torch::nn::Linear(cfg.dec_ffn, c));
   norm3 = register_module("norm3", ln());
+  if (cfg.v2.xavier_ffn_init) {
+    torch::NoGradGuard no_grad;
+    torch::nn::init::xavier_uniform_(linear1->weight);
+    torch::nn::init::xavier_uniform_(linear2->weight);
+  }
 }
 
 torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& tgt, const torch::Tensor& ref, const torch::Tensor& memory,
@@ -100,7 +154,7 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& tgt, const torch::T
   auto x = norm1->forward(tgt + self_attn->forward(qk, qk, tgt, attn_mask));
   x = norm2->forward(x + cross_attn->forward(x + pos, ref, memory, shapes));
   const auto y = x + linear2->forward(torch::relu(linear1->forward(x)));
-  return norm3->forward(y.clamp(-65504.0, 65504.0));
+  return norm3->forward(clamp ? y.clamp(-65504.0, 65504.0) : y);
 }
 
 std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, const torch::Device& device) {
@@ -122,15 +176,23 @@ std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, 
 
 TransformerImpl::TransformerImpl(const Config& cfg_) : cfg(cfg_) {
   const int64_t c = cfg.dec_hidden;
+  if (cfg.v2.anchor_size > 0) {
+    const int64_t side = cfg.v2.anchor_size;
+    if (side % 32 != 0)
+      throw UsageError(strfmt("RT-DETR: anchors for an input of %lld, not a multiple of 32", static_cast<long long>(side)));
+    LevelShapes shapes;
+    for (const int64_t stride : {8, 16, 32}) shapes.push_back({side / stride, side / stride});
+    auto [a, v] = make_anchors(shapes, torch::kCPU);
+    anchors = register_buffer("anchors", a);
+    valid_mask = register_buffer("valid_mask", v);
+  }
   auto proj = container();
   for (int i = 0; i < Config::kLevels; ++i)
     input_proj.push_back(proj->register_module(std::to_string(i), ConvNorm(cfg.hidden, c, 1, 1, Act::None)));
   register_module("input_proj", proj);
 
   auto decoder = container(), list = container();
-  for (int l = 0; l < cfg.dec_layers; ++l)
-    layers.push_back(list->register_module(std::to_string(l),
-                                           DecoderLayer(c, cfg.heads, cfg.dec_ffn, Config::kLevels, cfg.points)));
+  for (int l = 0; l < cfg.dec_layers; ++l) layers.push_back(list->register_module(std::to_string(l), DecoderLayer(cfg)));
   decoder->register_module("layers", list);
   register_module("decoder", decoder);
 
@@ -139,10 +201,11 @@ TransformerImpl::TransformerImpl(const Config& cfg_) : cfg(cfg_) {
         "denoising_class_embed", torch::nn::Embedding(torch::nn::EmbeddingOptions(cfg.nc + 1, c).padding_idx(cfg.nc)));
   query_pos_head = register_module("query_pos_head", Mlp(4, 2 * c, c, 2));
   auto enc_output = container();
-  enc_linear = enc_output->register_module("0", torch::nn::Linear(c, c));
-  enc_norm = enc_output->register_module("1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(1e-5)));
+  enc_linear = enc_output->register_module(cfg.v2.named_enc_output ? "proj" : "0", torch::nn::Linear(c, c));
+  enc_norm = enc_output->register_module(cfg.v2.named_enc_output ? "norm" : "1",
+                                         torch::nn::LayerNorm(torch::nn::LayerNormOptions({c}).eps(1e-5)));
   register_module("enc_output", enc_output);
-  enc_score_head = register_module("enc_score_head", torch::nn::Linear(c, cfg.nc));
+  enc_score_head = register_module("enc_score_head", torch::nn::Linear(c, enc_classes(cfg.nc)));
   enc_bbox_head = register_module("enc_bbox_head", Mlp(c, c, 4, 3));
   score_heads_ = container();
   auto bbox_heads = container();
@@ -154,6 +217,8 @@ TransformerImpl::TransformerImpl(const Config& cfg_) : cfg(cfg_) {
   register_module("dec_bbox_head", bbox_heads);
   reset_parameters();
 }
+
+int64_t TransformerImpl::enc_classes(int nc) const { return cfg.v2.query_select == QuerySelect::Agnostic ? 1 : nc; }
 
 void TransformerImpl::reset_parameters() {
   torch::NoGradGuard no_grad;
@@ -169,6 +234,8 @@ void TransformerImpl::reset_parameters() {
   torch::nn::init::xavier_uniform_(enc_linear->weight);
   torch::nn::init::xavier_uniform_(query_pos_head->layers[0]->weight);
   torch::nn::init::xavier_uniform_(query_pos_head->layers[1]->weight);
+  if (cfg.v2.xavier_ffn_init)
+    for (auto& p : input_proj) torch::nn::init::xavier_uniform_(p->conv->weight);
 }
 
 void TransformerImpl::reset_num_classes(int nc) {
@@ -177,7 +244,7 @@ void TransformerImpl::reset_num_classes(int nc) {
   const auto device = enc_score_head->weight.device();
   const double prior = bias_with_prior(0.01);
   torch::NoGradGuard no_grad;
-  enc_score_head = replace_module("enc_score_head", torch::nn::Linear(c, nc));
+  enc_score_head = replace_module("enc_score_head", torch::nn::Linear(c, enc_classes(nc)));
   enc_score_head->bias.fill_(prior);
   enc_score_head->to(device);
   for (size_t l = 0; l < dec_score_head.size(); ++l) {
@@ -206,20 +273,44 @@ std::pair<torch::Tensor, LevelShapes> TransformerImpl::encoder_memory(const std:
 
 QuerySelection TransformerImpl::select_queries(const torch::Tensor& memory, const LevelShapes& shapes) {
   QuerySelection s;
-  std::tie(s.anchors, s.valid) = make_anchors(shapes, memory.device());
-  const auto anchors = s.anchors.to(memory.scalar_type());
+  // The eval forward at the anchors' input size reads them from the buffers.
+  bool buffered = anchors.defined() && !is_training() && shapes.size() == static_cast<size_t>(Config::kLevels);
+  for (size_t l = 0; buffered && l < shapes.size(); ++l) {
+    const int64_t side = cfg.v2.anchor_size >> (3 + l);
+    buffered = shapes[l][0] == side && shapes[l][1] == side;
+  }
+  if (buffered) {
+    s.anchors = anchors.to(memory.device());
+    s.valid = valid_mask.to(memory.device());
+  } else {
+    std::tie(s.anchors, s.valid) = make_anchors(shapes, memory.device());
+  }
+  const auto anchors_m = s.anchors.to(memory.scalar_type());
   // Invalid tokens are zeroed for the proposals only; the decoder reads the unmasked memory.
   const auto out_mem = enc_norm->forward(enc_linear->forward(s.valid.to(memory.scalar_type()) * memory));
   s.enc_logits = enc_score_head->forward(out_mem);
   s.enc_delta = enc_bbox_head->forward(out_mem);
-  const auto coord_unact = s.enc_delta + anchors;
-  if (memory.size(1) < cfg.queries)
+  const auto coord_unact = s.enc_delta + anchors_m;
+  const bool one_to_many = cfg.v2.query_select == QuerySelect::OneToMany;
+  const int64_t candidates = memory.size(1) * (one_to_many ? s.enc_logits.size(-1) : 1);
+  if (candidates < cfg.queries)
     throw UsageError(strfmt("RT-DETR selects %d queries among the encoder's positions, and an input of %lldx%lld has "
                             "only %lld: use imgsz >= 128",
                             cfg.queries, static_cast<long long>(shapes.back()[1] * 32),
                             static_cast<long long>(shapes.back()[0] * 32), static_cast<long long>(memory.size(1))),
                      "", "config_range_error");
-  s.topk_ind = std::get<1>(torch::topk(std::get<0>(s.enc_logits.max(-1)), cfg.queries, 1));
+  switch (cfg.v2.query_select) {
+    case QuerySelect::BestClass:
+      s.topk_ind = std::get<1>(torch::topk(std::get<0>(s.enc_logits.max(-1)), cfg.queries, 1));
+      break;
+    case QuerySelect::OneToMany:  // a token once per selected (token, class) pair
+      s.topk_ind = torch::div(std::get<1>(torch::topk(s.enc_logits.flatten(1), cfg.queries, 1)),
+                              s.enc_logits.size(-1), "floor");
+      break;
+    case QuerySelect::Agnostic:
+      s.topk_ind = std::get<1>(torch::topk(s.enc_logits.squeeze(-1), cfg.queries, 1));
+      break;
+  }
   auto take = [&](const torch::Tensor& t) {
     return t.gather(1, s.topk_ind.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
   };

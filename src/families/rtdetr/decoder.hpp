@@ -16,23 +16,28 @@ namespace libreyolo::models::rtdetr {
 
 using LevelShapes = std::vector<std::array<int64_t, 2>>;  // (h, w) per level
 
-// Multi-scale deformable attention over `levels` maps with `points` samples per head and level.
-// The reference is a box (cx, cy, w, h) in [0, 1]: sample p of a head sits at
-// (cx, cy) + offset / points * (w, h) * 0.5 on every level, read bilinearly (grid_sample,
-// zeros outside, align_corners false) from that level's value map, weighted by a softmax over
-// the head's levels x points.
+// Multi-scale deformable attention with points[l] samples per head on level l. The reference is
+// a box (cx, cy, w, h) in [0, 1]: sample p of a head sits at (cx, cy) + offset / n * (w, h) * 0.5
+// on its level, n the level's point count (v1 divides by n; with `scale_buffer`, RT-DETRv2's
+// layout, the offset is multiplied by the buffer "num_points_scale" holding 1/n per point), read
+// from that level's value map (`sampling`: bilinear with zeros outside, or the cell it falls in),
+// weighted by a softmax over the head's points of all levels. Points are laid out level-major.
 class MSDeformableAttentionImpl : public torch::nn::Module {
  public:
-  MSDeformableAttentionImpl(int64_t embed, int64_t heads, int64_t levels, int64_t points);
+  MSDeformableAttentionImpl(int64_t embed, int64_t heads, std::vector<int64_t> points,
+                            Sampling sampling = Sampling::Bilinear, bool scale_buffer = false);
   // query [B, Q, C], ref [B, Q, 4], value (memory) [B, T, C] with T = sum h*w over `shapes`.
   torch::Tensor forward(const torch::Tensor& query, const torch::Tensor& ref, const torch::Tensor& value,
                         const LevelShapes& shapes);
   // The reference initialisation: zero offset/attention weights, offset biases on a ring of
-  // head directions scaled by the point index, xavier value/output projections.
+  // head directions scaled by the point's index within its level, xavier value/output projections.
   void reset_parameters();
 
   torch::nn::Linear sampling_offsets{nullptr}, attention_weights{nullptr}, value_proj{nullptr}, output_proj{nullptr};
-  int64_t embed, heads, levels, points;
+  torch::Tensor num_points_scale;  // [sum points] 1/n per point (defined with scale_buffer)
+  int64_t embed, heads, levels, total_points;
+  std::vector<int64_t> points;
+  Sampling sampling;
 };
 TORCH_MODULE(MSDeformableAttention);
 
@@ -40,12 +45,20 @@ TORCH_MODULE(MSDeformableAttention);
 // [B, Q, heads, levels, points] -> [B, Q, heads * d] (heads concatenated).
 torch::Tensor deformable_attention_core(const torch::Tensor& value, const LevelShapes& shapes,
                                         const torch::Tensor& locations, const torch::Tensor& weights);
+// The same with the points of all levels flat: locations [B, Q, heads, P, 2], weights
+// [B, Q, heads, P], P = sum of `points` (level-major). Discrete sampling reads the value at
+// (int(x * w + 0.5), int(y * h + 0.5)) of each level, both clamped to [0, h - 1] as the
+// reference does (its maps are square or wider than tall).
+torch::Tensor deformable_attention_core(const torch::Tensor& value, const LevelShapes& shapes,
+                                        const torch::Tensor& locations, const torch::Tensor& weights,
+                                        const std::vector<int64_t>& points, Sampling sampling);
 
 // tgt = norm1(tgt + self_attn(tgt + pos, tgt + pos, tgt, mask)); tgt = norm2(tgt + cross_attn(
-// tgt + pos, ref, memory)); tgt = norm3(clamp(tgt + linear2(relu(linear1(tgt))), +-65504)).
+// tgt + pos, ref, memory)); tgt = norm3(clamp(tgt + linear2(relu(linear1(tgt))), +-65504)), the
+// clamp only with cfg.v2.ffn_clamp (v1).
 class DecoderLayerImpl : public torch::nn::Module {
  public:
-  DecoderLayerImpl(int64_t c, int64_t heads, int64_t ffn, int64_t levels, int64_t points);
+  explicit DecoderLayerImpl(const Config& cfg);
   torch::Tensor forward(const torch::Tensor& tgt, const torch::Tensor& ref, const torch::Tensor& memory,
                         const LevelShapes& shapes, const torch::Tensor& pos, const torch::Tensor& attn_mask = {});
 
@@ -53,6 +66,7 @@ class DecoderLayerImpl : public torch::nn::Module {
   torch::nn::LayerNorm norm1{nullptr}, norm2{nullptr}, norm3{nullptr};
   MSDeformableAttention cross_attn{nullptr};
   torch::nn::Linear linear1{nullptr}, linear2{nullptr};
+  bool clamp = true;
 };
 TORCH_MODULE(DecoderLayer);
 
@@ -65,7 +79,7 @@ std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, 
 struct QuerySelection {
   torch::Tensor anchors, valid;          // [1, T, 4] logit space, [1, T, 1] bool
   torch::Tensor enc_logits, enc_delta;   // [B, T, nc], [B, T, 4] (before the anchors are added)
-  torch::Tensor topk_ind;                // [B, Q] token indices, by descending best class logit
+  torch::Tensor topk_ind;                // [B, Q] token indices, by descending selection score
   torch::Tensor ref_unact, topk_logits;  // [B, Q, 4] logit-space boxes, [B, Q, nc]
   torch::Tensor target;                  // [B, Q, C] content queries (detached)
 };
@@ -100,8 +114,9 @@ class TransformerImpl : public torch::nn::Module {
   std::vector<DecoderLayer> layers;  // "decoder.layers.{l}"
   torch::nn::Embedding denoising_class_embed{nullptr};
   Mlp query_pos_head{nullptr};
-  torch::nn::Linear enc_linear{nullptr};   // "enc_output.0"
-  torch::nn::LayerNorm enc_norm{nullptr};  // "enc_output.1"
+  torch::nn::Linear enc_linear{nullptr};   // "enc_output.0" ("enc_output.proj" in v2)
+  torch::nn::LayerNorm enc_norm{nullptr};  // "enc_output.1" ("enc_output.norm" in v2)
+  torch::Tensor anchors, valid_mask;       // buffers with cfg.v2.anchor_size > 0
   torch::nn::Linear enc_score_head{nullptr};
   Mlp enc_bbox_head{nullptr};
   std::vector<torch::nn::Linear> dec_score_head;
@@ -109,6 +124,7 @@ class TransformerImpl : public torch::nn::Module {
   Config cfg;
 
  private:
+  int64_t enc_classes(int nc) const;  // the encoder score head's outputs (1 with agnostic selection)
   std::shared_ptr<torch::nn::Module> score_heads_;  // "dec_score_head"
 };
 TORCH_MODULE(Transformer);

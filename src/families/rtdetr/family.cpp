@@ -1,6 +1,7 @@
-// The rtdetr registry entry: building, recognising and sizing RT-DETR weights, its recipe (AdamW
-// with a slower backbone, a constant rate, clipping, no mosaic), its stretched input and its
-// top-k postprocess.
+// The rtdetr and rtdetrv2 registry entries: building, recognising and sizing RT-DETR(v2) weights,
+// their recipe (AdamW with a slower backbone, a constant rate, clipping, no mosaic), their
+// stretched input and their top-k postprocess. RT-DETRv2 is RT-DETR with the decoder options of
+// Config::v2 (recognised by its num_points_scale buffers) and LibreYOLO's v1 recipe.
 
 #include "core/log.hpp"
 #include "families/rtdetr/loss.hpp"
@@ -38,16 +39,22 @@ io::StateDict normalized(const io::StateDict& sd) {
   return out;
 }
 
-// RT-DETR weights: a PResNet or HGNetv2 backbone and the decoder's per-layer score heads.
-bool can_load(const io::StateDict& sd) {
-  bool backbone = false, heads = false;
+// RT-DETR(v2) weights: a PResNet or HGNetv2 backbone and the decoder's per-layer score heads;
+// RT-DETRv2's decoder has num_points_scale buffers, v1's has none.
+bool can_load_decoder(const io::StateDict& sd, bool v2) {
+  bool backbone = false, heads = false, scale = false;
+  const std::string buffer = "cross_attn.num_points_scale";
   for (const auto& kv : sd) {
     const std::string k = canonical_key(kv.first);
     backbone = backbone || k.rfind("backbone.res_layers.", 0) == 0 || k.rfind("backbone.stem.stem1.", 0) == 0;
     heads = heads || k.rfind("decoder.dec_score_head.", 0) == 0;
+    scale = scale || (k.size() > buffer.size() && k.compare(k.size() - buffer.size(), buffer.size(), buffer) == 0);
   }
-  return backbone && heads;
+  return backbone && heads && scale == v2;
 }
+
+bool can_load(const io::StateDict& sd) { return can_load_decoder(sd, false); }
+bool can_load_v2(const io::StateDict& sd) { return can_load_decoder(sd, true); }
 
 std::optional<std::string> infer_size(const io::StateDict& sd) {
   const auto cfg = config_from_state_dict(normalized(sd));
@@ -66,6 +73,12 @@ std::optional<int> infer_num_classes(const io::StateDict& sd) {
 // build_like reads as they are).
 std::shared_ptr<Detector> build(const std::string& size, int nc) {
   auto cfg = size_config(size, nc);
+  cfg.frozen_norm = false;
+  return std::make_shared<RtdetrModel>(cfg);
+}
+
+std::shared_ptr<Detector> build_v2(const std::string& size, int nc) {
+  auto cfg = v2_size_config(size, nc);
   cfg.frozen_norm = false;
   return std::make_shared<RtdetrModel>(cfg);
 }
@@ -112,19 +125,11 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
   return d;
 }
 
-}  // namespace
-
-Family make_family() {
-  Family f("rtdetr", size_names(), "r18");
-  // The whole training step is not capturable: contrastive denoising groups sized by the batch's
-  // largest box count and the host-side Hungarian matching give it data-dependent shapes and host
-  // reads. Its head (backbone and encoder: RtdetrModel::train_head) and the eval forward (300
-  // queries) have fixed shapes and no host reads; capture_train_head and capture_inference stay
-  // off until their GPU tests (RtdetrGpu.GraphedHead*, RtdetrGpu.HeadGraphed*, the inference
-  // replay test run on every family) have passed on a GPU.
-  f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
+// What both entries share: the recipe, the optimizer groups, the input and the postprocess.
+void set_recipe(Family& f) {
   f.make_loss = make_loss;
-  // LibreYOLO's RTDETRConfig where it differs from the defaults of config.hpp.
+  // LibreYOLO's RTDETRConfig where it differs from the defaults of config.hpp (RT-DETRv2 trains
+  // with the same configuration, experiment name included).
   f.train_defaults = {
       {"epochs", "72"},         {"batch", "4"},           {"optimizer", "adamw"},
       {"lr0", "1e-4"},          {"lr_backbone", "5e-6"},  {"weight_decay", "1e-4"},
@@ -150,6 +155,30 @@ Family make_family() {
   f.postprocess = postprocess;
   // Validation scores the top 300 of every image (conf 0: no threshold; no NMS).
   f.train_val_thresholds = ops::PostprocessThresholds{0.0, 0.45, 300};
+}
+
+}  // namespace
+
+Family make_family() {
+  Family f("rtdetr", size_names(), "r18");
+  // The whole training step is not capturable: contrastive denoising groups sized by the batch's
+  // largest box count and the host-side Hungarian matching give it data-dependent shapes and host
+  // reads. Its head (backbone and encoder: RtdetrModel::train_head) and the eval forward (300
+  // queries) have fixed shapes and no host reads; capture_train_head and capture_inference stay
+  // off until their GPU tests (RtdetrGpu.GraphedHead*, RtdetrGpu.HeadGraphed*, the inference
+  // replay test run on every family) have passed on a GPU.
+  f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
+  set_recipe(f);
+  return f;
+}
+
+Family make_v2_family() {
+  // LibreYOLO 1.6.0's RT-DETRv2 sizes (its HGNetv2 ones are refused: they are RT-DETR's l and x).
+  Family f("rtdetrv2", v2_size_names(), "r18");
+  // The same capture seam as RT-DETR (RtdetrModel::train_head), off as there until the GPU tests
+  // of the graphed head and the inference replay have passed on a GPU.
+  f.set_weight_functions(build_v2, build_like, can_load_v2, infer_size, infer_num_classes, normalize_keys);
+  set_recipe(f);
   return f;
 }
 

@@ -24,6 +24,13 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
                                                      const std::vector<rt::ImageTargets>& gts,
                                                      const std::vector<rt::ImageMatch>& matches,
                                                      const torch::Tensor& num_boxes) const {
+  return level_terms(level, gts, matches, num_boxes, nc_);
+}
+
+std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& level,
+                                                     const std::vector<rt::ImageTargets>& gts,
+                                                     const std::vector<rt::ImageMatch>& matches,
+                                                     const torch::Tensor& num_boxes, int nc) const {
   const auto logits = level.logits.to(torch::kFloat), boxes = level.boxes.to(torch::kFloat);
   const auto device = logits.device();
   const int64_t b = logits.size(0), n = logits.size(1);
@@ -47,13 +54,13 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
   if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
 
   // Varifocal: IoU-valued targets at the matched queries' GT classes.
-  auto cls = torch::full({b, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto cls = torch::full({b, n}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
   auto score = torch::zeros({b, n}, logits.options());
   if (pairs > 0) {
     cls.index_put_({img, qry}, gt_labels);
     score.index_put_({img, qry}, overlap.iou.detach());
   }
-  const auto onehot = F::one_hot(cls, nc_ + 1).narrow(-1, 0, nc_);
+  const auto onehot = F::one_hot(cls, nc + 1).narrow(-1, 0, nc);
   const auto target = score.unsqueeze(-1) * onehot;
   const auto p = torch::sigmoid(logits).detach();
   const auto weight = w_.vfl_alpha * p.pow(w_.vfl_gamma) * (1 - onehot) + target;
@@ -110,6 +117,20 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
     const auto num_boxes_dn = t.num_boxes * static_cast<double>(in.dn_groups);
     for (size_t l = 0; l < in.dn.size(); ++l)
       add("_dn_" + std::to_string(l), level_terms(in.dn[l], gts, t.dn_matches, num_boxes_dn));
+  }
+  // The encoder top-k as its own level (RT-DETRv2): matched and scored like an auxiliary level,
+  // against GT relabelled to one class when its score head is class-agnostic.
+  for (size_t l = 0; l < in.enc.size(); ++l) {
+    const auto& level = in.enc[l];
+    const int nc = static_cast<int>(level.logits.size(-1));
+    std::vector<rt::ImageTargets> enc_gts = gts;
+    if (nc == 1 && nc_ != 1)
+      for (auto& g : enc_gts) g.labels = torch::zeros_like(g.labels);
+    else if (nc != nc_)
+      throw UsageError("RT-DETR loss: encoder logits of " + std::to_string(nc) + " classes, the loss has " +
+                       std::to_string(nc_));
+    t.matches.push_back(rt::hungarian_match(level.logits, level.boxes, enc_gts, w_.matcher));
+    add("_enc_" + std::to_string(l), level_terms(level, enc_gts, t.matches.back(), t.num_boxes, nc));
   }
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];

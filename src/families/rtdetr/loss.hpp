@@ -30,14 +30,16 @@ struct RtdetrLossWeights {
 
 // Every term under the reference implementation's names, in its order: loss_vfl, loss_bbox,
 // loss_giou of the last layer, the same with _aux_{i} for each auxiliary level i, then with
-// _dn_{i} for each decoder layer's denoising queries (absent without denoising). Weighted, with
+// _dn_{i} for each decoder layer's denoising queries (absent without denoising), then with
+// _enc_{i} for the encoder top-k when it is a level of its own (RT-DETRv2). Weighted, with
 // their gradients.
 struct RtdetrLossTerms {
   std::vector<std::string> names;
   std::vector<torch::Tensor> values;
   torch::Tensor total;      // the sum of all values
   torch::Tensor num_boxes;  // the normaliser of the matched levels (float32 scalar)
-  // Matches of the last layer, then of each auxiliary level; then the denoising pairs per image.
+  // Matches of the last layer, then of each auxiliary level, then of each encoder level; then the
+  // denoising pairs per image.
   std::vector<std::vector<models::rtdetr::ImageMatch>> matches;
   std::vector<models::rtdetr::ImageMatch> dn_matches;
   torch::Tensor value(const std::string& name) const;  // throws std::out_of_range
@@ -70,6 +72,11 @@ class RtdetrLoss : public DetectionLoss {
   const RtdetrLossWeights& weights() const { return w_; }
 
  private:
+  // With the class count of the level's logits (1: a class-agnostic encoder level).
+  std::array<torch::Tensor, 3> level_terms(const models::rtdetr::OutputLevel& level,
+                                           const std::vector<models::rtdetr::ImageTargets>& gts,
+                                           const std::vector<models::rtdetr::ImageMatch>& matches,
+                                           const torch::Tensor& num_boxes, int nc) const;
   int nc_;
   RtdetrLossWeights w_;
 };

@@ -64,6 +64,7 @@ TrainOutputs RtdetrModel::decoder_train_outputs(const std::array<torch::Tensor, 
   }
   t.enc_topk_logits = s.topk_logits;
   t.enc_topk_boxes = torch::sigmoid(s.ref_unact);
+  t.enc_aux_level = cfg_.v2.enc_aux_level;
   return t;
 }
 
@@ -96,10 +97,13 @@ std::vector<torch::Tensor> RtdetrModel::train_tail(const std::vector<torch::Tens
 std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t input_h, int64_t input_w) {
   const size_t layers = t.logits.size();
   if (layers == 0 || t.boxes.size() != layers) throw UsageError("RT-DETR: training outputs without decoder layers");
-  const int64_t aux = static_cast<int64_t>(layers), dn = static_cast<int64_t>(t.dn_logits.size());
+  const int64_t dn = static_cast<int64_t>(t.dn_logits.size());
+  const int64_t aux = static_cast<int64_t>(layers) - (t.enc_aux_level ? 1 : 0);
   const int64_t groups = t.denoising ? t.denoising->groups : 0;
+  const auto counts = t.enc_aux_level ? torch::tensor({aux, dn, groups, int64_t{1}}, torch::kLong)
+                                      : torch::tensor({aux, dn, groups}, torch::kLong);
   std::vector<torch::Tensor> raw = {t.logits.back(), t.boxes.back(), torch::tensor({input_h, input_w}, torch::kLong),
-                                    torch::tensor({aux, dn, groups}, torch::kLong)};
+                                    counts};
   for (size_t l = 0; l + 1 < layers; ++l) {
     raw.push_back(t.logits[l]);
     raw.push_back(t.boxes[l]);
@@ -123,12 +127,14 @@ std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t inp
 }
 
 CriterionInputs unpack_train_outputs(const std::vector<torch::Tensor>& raw) {
-  if (raw.size() < 4 || raw[3].dim() != 1 || raw[3].numel() != 3 || raw[3].scalar_type() != torch::kLong)
+  if (raw.size() < 4 || raw[3].dim() != 1 || (raw[3].numel() != 3 && raw[3].numel() != 4) ||
+      raw[3].scalar_type() != torch::kLong)
     throw UsageError("RT-DETR loss: the outputs are not the training layout (forward_train in training mode)");
   const auto counts = raw[3].to(torch::kCPU);
   const int64_t aux = counts[0].item<int64_t>(), dn = counts[1].item<int64_t>();
-  const size_t want = static_cast<size_t>(4 + 2 * aux + 2 * dn + (dn > 0 ? 1 : 0));
-  if (aux < 0 || dn < 0 || raw.size() != want)
+  const int64_t enc = counts.numel() == 4 ? counts[3].item<int64_t>() : 0;
+  const size_t want = static_cast<size_t>(4 + 2 * aux + 2 * enc + 2 * dn + (dn > 0 ? 1 : 0));
+  if (aux < 0 || dn < 0 || enc < 0 || raw.size() != want)
     throw UsageError("RT-DETR loss: " + std::to_string(raw.size()) + " training outputs, the layout says " +
                      std::to_string(want));
   CriterionInputs in;
@@ -138,6 +144,7 @@ CriterionInputs unpack_train_outputs(const std::vector<torch::Tensor>& raw) {
   in.input_w = hw[1].item<int64_t>();
   size_t i = 4;
   for (int64_t l = 0; l < aux; ++l, i += 2) in.aux.push_back({raw[i], raw[i + 1]});
+  for (int64_t l = 0; l < enc; ++l, i += 2) in.enc.push_back({raw[i], raw[i + 1]});
   for (int64_t l = 0; l < dn; ++l, i += 2) in.dn.push_back({raw[i], raw[i + 1]});
   if (dn > 0) {
     in.dn_groups = counts[2].item<int64_t>();

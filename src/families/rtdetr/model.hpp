@@ -39,14 +39,17 @@ struct TrainOutputs {
   torch::Tensor enc_topk_logits, enc_topk_boxes;   // [B, Q, nc], sigmoid of the selected proposals
   std::optional<DenoisingGroup> denoising;         // the group decoded in front of the Q queries
   std::vector<torch::Tensor> dn_logits, dn_boxes;  // per decoder layer: [B, N, nc], [B, N, 4]
+  // The encoder top-k is its own level for the criterion (RT-DETRv2), not the last auxiliary one.
+  bool enc_aux_level = false;
 };
 
 // forward_train's flat vector, read back: the last decoder layer, the auxiliary levels (decoder
-// layers 0..L-2, then the encoder top-k), and with denoising every decoder layer's denoising
-// outputs, the group count G and the positive pairs.
+// layers 0..L-2, then the encoder top-k unless it is a level of its own: `enc`), and with
+// denoising every decoder layer's denoising outputs, the group count G and the positive pairs.
 struct CriterionInputs {
   OutputLevel last;
   std::vector<OutputLevel> aux, dn;
+  std::vector<OutputLevel> enc;  // the encoder top-k when supervised on its own (RT-DETRv2)
   int64_t dn_groups = 0;
   torch::Tensor dn_pairs;  // int64 [P, 3] on the CPU: (image, denoising query, GT index)
   int64_t input_h = 0, input_w = 0;
@@ -56,9 +59,12 @@ struct CriterionInputs {
 // at the same places):
 //   [0] pred_logits [B, Q, nc], [1] pred_boxes [B, Q, 4]: the last decoder layer
 //   [2] input size int64 [2] (h, w) on the CPU
-//   [3] counts int64 [3] on the CPU: A auxiliary levels, D denoising levels (0: no denoising), G
-//   [4, 4 + 2A): logits, boxes of each auxiliary level (decoder layers 0..L-2, the encoder top-k)
-//   [4 + 2A, 4 + 2A + 2D): logits [B, N, nc], boxes [B, N, 4] of each decoder layer's denoising
+//   [3] counts int64 [3] on the CPU: A auxiliary levels, D denoising levels (0: no denoising), G;
+//       or [4] with E encoder levels after G, when the encoder top-k is a level of its own
+//   [4, 4 + 2A): logits, boxes of each auxiliary level (decoder layers 0..L-2, then the encoder
+//   top-k when E is absent)
+//   [4 + 2A, 4 + 2A + 2E): logits, boxes of the encoder top-k (E = 1) when it is its own level
+//   then 2D: logits [B, N, nc], boxes [B, N, 4] of each decoder layer's denoising
 //   queries, then (when D > 0) the positive pairs int64 [P, 3] (image, query, GT index) on the CPU
 std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t input_h, int64_t input_w);
 // The reverse; throws UsageError when `raw` is not such a vector.
@@ -100,7 +106,7 @@ class RtdetrModel : public Detector {
   void set_denoising_source(DenoisingSource source) { dn_source_ = std::move(source); }
   DenoisingOptions& denoising_options() { return dn_options_; }
 
-  std::string family_name() const override { return "rtdetr"; }
+  std::string family_name() const override { return cfg_.family; }
   std::string size() const override { return cfg_.size; }
   int num_classes() const override { return cfg_.nc; }
   std::vector<int64_t> strides() const override { return {8, 16, 32}; }
@@ -127,8 +133,9 @@ class RtdetrModel : public Detector {
 // cxcywh): sigmoid scores flattened query-major (index q * nc + c), the top min(max_det, Q * nc)
 // in descending order, then those with score > conf; boxes xyxy scaled to the original image's
 // width and height (the stretch undone), not clipped.
-// The registry entry (src/families/registry.cpp lists it).
+// The registry entries (src/families/registry.cpp lists them): RT-DETR and RT-DETRv2.
 Family make_family();
+Family make_v2_family();
 
 ops::Detections postprocess_topk(const torch::Tensor& logits, const torch::Tensor& boxes, double conf, int max_det,
                                  int orig_h, int orig_w);
