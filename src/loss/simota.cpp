@@ -108,4 +108,21 @@ SimOtaAssignment simota_assign(const torch::Tensor& predictions, const torch::Te
   return a;
 }
 
+torch::Tensor dynamic_k_match(const torch::Tensor& cost, const torch::Tensor& iou, const torch::Tensor& ok,
+                              int64_t topk) {
+  const int64_t B = cost.size(0), N = cost.size(1), T = cost.size(2);
+  const int64_t k = std::min<int64_t>(topk, N);
+  const auto iou_ok = torch::where(ok, iou, torch::zeros({}, iou.options()));
+  const auto dyn_k = std::get<0>(iou_ok.topk(k, 1)).sum(1).to(torch::kInt).clamp_min(1);  // [B, T]
+  const auto cheapest = std::get<1>(cost.topk(k, 1, /*largest=*/false, /*sorted=*/true));  // [B, k, T]
+  const auto rank = torch::arange(k, torch::TensorOptions().dtype(torch::kInt).device(cost.device())).view({1, k, 1});
+  auto match = torch::zeros({B, N, T}, torch::TensorOptions().dtype(torch::kBool).device(cost.device()));
+  match.scatter_(1, cheapest, rank < dyn_k.unsqueeze(1));
+  match = match & ok;
+  const auto multi = match.sum(2, /*keepdim=*/true) > 1;
+  const auto cheapest_row = cost.argmin(2, /*keepdim=*/true);  // [B, N, 1]
+  const auto columns = torch::arange(T, cheapest_row.options()).view({1, 1, T});
+  return torch::where(multi, columns == cheapest_row, match);
+}
+
 }  // namespace libreyolo::loss

@@ -41,6 +41,15 @@ torch::Tensor simota_gt_rows(const torch::Tensor& targets, int64_t batch, int64_
 torch::Tensor positive_iou_loss_sum(const torch::Tensor& pred_boxes, const torch::Tensor& gt_boxes,
                                     const torch::Tensor& fg);
 
+// The dynamic-k matching of assigners laid out per prediction ([B, N, T]: predictions x GT rows),
+// in fixed shapes: each GT row's k = max(1, truncated sum of its `topk` best IoUs among the
+// allowed pairs `ok`), then its k cheapest predictions under `cost` (a rank mask over the `topk`
+// cheapest, which bounds every k); a prediction taken by several rows goes to its cheapest row
+// (the argmin over all rows). `cost` must be +inf where `ok` is false. Returns the match [B, N, T]
+// bool, at most one row per prediction.
+torch::Tensor dynamic_k_match(const torch::Tensor& cost, const torch::Tensor& iou, const torch::Tensor& ok,
+                              int64_t topk);
+
 // The corners of cxcywh boxes (last dim 4): x1, y1, x2, y2.
 std::array<torch::Tensor, 4> cxcywh_corners(const torch::Tensor& boxes);
 

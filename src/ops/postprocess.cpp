@@ -27,11 +27,6 @@ struct Candidate {
   int64_t cls;
 };
 
-Detections empty_detections() {
-  return {torch::empty({0, 4}, torch::kFloat32), torch::empty({0}, torch::kFloat32),
-          torch::empty({0}, torch::kInt64)};
-}
-
 // clamp(v, 0, hi) keeping NaN, as torch.clamp does.
 inline float clip(float v, float hi) { return std::isnan(v) ? v : std::min(std::max(v, 0.0f), hi); }
 
@@ -163,7 +158,7 @@ bool postprocess_device(const torch::Tensor& pred, double conf, double iou, int 
     }
     const auto kept = static_cast<int64_t>(r[1]);
     if (kept == 0) {
-      out.push_back(empty_detections());
+      out.push_back(no_detections());
       continue;
     }
     Detections d{torch::empty({kept, 4}, torch::kFloat32), torch::empty({kept}, torch::kFloat32),
@@ -227,7 +222,7 @@ std::vector<Detections> postprocess_yolo_batch(const torch::Tensor& pred, double
 namespace {
 
 Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, const ImageGeometry& g) {
-  if (cand.empty()) return empty_detections();
+  if (cand.empty()) return no_detections();
 
   // Map to the original image, clip, drop degenerate and non-finite rows. (The reference also
   // shifts boxes by min(min(boxes), 0) before NMS; after clipping that shift is zero.)
@@ -252,7 +247,7 @@ Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, c
     oc[n] = c.cls;
     ++n;
   }
-  if (n == 0) return empty_detections();
+  if (n == 0) return no_detections();
   out_boxes = out_boxes.narrow(0, 0, n);
   out_scores = out_scores.narrow(0, 0, n);
   out_classes = out_classes.narrow(0, 0, n);
@@ -264,5 +259,22 @@ Detections finish(const std::vector<Candidate>& cand, double iou, int max_det, c
 }
 
 }  // namespace
+
+Detections no_detections() {
+  return {torch::empty({0, 4}, torch::kFloat32), torch::empty({0}, torch::kFloat32),
+          torch::empty({0}, torch::kInt64)};
+}
+
+Detections nms_detections(torch::Tensor boxes, torch::Tensor scores, torch::Tensor classes, double iou, int max_det) {
+  const auto valid = (boxes.select(1, 2) - boxes.select(1, 0) > 0) & (boxes.select(1, 3) - boxes.select(1, 1) > 0) &
+                     torch::isfinite(boxes).all(1) & torch::isfinite(scores);
+  boxes = boxes.index({valid});
+  scores = scores.index({valid});
+  classes = classes.index({valid});
+  auto keep = batched_nms(boxes, scores, classes, iou);  // by descending score
+  if (keep.size(0) > max_det) keep = keep.narrow(0, 0, max_det);
+  return {boxes.index_select(0, keep).cpu().contiguous(), scores.index_select(0, keep).cpu().contiguous(),
+          classes.index_select(0, keep).cpu().contiguous()};
+}
 
 }  // namespace libreyolo::ops

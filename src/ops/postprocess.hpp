@@ -15,6 +15,15 @@ struct Detections {
   torch::Tensor classes;  // [K] int64
 };
 
+// No detections (empty CPU tensors of the right shapes and dtypes).
+Detections no_detections();
+
+// The last steps of a per-image postprocess whose candidates are already in original-image
+// pixels (boxes [M, 4] xyxy, scores [M], classes [M] int64; any device): candidates of width or
+// height <= 0, or with a non-finite coordinate or score, dropped; class-aware NMS at `iou`; the
+// best max_det by score, on the CPU.
+Detections nms_detections(torch::Tensor boxes, torch::Tensor scores, torch::Tensor classes, double iou, int max_det);
+
 // Thresholds of LibreYOLO's callers.
 struct PostprocessThresholds {
   double conf;

@@ -149,7 +149,7 @@ std::array<int64_t, 4> level_counts(int64_t a) {
 // One image, as LibreYOLO's PicoDet postprocess: per level every (prediction, class) pair with
 // score > conf is a candidate, the level's best kNmsPre kept; boxes clipped to the input canvas
 // (S x S), scaled back by the stretch's factors, clipped to the original image, those of width or
-// height <= 0 dropped; class-aware NMS at `iou`; the best max_det by score.
+// height <= 0 dropped (ops::nms_detections); class-aware NMS at `iou`; the best max_det by score.
 ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a) {
   const torch::Tensor p = pred.dim() == 3 && pred.size(0) == 1 ? pred[0] : pred;
   if (!p.defined() || p.dim() != 2 || p.size(0) <= 4 || !at::isFloatingType(p.scalar_type()))
@@ -177,13 +177,7 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
     }
     start += n;
   }
-  ops::Detections out;
-  if (boxes.empty()) {
-    out.boxes = torch::zeros({0, 4}, torch::kFloat);
-    out.scores = torch::zeros({0}, torch::kFloat);
-    out.classes = torch::zeros({0}, torch::kLong);
-    return out;
-  }
+  if (boxes.empty()) return ops::no_detections();
   auto b = torch::cat(boxes).to(torch::kFloat).clone();
   auto sc = torch::cat(scores).to(torch::kFloat);
   auto cl = torch::cat(classes);
@@ -193,16 +187,7 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
   const double fx = g.orig_w / canvas_w, fy = g.orig_h / canvas_h;
   for (int c : {0, 2}) b.select(1, c).clamp_(0, canvas_w).mul_(fx).clamp_(0, g.orig_w);
   for (int c : {1, 3}) b.select(1, c).clamp_(0, canvas_h).mul_(fy).clamp_(0, g.orig_h);
-  const auto valid = (b.select(1, 2) - b.select(1, 0) > 0) & (b.select(1, 3) - b.select(1, 1) > 0);
-  b = b.index({valid});
-  sc = sc.index({valid});
-  cl = cl.index({valid});
-  auto keep = ops::batched_nms(b, sc, cl, a.iou);  // by descending score
-  if (keep.size(0) > a.max_det) keep = keep.narrow(0, 0, a.max_det);
-  out.boxes = b.index_select(0, keep).cpu().contiguous();
-  out.scores = sc.index_select(0, keep).cpu().contiguous();
-  out.classes = cl.index_select(0, keep).cpu().contiguous();
-  return out;
+  return ops::nms_detections(b, sc, cl, a.iou, a.max_det);
 }
 
 }  // namespace

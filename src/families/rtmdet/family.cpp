@@ -171,13 +171,7 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
     }
     start += n;
   }
-  ops::Detections out;
-  if (boxes.empty()) {
-    out.boxes = torch::zeros({0, 4}, torch::kFloat);
-    out.scores = torch::zeros({0}, torch::kFloat);
-    out.classes = torch::zeros({0}, torch::kLong);
-    return out;
-  }
+  if (boxes.empty()) return ops::no_detections();
   auto b = torch::cat(boxes).to(torch::kFloat).clone();
   auto sc = torch::cat(scores).to(torch::kFloat);
   auto cl = torch::cat(classes);
@@ -187,17 +181,7 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
   b.select(1, 2).div_(g.sx).clamp_(0, g.orig_w);
   b.select(1, 1).div_(g.sy).clamp_(0, g.orig_h);
   b.select(1, 3).div_(g.sy).clamp_(0, g.orig_h);
-  const auto valid = (b.select(1, 2) - b.select(1, 0) > 0) & (b.select(1, 3) - b.select(1, 1) > 0) &
-                     torch::isfinite(b).all(1) & torch::isfinite(sc);
-  b = b.index({valid});
-  sc = sc.index({valid});
-  cl = cl.index({valid});
-  auto keep = ops::batched_nms(b, sc, cl, a.iou);  // by descending score
-  if (keep.size(0) > a.max_det) keep = keep.narrow(0, 0, a.max_det);
-  out.boxes = b.index_select(0, keep).cpu().contiguous();
-  out.scores = sc.index_select(0, keep).cpu().contiguous();
-  out.classes = cl.index_select(0, keep).cpu().contiguous();
-  return out;
+  return ops::nms_detections(b, sc, cl, a.iou, a.max_det);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include "core/log.hpp"
 #include "libreyolo/errors.hpp"
 #include "loss/normalizer.hpp"
+#include "loss/simota.hpp"
 
 namespace libreyolo::models::rtmdet {
 
@@ -88,20 +89,8 @@ DslAssignment RtmdetLoss::assign(const torch::Tensor& boxes_in, const torch::Ten
   auto cost = cls_cost - torch::log(iou + kEps) * kIouWeight + centre;
   cost = torch::where(ok, cost, torch::full({}, inf, cost.options()));
 
-  // Dynamic k per box, then its k cheapest candidates (a rank mask over the kTopK cheapest).
-  const int64_t k = std::min<int64_t>(kTopK, N);
-  const auto iou_c = torch::where(ok, iou, torch::zeros({}, iou.options()));
-  const auto dyn_k = std::get<0>(iou_c.topk(k, 1)).sum(1).to(torch::kInt).clamp_min(1);  // [B, T]
-  const auto cheapest = std::get<1>(cost.topk(k, 1, /*largest=*/false, /*sorted=*/true));  // [B, k, T]
-  const auto rank = torch::arange(k, torch::TensorOptions().dtype(torch::kInt).device(cost.device())).view({1, k, 1});
-  auto match = torch::zeros({B, N, T}, torch::TensorOptions().dtype(torch::kBool).device(cost.device()));
-  match.scatter_(1, cheapest, rank < dyn_k.unsqueeze(1));
-  match = match & ok;
-  // A prior several boxes took goes to its cheapest box.
-  const auto multi = match.sum(2, /*keepdim=*/true) > 1;
-  const auto cheapest_box = cost.argmin(2, /*keepdim=*/true);  // [B, N, 1]
-  const auto columns = torch::arange(T, cheapest_box.options()).view({1, 1, T});
-  match = torch::where(multi, columns == cheapest_box, match);
+  // Each box's dynamic k cheapest candidates; a prior several boxes took goes to its cheapest box.
+  const auto match = loss::dynamic_k_match(cost, iou, ok, kTopK);
 
   DslAssignment a;
   a.fg = match.any(2);
