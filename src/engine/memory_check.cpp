@@ -1,5 +1,6 @@
 #include "engine/memory_check.hpp"
 
+#include <ATen/Parallel.h>
 #include <malloc.h>
 
 #include <algorithm>
@@ -42,8 +43,25 @@ double host_available_gib() {
   return bytes > 0 ? static_cast<double>(bytes) / kGiB : 0.0;
 }
 
+// At most kMeasureThreads intra-op threads while measuring (restored after): the growth does not
+// depend on them, and several trainings starting at once on one host, each with a thread per core,
+// took minutes over five small forwards.
+namespace {
+constexpr int kMeasureThreads = 4;
+struct ThreadCap {
+  int before = at::get_num_threads();
+  explicit ThreadCap(int cap) {
+    if (before > cap) at::set_num_threads(cap);
+  }
+  ~ThreadCap() {
+    if (at::get_num_threads() != before) at::set_num_threads(before);
+  }
+};
+}  // namespace
+
 double cpu_activation_bytes_per_pixel(models::Detector& model) {
   constexpr int kSmall = 128, kLarge = 192;
+  const ThreadCap threads(kMeasureThreads);
   ModelStateSnapshot snapshot(model);
   double per_pixel = 0;
   try {

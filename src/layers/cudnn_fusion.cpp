@@ -491,19 +491,22 @@ int64_t out_side(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
 // handle, build the plan (the heuristics' first that builds, what the calling thread would have
 // built) and keep it on disk; later calls of the configuration run it, later processes read it. A
 // first predict on a machine so does not wait for kernels to compile (~0.1-0.5 s each, a few dozen
-// per network). LIBREYOLO_CUDNN_PLAN_BUILD=wait builds on the calling thread instead, as autotuned
-// configurations (captures, training and its validation) and training convolutions always are.
+// per network). Only with LIBREYOLO_CUDNN_PLAN_BUILD=background: by default (=wait) the calling
+// thread builds, as it always does for autotuned configurations (captures, training and its
+// validation) and training convolutions. A deterministic training run (no autotuning) with
+// background builds crashed once on an H100 while its workers built beside the training steps; until
+// the builder is cleared under that load it is opt-in.
 bool background_builds() {
   const char* v = env_get("LIBREYOLO_CUDNN_PLAN_BUILD");
-  if (!v || !*v) return true;
+  if (!v || !*v) return false;
   const std::string mode = v;
   if (mode == "wait") return false;
   if (mode == "background") return true;
   static std::once_flag said;
   std::call_once(said, [&] {
-    log_warn("LIBREYOLO_CUDNN_PLAN_BUILD='" + mode + "' is neither 'background' nor 'wait': plans are built in the background");
+    log_warn("LIBREYOLO_CUDNN_PLAN_BUILD='" + mode + "' is neither 'background' nor 'wait': plans are built by the call");
   });
-  return true;
+  return false;
 }
 
 class Builder {

@@ -198,8 +198,11 @@ Family make_family() {
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   f.input_size = size_input;
-  // Neither the training step nor inference is claimed capturable: no capture/replay parity test
-  // covers this network yet (the loss itself has no host reads and fixed shapes).
+  // The eval forward's replay equals eager bit for bit (GpuInferenceGraph.ReplayEqualsEagerBitForBit-
+  // OnTwoProbes): capture_inference. The training step is not declared capturable until
+  // GpuFamilyStepGraph/Dense.GraphedTrainingStepsEqualEagerBitForBit/picodet passes on a GPU (the
+  // loss itself has no host reads and fixed shapes).
+  f.capture_inference = true;
   // LibreYOLO's PICODETConfig where it differs from the defaults of config.hpp: SGD at 0.01
   // (momentum 0.9 from the first step, Nesterov, decay 4e-5 on the convolution weights: the shared
   // grouping), a quadratic warm-up of one epoch from 0.001 and a cosine to 0 (cos_flat with no flat

@@ -164,11 +164,12 @@ Family make_family() {
   // The whole training step is not capturable: contrastive denoising groups sized by the batch's
   // largest box count and the host-side Hungarian matching give it data-dependent shapes and host
   // reads. Its head (backbone and encoder: RtdetrModel::train_head) and the eval forward (300
-  // queries) have fixed shapes and no host reads; capture_train_head and capture_inference stay
-  // off until their GPU tests (RtdetrGpu.GraphedHead*, RtdetrGpu.HeadGraphed*, the inference
-  // replay test run on every family) have passed on a GPU.
+  // queries) have fixed shapes and no host reads. The eval forward's replay equals eager bit for
+  // bit (GpuInferenceGraph.ReplayEqualsEagerBitForBitOnTwoProbes, fp32 and bf16): capture_inference.
+  // capture_train_head stays off until RtdetrGpu.GraphedHead* and RtdetrGpu.HeadGraphed* pass on a GPU.
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
+  f.capture_inference = true;
   return f;
 }
 
@@ -176,9 +177,10 @@ Family make_v2_family() {
   // LibreYOLO 1.6.0's RT-DETRv2 sizes (its HGNetv2 ones are refused: they are RT-DETR's l and x).
   Family f("rtdetrv2", v2_size_names(), "r18");
   // The same capture seam as RT-DETR (RtdetrModel::train_head), off as there until the GPU tests
-  // of the graphed head and the inference replay have passed on a GPU.
+  // of the graphed head have passed on a GPU; the eval forward's replay test passed (as RT-DETR's).
   f.set_weight_functions(build_v2, build_like, can_load_v2, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
+  f.capture_inference = true;
   return f;
 }
 

@@ -189,8 +189,10 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
 Family make_family() {
   Family f("rtmdet", size_names(), "s");
   f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
-  // Neither the training step (no loss yet) nor inference is claimed capturable: no capture/replay
-  // parity test covers this network yet.
+  // The eval forward's replay equals eager bit for bit (GpuInferenceGraph.ReplayEqualsEagerBitForBit-
+  // OnTwoProbes): capture_inference. The training step is not declared capturable until
+  // GpuFamilyStepGraph/Dense.GraphedTrainingStepsEqualEagerBitForBit/rtmdet passes on a GPU.
+  f.capture_inference = true;
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's RTMDetConfig where it differs from the defaults of config.hpp: AdamW at 0.004

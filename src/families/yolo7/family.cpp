@@ -114,9 +114,11 @@ std::vector<ops::Detections> postprocess_batch(const torch::Tensor& pred, const 
 Family make_family() {
   Family f("yolo7", size_names(), "b");
   f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
-  // Neither the training step nor inference is declared capturable yet: the GPU tests that would
-  // back it (GpuYolo7.GraphedTrainingStepsEqualEagerBitForBit, and the inference replay test run
-  // on every family) have not run on a GPU. The loss itself has fixed shapes and no host reads.
+  // The eval forward's replay equals eager bit for bit (GpuInferenceGraph.ReplayEqualsEagerBitForBit-
+  // OnTwoProbes): capture_inference. The training step is not declared capturable until
+  // GpuYolo7.GraphedTrainingStepsEqualEagerBitForBit passes on a GPU (the loss itself has fixed
+  // shapes and no host reads).
+  f.capture_inference = true;
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's name for the quadratic warm-up cosine with a flat tail.
