@@ -83,6 +83,10 @@ TEST(DfineModel, StateDictEqualsTheReferenceForEverySize) {
     EXPECT_EQ(models::detect_family(ref), fam);
     EXPECT_EQ(fam->infer_size(valued), std::optional<std::string>(r.size));
     EXPECT_EQ(fam->infer_num_classes(valued), std::optional<int>(80));
+    // Weights of the reference's key set load strictly into the network the family builds from them.
+    const auto like = fam->build_like(valued, 0);
+    EXPECT_EQ(like->size(), r.size);
+    EXPECT_NO_THROW(models::load_state_dict(*like, valued, /*strict=*/true));
     EXPECT_FALSE(models::find_family("rtdetr")->can_load(ref));
     EXPECT_FALSE(models::find_family("rtdetrv2")->can_load(ref));
   }

@@ -566,6 +566,10 @@ QuerySelection DfineTransformerImpl::select_queries(const torch::Tensor& memory,
     s.anchors = s.anchors.to(memory.scalar_type());
   }
   const int64_t b = memory.size(0);
+  if (memory.size(1) < cfg.queries)
+    throw UsageError(strfmt("D-FINE: the input gives %lld encoder positions, fewer than its %d queries; use a larger "
+                            "imgsz (at least 128, 256 for size n)",
+                            static_cast<long long>(memory.size(1)), cfg.queries));
   const auto masked = s.valid.to(memory.scalar_type()) * memory;
   const auto out_memory = enc_norm->forward(enc_proj->forward(masked));
   s.enc_logits = enc_score_head->forward(out_memory);

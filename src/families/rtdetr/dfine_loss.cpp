@@ -249,7 +249,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     const auto kl = torch::kl_div(torch::log_softmax(pred / temp, 1), torch::softmax(target.detach() / temp, 1),
                                   at::Reduction::None);
     const auto loss = w * (temp * temp) * kl.sum(-1);
-    if (!is_dn) {
+    if (!is_dn || !num_pos.defined()) {  // a denoising level reuses the matching levels' counts
       const double scale = 8.0 / static_cast<double>(lv.boxes.size(0));
       num_pos = (m4.sum() * scale).pow(0.5);
       num_neg = ((~m4).sum() * scale).pow(0.5);

@@ -1,7 +1,9 @@
-// The rtdetr and rtdetrv2 registry entries: building, recognising and sizing RT-DETR(v2) weights,
-// their recipe (AdamW with a slower backbone, a constant rate, clipping, no mosaic), their
-// stretched input and their top-k postprocess. RT-DETRv2 is RT-DETR with the decoder options of
-// Config::v2 (recognised by its num_points_scale buffers) and LibreYOLO's v1 recipe.
+// The rtdetr, rtdetrv2 and dfine registry entries: building, recognising and sizing RT-DETR(v2)
+// and D-FINE weights, their recipes (AdamW with a slower backbone, clipping, no mosaic; a constant
+// rate for RT-DETR, flat_cosine for D-FINE), their stretched input and their top-k postprocess.
+// RT-DETRv2 is RT-DETR with the decoder options of Config::v2 (recognised by its num_points_scale
+// buffers) and LibreYOLO's v1 recipe; D-FINE (families/rtdetr/dfine.hpp) is recognised by its
+// decoder's pre_bbox_head.
 
 #include "core/log.hpp"
 #include "families/rtdetr/dfine.hpp"
@@ -238,22 +240,32 @@ Family make_dfine_family() {
   // matching) and no capture flag is on: none of D-FINE's captures has run on a GPU.
   f.set_weight_functions(dfine_build, dfine_build_like, dfine_can_load, dfine_infer_size, dfine_infer_num_classes,
                          strip_ddp);
-  set_recipe(f);
+  set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
   f.make_loss = [](const Detector& model) -> std::unique_ptr<DetectionLoss> {
     return std::make_unique<loss::DfineLoss>(model.num_classes());
   };
   // LibreYOLO's DFINEConfig where it differs from the defaults of config.hpp: AdamW at 2e-4 with
-  // the backbone at half of it, decay 1e-4, 2 warm-up epochs from 1e-6, clipping 0.1, EMA 0.9999,
-  // flips only (no mosaic, mixup or HSV).
+  // the backbone at half of it, decay 1e-4, flat_cosine (2 warm-up epochs from 1e-6, flat, a cosine
+  // to 0.05 over the last 4), clipping 0.1, EMA 0.9999, flips only (no mosaic, mixup or HSV).
   f.train_defaults = {
       {"epochs", "132"},        {"optimizer", "adamw"},     {"lr0", "2e-4"},           {"lr_backbone", "1e-4"},
-      {"weight_decay", "1e-4"}, {"warmup_epochs", "2"},     {"warmup_lr_start", "1e-6"}, {"min_lr_ratio", "0.05"},
+      {"weight_decay", "1e-4"}, {"scheduler", "flat_cosine"}, {"warmup_epochs", "2"},     {"warmup_lr_start", "1e-6"}, {"min_lr_ratio", "0.05"},
       {"no_aug_epochs", "4"},   {"clip_max_norm", "0.1"},   {"mosaic_prob", "0"},      {"mixup_prob", "0"},
       {"hsv_prob", "0"},        {"flip_prob", "0.5"},       {"ema_decay", "0.9999"},   {"eval_interval", "1"},
       {"aux_weight", "0"},      {"name", "dfine_exp"},
   };
-  // Training in float32 unless asked: a project rule that overrides LibreYOLO 1.6.0's AMP default.
+  // LibreYOLO's four D-FINE groups: {backbone (at lr_backbone), the rest} x {with decay, without
+  // it for norms, biases (in_proj_bias included) and the learnable affine scales}.
+  const std::vector<std::string> no_decay = {"norm", ".bn.", "bias", "lab.scale"};
+  f.param_rules = {
+      {{"backbone."}, no_decay, /*decay=*/false, /*backbone_lr=*/true},
+      {{"backbone."}, {}, /*decay=*/true, /*backbone_lr=*/true},
+      {{}, no_decay, /*decay=*/false, /*backbone_lr=*/false},
+      {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
+  };
   f.default_amp = false;
+  f.default_amp_reason =
+      "LibreYOLO C++ trains D-FINE in float32 unless amp=true, departing from LibreYOLO 1.6.0, whose default is on";
   return f;
 }
 
