@@ -9,6 +9,7 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "data/synthetic.hpp"
+#include "engine/optimizer.hpp"
 #include "engine/schedule.hpp"
 #include "families/rtdetr/dfine.hpp"
 #include "io/checkpoint.hpp"
@@ -173,4 +174,27 @@ TEST(DfineTrain, AShortRunTrainsValidatesAndSaves) {
   EXPECT_EQ(trained.info().family, "dfine");
   EXPECT_EQ(trained.info().size, "s");
   EXPECT_EQ(trained.info().num_classes, 2);
+}
+
+TEST(DfineTrain, OptimizerGroupsAreTheReferences) {
+  // LibreYOLO's four groups of a from-scratch s: backbone norms, biases and affine scales (144,
+  // half the rate, no decay), the other backbone tensors (42), the rest's norms and biases (191, no
+  // decay) and the rest (111). up and reg_scale take no gradient and join no group.
+  const models::Family* f = models::find_family("dfine");
+  ASSERT_NE(f, nullptr);
+  auto m = f->build("s", 80);
+  const auto groups = libreyolo::engine::make_param_groups(*m, 1e-4, f->param_rules, 0.5);
+  ASSERT_EQ(groups.size(), 4u);
+  const auto find = [&](bool decay, double ratio) -> const libreyolo::engine::ParamGroup& {
+    for (const auto& g : groups)
+      if (g.decay_group == decay && g.lr_ratio == ratio) return g;
+    throw std::runtime_error("no such group");
+  };
+  EXPECT_EQ(find(false, 0.5).params.size(), 144u);
+  EXPECT_EQ(find(false, 0.5).weight_decay, 0.0);
+  EXPECT_EQ(find(true, 0.5).params.size(), 42u);
+  EXPECT_EQ(find(true, 0.5).weight_decay, 1e-4);
+  EXPECT_EQ(find(false, 1.0).params.size(), 191u);
+  EXPECT_EQ(find(true, 1.0).params.size(), 111u);
+  EXPECT_EQ(find(true, 1.0).weight_decay, 1e-4);
 }
