@@ -104,6 +104,9 @@ struct ModelInfo {
   long long parameters = 0;
   std::string device;
   std::string weights;  // path it was loaded from, or "" for a fresh model
+  // Mixed precision when training does not say: the family's default and, where it has one, why.
+  bool amp_default = true;
+  std::string amp_default_reason;
 };
 
 class LibreYOLO {

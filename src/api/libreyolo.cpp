@@ -157,6 +157,8 @@ ModelInfo LibreYOLO::info() const {
     if (seen.insert(p.unsafeGetTensorImpl()).second) i.parameters += p.numel();
   i.device = impl_->device.str();
   i.weights = impl_->weights;
+  i.amp_default = impl_->family->default_amp;
+  i.amp_default_reason = impl_->family->default_amp_reason;
   return i;
 }
 

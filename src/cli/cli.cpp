@@ -280,14 +280,17 @@ int cmd_info(const ParsedArgs& a, std::ostream& out) {
   LibreYOLO model(model_name, "cpu");
   ModelInfo i = model.info();
   json j = {{"family", i.family}, {"size", i.size}, {"task", i.task}, {"nc", i.num_classes},
-            {"names", i.names}, {"imgsz", i.imgsz}, {"parameters", i.parameters}, {"weights", i.weights}};
+            {"names", i.names}, {"imgsz", i.imgsz}, {"parameters", i.parameters}, {"weights", i.weights},
+            {"amp_default", i.amp_default}};
+  if (!i.amp_default_reason.empty()) j["amp_default_reason"] = i.amp_default_reason;
   if (a.json) {
     j["schema_version"] = 1;
     out << j.dump() << "\n";
   } else {
     out << "  family: " << i.family << "\n  size: " << i.size << "\n  task: " << i.task << "\n  nc: " << i.num_classes
         << "\n  imgsz: " << i.imgsz << "\n  parameters: " << i.parameters << "\n  weights: "
-        << (i.weights.empty() ? "(fresh)" : i.weights) << "\n";
+        << (i.weights.empty() ? "(fresh)" : i.weights) << "\n  amp default: " << (i.amp_default ? "on" : "off")
+        << (i.amp_default_reason.empty() ? "" : " (" + i.amp_default_reason + ")") << "\n";
   }
   return 0;
 }

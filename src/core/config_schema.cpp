@@ -35,7 +35,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("warmup_momentum", &C::warmup_momentum, "SGD momentum at the start of warm-up (rises linearly to momentum)")
         .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
         .add("nesterov", &C::nesterov, "Nesterov momentum")
-        .add("scheduler", &C::scheduler, "linear, cos (warmcos), cos_flat, constant, or the model family's name for one of them")
+        .add("scheduler", &C::scheduler, "linear, cos (warmcos), cos_flat, constant, flat_cosine, or the model family's name for one of them")
         .add("warmup_epochs", &C::warmup_epochs, "linear warm-up length in epochs")
         .add("warmup_lr_start", &C::warmup_lr_start, "learning rate at the start of warm-up")
         .add("min_lr_ratio", &C::min_lr_ratio, "final learning rate as a fraction of lr0")

@@ -11,7 +11,7 @@ namespace libreyolo::engine {
 LrShape lr_shape(const std::string& name, const std::vector<std::pair<std::string, std::string>>& family_names) {
   const std::pair<const char*, LrShape> generic[] = {
       {"linear", LrShape::Linear}, {"cos", LrShape::Cosine}, {"warmcos", LrShape::Cosine}, {"cos_flat", LrShape::CosineFlat},
-      {"constant", LrShape::Constant}};
+      {"constant", LrShape::Constant}, {"flat_cosine", LrShape::FlatCosine}};
   auto find_generic = [&](const std::string& n) -> const std::pair<const char*, LrShape>* {
     for (const auto& g : generic)
       if (n == g.first) return &g;
@@ -46,6 +46,14 @@ double LrSchedule::at(long long it) const {
   }
   if (warmup_iters > 0 && it <= warmup_iters) return (lr0 - start) * static_cast<double>(it) / w + start;
   if (shape == LrShape::Constant) return lr0;
+  if (shape == LrShape::FlatCosine) {
+    const long long tail = std::min(plateau_iters, std::max(0LL, total_iters - warmup_iters));
+    const long long start = total_iters - tail;
+    if (it < start) return lr0;
+    const double progress =
+        std::min(1.0, static_cast<double>(it - start) / static_cast<double>(std::max<long long>(1, tail)));
+    return min_lr + 0.5 * (lr0 - min_lr) * (1.0 + std::cos(M_PI * progress));
+  }
   const double span = static_cast<double>(std::max<long long>(1, total_iters - warmup_iters));
   const double progress = static_cast<double>(it - warmup_iters) / span;
   if (shape == LrShape::Cosine)

@@ -15,9 +15,11 @@ enum class LrShape {
   Cosine,      // linear warm-up, cosine decay to lr0 * min_lr_ratio
   CosineFlat,  // quadratic warm-up, cosine to lr0 * min_lr_ratio, flat over the last plateau_iters
   Constant,    // linear warm-up (when any), then lr0 to the end
+  FlatCosine,  // linear warm-up, lr0, then a cosine to lr0 * min_lr_ratio over the last plateau_iters
+              // (at most the iterations after warm-up)
 };
 
-// The shape `name` selects: a generic name (linear; cos or warmcos; cos_flat; constant) or one of
+// The shape `name` selects: a generic name (linear; cos or warmcos; cos_flat; constant; flat_cosine) or one of
 // `family_names` ({name, generic name}). Throws UsageError listing the accepted names.
 LrShape lr_shape(const std::string& name, const std::vector<std::pair<std::string, std::string>>& family_names = {});
 

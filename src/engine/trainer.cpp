@@ -550,6 +550,9 @@ void Trainer::setup_optimization() {
                   cfg_.momentum, groups.c_str()));
   if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg_.nbs));
   log_info("Precision: " + amp_.describe() + (channels_last_ ? ", channels_last" : ""));
+  if (!lm_.family->default_amp_reason.empty())
+    log_info(strfmt("AMP default of %s: %s (%s)", lm_.family->name.c_str(), lm_.family->default_amp ? "on" : "off",
+                    lm_.family->default_amp_reason.c_str()));
   if (group_) install_syncs();
   if (cfg_.cuda_graph) {
     // The deepest capture the family declares: the whole step, else the training head and the

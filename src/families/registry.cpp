@@ -14,6 +14,7 @@ const std::vector<const Family*>& families() {
   static const std::vector<Family> entries = {
       yolo9::make_family(),
       yolox::make_family(),
+      rtdetr::make_dfine_family(),
       rtdetr::make_family(),
       rtdetr::make_v2_family(),
       yolo7::make_family(),

@@ -135,6 +135,9 @@ struct Family {
   // training uses when no imgsz is given. Unset: 640 for a fresh model, training's own default.
   std::function<int(const std::string& size)> input_size;
   bool default_amp = true;
+  // Why default_amp is what it is, where that is worth saying (a departure from LibreYOLO 1.6.0's
+  // default): printed by `info` and in the training log. Empty: nothing to say.
+  std::string default_amp_reason;
   bool default_sync_bn = false;
   bool supports_spawn = true;
   // The whole training step (forward, loss with its assigner, backward, update) is free of host

@@ -32,9 +32,10 @@ torch::Tensor FrozenBatchNorm2dImpl::forward(const torch::Tensor& x) {
   return x * scale.reshape({1, -1, 1, 1}) + shift.reshape({1, -1, 1, 1});
 }
 
-ConvNormImpl::ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act act_, bool frozen) : act(act_) {
-  conv = register_module(
-      "conv", torch::nn::Conv2d(torch::nn::Conv2dOptions(cin, cout, k).stride(s).padding((k - 1) / 2).bias(false)));
+ConvNormImpl::ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act act_, bool frozen, int64_t groups)
+    : act(act_) {
+  conv = register_module("conv", torch::nn::Conv2d(
+                                     torch::nn::Conv2dOptions(cin, cout, k).stride(s).padding((k - 1) / 2).groups(groups).bias(false)));
   if (frozen) {
     frozen_norm = register_module("norm", FrozenBatchNorm2d(cout));
   } else {

@@ -29,11 +29,11 @@ class FrozenBatchNorm2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FrozenBatchNorm2d);
 
-// Conv2d(bias=false, padding (k-1)/2) + BatchNorm2d (eps 1e-5, momentum 0.1) + activation:
-// children "conv" and "norm" (a FrozenBatchNorm2d when `frozen`).
+// Conv2d(bias=false, padding (k-1)/2, `groups`) + BatchNorm2d (eps 1e-5, momentum 0.1) +
+// activation: children "conv" and "norm" (a FrozenBatchNorm2d when `frozen`).
 class ConvNormImpl : public torch::nn::Module {
  public:
-  ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act act, bool frozen = false);
+  ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act act, bool frozen = false, int64_t groups = 1);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Conv2d conv{nullptr};

@@ -85,7 +85,8 @@ bool HgStageSpec::operator==(const HgStageSpec& o) const {
 }
 
 bool HgNetSpec::operator==(const HgNetSpec& o) const {
-  return stem_mid == o.stem_mid && stem_out == o.stem_out && stages == o.stages;
+  return stem_mid == o.stem_mid && stem_out == o.stem_out && stages == o.stages && lab == o.lab &&
+         dfine_names == o.dfine_names;
 }
 
 namespace {
@@ -165,14 +166,17 @@ std::optional<HgNetSpec> hgnet_from_state_dict(const io::StateDict& sd) {
     st.light = has(sd, block + "layers.0.conv1.conv.weight");
     const std::string first = block + (st.light ? "layers.0.conv1.conv.weight" : "layers.0.conv.weight");
     const std::string spatial = block + (st.light ? "layers.0.conv2.conv.weight" : "layers.0.conv.weight");
-    const auto width = dim0(sd, first), wide = dim0(sd, block + "aggregation_excitation_conv.conv.weight");
+    const bool dfine = has(sd, block + "aggregation.1.conv.weight");
+    const std::string excitation = dfine ? "aggregation.1.conv.weight" : "aggregation_excitation_conv.conv.weight";
+    const auto width = dim0(sd, first), wide = dim0(sd, block + excitation);
     if (!width || !wide) return std::nullopt;
     st.mid = *width;
     st.out = *wide;
     st.kernel = static_cast<int>(kernel_size(sd, spatial));
     if (st.kernel == 0) return std::nullopt;
     st.layers = count(sd, block + "layers.", st.light ? ".conv1.conv.weight" : ".conv.weight");
-    st.blocks = count(sd, stage + "blocks.", ".aggregation_squeeze_conv.conv.weight");
+    st.blocks = count(sd, stage + "blocks.", dfine ? ".aggregation.0.conv.weight" : ".aggregation_squeeze_conv.conv.weight");
+    h.dfine_names = dfine;
   }
   return h;
 }

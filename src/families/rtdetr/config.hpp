@@ -30,6 +30,12 @@ struct HgStageSpec {
 struct HgNetSpec {
   int64_t stem_mid = 0, stem_out = 0;
   std::array<HgStageSpec, 4> stages{};
+  // D-FINE's variant: a learnable scale and shift ("lab.scale", "lab.bias", one value each)
+  // after every ReLU (`lab`); and its names (`dfine_names`): the stem's 2x2 convolutions padded
+  // in the forward (their weights at "conv" instead of "conv.1") and a block's two aggregation
+  // convolutions at "aggregation.0" and "aggregation.1".
+  bool lab = false;
+  bool dfine_names = false;
   bool operator==(const HgNetSpec& o) const;
   bool operator!=(const HgNetSpec& o) const { return !(*this == o); }
   // Input width of stage i.

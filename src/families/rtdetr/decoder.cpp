@@ -157,7 +157,8 @@ torch::Tensor DecoderLayerImpl::forward(const torch::Tensor& tgt, const torch::T
   return norm3->forward(clamp ? y.clamp(-65504.0, 65504.0) : y);
 }
 
-std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, const torch::Device& device) {
+std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, const torch::Device& device,
+                                                     double invalid) {
   const auto f32 = torch::TensorOptions().dtype(torch::kFloat).device(device);
   std::vector<torch::Tensor> per_level;
   for (const auto l : c10::irange(shapes.size())) {
@@ -170,7 +171,7 @@ std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, 
   auto anchors = torch::cat(per_level, 1);
   const auto valid = ((anchors > 0.01) & (anchors < 0.99)).all(-1, /*keepdim=*/true);
   anchors = torch::log(anchors / (1 - anchors));
-  anchors = torch::where(valid, anchors, torch::full_like(anchors, std::numeric_limits<float>::infinity()));
+  anchors = torch::where(valid, anchors, torch::full_like(anchors, invalid));
   return {anchors, valid};
 }
 

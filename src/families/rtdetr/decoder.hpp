@@ -6,6 +6,7 @@
 #include <torch/torch.h>
 
 #include <array>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -70,10 +71,12 @@ class DecoderLayerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(DecoderLayer);
 
-// Logit-space anchors [1, T, 4] (+inf where invalid) and their valid mask [1, T, 1] bool for
-// levels of these sizes: centre ((x + 0.5) / w, (y + 0.5) / h), size 0.05 * 2^level, valid when
-// all four lie strictly inside (0.01, 0.99); level-major, row-major, float32.
-std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, const torch::Device& device);
+// Logit-space anchors [1, T, 4] (`invalid` where invalid: +inf for RT-DETR, 1e4 for D-FINE) and
+// their valid mask [1, T, 1] bool for levels of these sizes: centre ((x + 0.5) / w, (y + 0.5) / h),
+// size 0.05 * 2^level, valid when all four lie strictly inside (0.01, 0.99); level-major,
+// row-major, float32.
+std::pair<torch::Tensor, torch::Tensor> make_anchors(const LevelShapes& shapes, const torch::Device& device,
+                                                     double invalid = std::numeric_limits<double>::infinity());
 
 // The encoder proposals and the queries chosen from them.
 struct QuerySelection {

@@ -1,9 +1,13 @@
-// The rtdetr and rtdetrv2 registry entries: building, recognising and sizing RT-DETR(v2) weights,
-// their recipe (AdamW with a slower backbone, a constant rate, clipping, no mosaic), their
-// stretched input and their top-k postprocess. RT-DETRv2 is RT-DETR with the decoder options of
-// Config::v2 (recognised by its num_points_scale buffers) and LibreYOLO's v1 recipe.
+// The rtdetr, rtdetrv2 and dfine registry entries: building, recognising and sizing RT-DETR(v2)
+// and D-FINE weights, their recipes (AdamW with a slower backbone, clipping, no mosaic; a constant
+// rate for RT-DETR, flat_cosine for D-FINE), their stretched input and their top-k postprocess.
+// RT-DETRv2 is RT-DETR with the decoder options of Config::v2 (recognised by its num_points_scale
+// buffers) and LibreYOLO's v1 recipe; D-FINE (families/rtdetr/dfine.hpp) is recognised by its
+// decoder's pre_bbox_head.
 
 #include "core/log.hpp"
+#include "families/rtdetr/dfine.hpp"
+#include "families/rtdetr/dfine_loss.hpp"
 #include "families/rtdetr/loss.hpp"
 #include "families/rtdetr/model.hpp"
 #include "libreyolo/errors.hpp"
@@ -42,6 +46,7 @@ io::StateDict normalized(const io::StateDict& sd) {
 // RT-DETR(v2) weights: a PResNet or HGNetv2 backbone and the decoder's per-layer score heads;
 // RT-DETRv2's decoder has num_points_scale buffers, v1's has none.
 bool can_load_decoder(const io::StateDict& sd, bool v2) {
+  if (is_dfine_state_dict(sd)) return false;  // D-FINE's decoder has the same heads and buffers
   bool backbone = false, heads = false, scale = false;
   const std::string buffer = "cross_attn.num_points_scale";
   for (const auto& kv : sd) {
@@ -157,6 +162,53 @@ void set_recipe(Family& f) {
   f.train_val_thresholds = ops::PostprocessThresholds{0.0, 0.45, 300};
 }
 
+// ----- D-FINE
+
+void strip_ddp(io::StateDict& sd) {
+  for (auto& kv : sd) kv.first = io::strip_ddp_prefix(kv.first);
+}
+
+io::StateDict without_ddp(const io::StateDict& sd) {
+  io::StateDict out = sd;
+  strip_ddp(out);
+  return out;
+}
+
+bool dfine_can_load(const io::StateDict& sd) {
+  const auto k = without_ddp(sd);
+  if (!is_dfine_state_dict(k)) return false;
+  for (const auto& kv : k)
+    if (kv.first.rfind("backbone.stem.stem1.", 0) == 0) return true;
+  return false;
+}
+
+std::optional<std::string> dfine_infer_size(const io::StateDict& sd) {
+  const auto cfg = dfine_config_from_state_dict(without_ddp(sd));
+  if (!cfg || cfg->size.empty()) return std::nullopt;
+  return cfg->size;
+}
+
+std::optional<int> dfine_infer_num_classes(const io::StateDict& sd) {
+  const auto cfg = dfine_config_from_state_dict(without_ddp(sd));
+  if (!cfg) return std::nullopt;
+  return cfg->nc;
+}
+
+// A fresh model is LibreYOLO's from-scratch build (backbone norms train).
+std::shared_ptr<Detector> dfine_build(const std::string& size, int nc) {
+  auto cfg = dfine_size_config(size, nc);
+  cfg.frozen_norm = false;
+  return std::make_shared<DfineModel>(cfg);
+}
+
+std::shared_ptr<Detector> dfine_build_like(const io::StateDict& sd, int nc) {
+  auto cfg = dfine_config_from_state_dict(without_ddp(sd));
+  if (!cfg)
+    throw ModelError("cannot tell the D-FINE widths from the weights (a backbone, encoder or decoder key is missing)");
+  if (nc > 0) cfg->nc = nc;
+  return std::make_shared<DfineModel>(*cfg);
+}
+
 }  // namespace
 
 Family make_family() {
@@ -181,6 +233,41 @@ Family make_v2_family() {
   f.set_weight_functions(build_v2, build_like, can_load_v2, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
   f.capture_inference = true;
+  return f;
+}
+
+Family make_dfine_family() {
+  Family f("dfine", dfine_size_names(), "s");
+  // Like RT-DETR's, the training step has data-dependent shapes (denoising groups, host-side
+  // matching) and no capture flag is on: none of D-FINE's captures has run on a GPU.
+  f.set_weight_functions(dfine_build, dfine_build_like, dfine_can_load, dfine_infer_size, dfine_infer_num_classes,
+                         strip_ddp);
+  set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
+  f.make_loss = [](const Detector& model) -> std::unique_ptr<DetectionLoss> {
+    return std::make_unique<loss::DfineLoss>(model.num_classes());
+  };
+  // LibreYOLO's DFINEConfig where it differs from the defaults of config.hpp: AdamW at 2e-4 with
+  // the backbone at half of it, decay 1e-4, flat_cosine (2 warm-up epochs from 1e-6, flat, a cosine
+  // to 0.05 over the last 4), clipping 0.1, EMA 0.9999, flips only (no mosaic, mixup or HSV).
+  f.train_defaults = {
+      {"epochs", "132"},        {"optimizer", "adamw"},     {"lr0", "2e-4"},           {"lr_backbone", "1e-4"},
+      {"weight_decay", "1e-4"}, {"scheduler", "flat_cosine"}, {"warmup_epochs", "2"},     {"warmup_lr_start", "1e-6"}, {"min_lr_ratio", "0.05"},
+      {"no_aug_epochs", "4"},   {"clip_max_norm", "0.1"},   {"mosaic_prob", "0"},      {"mixup_prob", "0"},
+      {"hsv_prob", "0"},        {"flip_prob", "0.5"},       {"ema_decay", "0.9999"},   {"eval_interval", "1"},
+      {"aux_weight", "0"},      {"name", "dfine_exp"},
+  };
+  // LibreYOLO's four D-FINE groups: {backbone (at lr_backbone), the rest} x {with decay, without
+  // it for norms, biases (in_proj_bias included) and the learnable affine scales}.
+  const std::vector<std::string> no_decay = {"norm", ".bn.", "bias", "lab.scale"};
+  f.param_rules = {
+      {{"backbone."}, no_decay, /*decay=*/false, /*backbone_lr=*/true},
+      {{"backbone."}, {}, /*decay=*/true, /*backbone_lr=*/true},
+      {{}, no_decay, /*decay=*/false, /*backbone_lr=*/false},
+      {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
+  };
+  f.default_amp = false;
+  f.default_amp_reason =
+      "LibreYOLO C++ trains D-FINE in float32 unless amp=true, departing from LibreYOLO 1.6.0, whose default is on";
   return f;
 }
 

@@ -12,7 +12,7 @@ torch::Tensor pad_after_input(const torch::Tensor& x) { return torch::constant_p
 }  // namespace
 
 HgConvImpl::HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool relu_, bool frozen, int64_t groups,
-                       bool pad_after_)
+                       bool pad_after_, bool lab)
     : relu(relu_), pad_after(pad_after_) {
   const int64_t pad = pad_after ? 0 : (k - 1) / 2;
   conv = torch::nn::Conv2d(torch::nn::Conv2dOptions(cin, cout, k).stride(s).padding(pad).groups(groups).bias(false));
@@ -29,53 +29,74 @@ HgConvImpl::HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool rel
   } else {
     bn = register_module("bn", torch::nn::BatchNorm2d(torch::nn::BatchNorm2dOptions(cout).eps(1e-5).momentum(0.1)));
   }
+  if (lab && relu) {
+    auto affine = container();
+    lab_scale = affine->register_parameter("scale", torch::ones({1}));
+    lab_bias = affine->register_parameter("bias", torch::zeros({1}));
+    register_module("lab", affine);
+  }
 }
 
 torch::Tensor HgConvImpl::forward(const torch::Tensor& x) {
   auto y = conv->forward(pad_after ? pad_after_input(x) : x);
   y = bn ? bn->forward(y) : frozen_bn->forward(y);
-  return relu ? torch::relu(y) : y;
+  if (!relu) return y;
+  y = torch::relu(y);
+  return lab_scale.defined() ? lab_scale * y + lab_bias : y;
 }
 
-HgStemImpl::HgStemImpl(int64_t mid, int64_t out, bool frozen) {
-  stem1 = register_module("stem1", HgConv(3, mid, 3, 2, true, frozen));
-  stem2a = register_module("stem2a", HgConv(mid, mid / 2, 2, 1, true, frozen, 1, /*pad_after=*/true));
-  stem2b = register_module("stem2b", HgConv(mid / 2, mid, 2, 1, true, frozen, 1, /*pad_after=*/true));
-  stem3 = register_module("stem3", HgConv(2 * mid, mid, 3, 2, true, frozen));
-  stem4 = register_module("stem4", HgConv(mid, out, 1, 1, true, frozen));
+HgStemImpl::HgStemImpl(int64_t mid, int64_t out, bool frozen, bool lab, bool pad_outside_) : pad_outside(pad_outside_) {
+  const bool inner = !pad_outside;  // the padding as the convolution's container entry "0"
+  stem1 = register_module("stem1", HgConv(3, mid, 3, 2, true, frozen, 1, false, lab));
+  stem2a = register_module("stem2a", HgConv(mid, mid / 2, 2, 1, true, frozen, 1, inner, lab));
+  stem2b = register_module("stem2b", HgConv(mid / 2, mid, 2, 1, true, frozen, 1, inner, lab));
+  stem3 = register_module("stem3", HgConv(2 * mid, mid, 3, 2, true, frozen, 1, false, lab));
+  stem4 = register_module("stem4", HgConv(mid, out, 1, 1, true, frozen, 1, false, lab));
 }
 
 torch::Tensor HgStemImpl::forward(const torch::Tensor& x) {
   const auto y = stem1->forward(x);
-  const auto branch = stem2b->forward(stem2a->forward(y));
+  const auto branch = pad_outside ? stem2b->forward(pad_after_input(stem2a->forward(pad_after_input(y))))
+                                  : stem2b->forward(stem2a->forward(y));
   // Stride 1 over the padded map: the output keeps y's size (ceil mode changes nothing here).
   const auto pooled = torch::max_pool2d(pad_after_input(y), {2, 2}, {1, 1}, {0, 0}, {1, 1}, /*ceil_mode=*/true);
   return stem4->forward(stem3->forward(torch::cat({pooled, branch}, 1)));
 }
 
-HgLightConvImpl::HgLightConvImpl(int64_t cin, int64_t cout, int64_t k, bool frozen) {
+HgLightConvImpl::HgLightConvImpl(int64_t cin, int64_t cout, int64_t k, bool frozen, bool lab) {
   conv1 = register_module("conv1", HgConv(cin, cout, 1, 1, false, frozen));
-  conv2 = register_module("conv2", HgConv(cout, cout, k, 1, true, frozen, /*groups=*/cout));
+  conv2 = register_module("conv2", HgConv(cout, cout, k, 1, true, frozen, /*groups=*/cout, false, lab));
 }
 
 torch::Tensor HgLightConvImpl::forward(const torch::Tensor& x) { return conv2->forward(conv1->forward(x)); }
 
-HgBlockImpl::HgBlockImpl(int64_t cin, const HgStageSpec& stage, bool residual_, bool frozen) : residual(residual_) {
+HgBlockImpl::HgBlockImpl(int64_t cin, const HgStageSpec& stage, bool residual_, bool frozen, bool lab,
+                         bool dfine_names)
+    : residual(residual_) {
   auto list = container();
   for (int i = 0; i < stage.layers; ++i) {
     const int64_t in = i == 0 ? cin : stage.mid;
     if (stage.light) {
-      light.push_back(HgLightConv(in, stage.mid, stage.kernel, frozen));
+      light.push_back(HgLightConv(in, stage.mid, stage.kernel, frozen, lab));
       list->register_module(std::to_string(i), light.back());
     } else {
-      plain.push_back(HgConv(in, stage.mid, stage.kernel, 1, true, frozen));
+      plain.push_back(HgConv(in, stage.mid, stage.kernel, 1, true, frozen, 1, false, lab));
       list->register_module(std::to_string(i), plain.back());
     }
   }
   register_module("layers", list);
   const int64_t total = cin + stage.layers * stage.mid;
-  squeeze = register_module("aggregation_squeeze_conv", HgConv(total, stage.out / 2, 1, 1, true, frozen));
-  excitation = register_module("aggregation_excitation_conv", HgConv(stage.out / 2, stage.out, 1, 1, true, frozen));
+  squeeze = HgConv(total, stage.out / 2, 1, 1, true, frozen, 1, false, lab);
+  excitation = HgConv(stage.out / 2, stage.out, 1, 1, true, frozen, 1, false, lab);
+  if (dfine_names) {
+    auto seq = container();
+    seq->register_module("0", squeeze);
+    seq->register_module("1", excitation);
+    register_module("aggregation", seq);
+  } else {
+    register_module("aggregation_squeeze_conv", squeeze);
+    register_module("aggregation_excitation_conv", excitation);
+  }
 }
 
 torch::Tensor HgBlockImpl::forward(const torch::Tensor& x) {
@@ -87,12 +108,12 @@ torch::Tensor HgBlockImpl::forward(const torch::Tensor& x) {
   return residual ? y + x : y;
 }
 
-HgStageImpl::HgStageImpl(int64_t cin, const HgStageSpec& stage, bool frozen) {
+HgStageImpl::HgStageImpl(int64_t cin, const HgStageSpec& stage, bool frozen, bool lab, bool dfine_names) {
   if (stage.downsample)
     downsample = register_module("downsample", HgConv(cin, cin, 3, 2, false, frozen, /*groups=*/cin));
   auto list = container();
   for (int j = 0; j < stage.blocks; ++j) {
-    blocks.push_back(HgBlock(j == 0 ? cin : stage.out, stage, /*residual=*/j > 0, frozen));
+    blocks.push_back(HgBlock(j == 0 ? cin : stage.out, stage, /*residual=*/j > 0, frozen, lab, dfine_names));
     list->register_module(std::to_string(j), blocks.back());
   }
   register_module("blocks", list);
@@ -105,10 +126,11 @@ torch::Tensor HgStageImpl::forward(const torch::Tensor& x) {
 }
 
 HGNetv2Impl::HGNetv2Impl(const HgNetSpec& spec, bool frozen_norm) {
-  stem = register_module("stem", HgStem(spec.stem_mid, spec.stem_out, frozen_norm));
+  stem = register_module("stem", HgStem(spec.stem_mid, spec.stem_out, frozen_norm, spec.lab, spec.dfine_names));
   auto list = container();
   for (int i = 0; i < 4; ++i) {
-    stages.push_back(HgStage(spec.stage_in(i), spec.stages[static_cast<size_t>(i)], frozen_norm));
+    stages.push_back(
+        HgStage(spec.stage_in(i), spec.stages[static_cast<size_t>(i)], frozen_norm, spec.lab, spec.dfine_names));
     list->register_module(std::to_string(i), stages.back());
   }
   register_module("stages", list);
@@ -133,6 +155,16 @@ std::array<torch::Tensor, 3> HGNetv2Impl::forward(const torch::Tensor& x) {
   for (size_t i = 0; i < stages.size(); ++i) {
     y = stages[i]->forward(y);
     if (i >= 1) outs[i - 1] = y;
+  }
+  return outs;
+}
+
+std::vector<torch::Tensor> HGNetv2Impl::forward_from(const torch::Tensor& x, int from) {
+  auto y = stem->forward(x);
+  std::vector<torch::Tensor> outs;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    y = stages[i]->forward(y);
+    if (static_cast<int>(i) >= from) outs.push_back(y);
   }
   return outs;
 }

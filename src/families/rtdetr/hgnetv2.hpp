@@ -21,12 +21,14 @@ namespace libreyolo::models::rtdetr {
 class HgConvImpl : public torch::nn::Module {
  public:
   HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool relu, bool frozen, int64_t groups = 1,
-             bool pad_after = false);
+             bool pad_after = false, bool lab = false);
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
   FrozenBatchNorm2d frozen_bn{nullptr};
+  // With `lab` and `relu`: y * scale + bias after the ReLU (child "lab", scale 1 and bias 0 at first).
+  torch::Tensor lab_scale, lab_bias;
   bool relu, pad_after;
 };
 TORCH_MODULE(HgConv);
@@ -37,17 +39,18 @@ TORCH_MODULE(HgConv);
 // 1x1 (-> out). All with ReLU.
 class HgStemImpl : public torch::nn::Module {
  public:
-  HgStemImpl(int64_t mid, int64_t out, bool frozen);
+  HgStemImpl(int64_t mid, int64_t out, bool frozen, bool lab = false, bool pad_outside = false);
   torch::Tensor forward(const torch::Tensor& x);
 
   HgConv stem1{nullptr}, stem2a{nullptr}, stem2b{nullptr}, stem3{nullptr}, stem4{nullptr};
+  bool pad_outside;
 };
 TORCH_MODULE(HgStem);
 
 // A light layer: conv1 1x1 without activation, then conv2 a depthwise k x k with ReLU.
 class HgLightConvImpl : public torch::nn::Module {
  public:
-  HgLightConvImpl(int64_t cin, int64_t cout, int64_t k, bool frozen);
+  HgLightConvImpl(int64_t cin, int64_t cout, int64_t k, bool frozen, bool lab = false);
   torch::Tensor forward(const torch::Tensor& x);
 
   HgConv conv1{nullptr}, conv2{nullptr};
@@ -59,7 +62,8 @@ TORCH_MODULE(HgLightConv);
 // aggregation_excitation_conv 1x1 to out (both ReLU), plus the input when `residual`.
 class HgBlockImpl : public torch::nn::Module {
  public:
-  HgBlockImpl(int64_t cin, const HgStageSpec& stage, bool residual, bool frozen);
+  HgBlockImpl(int64_t cin, const HgStageSpec& stage, bool residual, bool frozen, bool lab = false,
+              bool dfine_names = false);
   torch::Tensor forward(const torch::Tensor& x);
 
   std::vector<HgConv> plain;        // the layers of a plain block
@@ -73,7 +77,7 @@ TORCH_MODULE(HgBlock);
 // so, then "blocks.{j}", block 0 from the stage's input width, the others residual.
 class HgStageImpl : public torch::nn::Module {
  public:
-  HgStageImpl(int64_t cin, const HgStageSpec& stage, bool frozen);
+  HgStageImpl(int64_t cin, const HgStageSpec& stage, bool frozen, bool lab = false, bool dfine_names = false);
   torch::Tensor forward(const torch::Tensor& x);
 
   HgConv downsample{nullptr};
@@ -86,6 +90,8 @@ class HGNetv2Impl : public torch::nn::Module {
   HGNetv2Impl(const HgNetSpec& spec, bool frozen_norm);
   // Stage 1, 2, 3 outputs.
   std::array<torch::Tensor, 3> forward(const torch::Tensor& x);
+  // The outputs of stages `from`..3.
+  std::vector<torch::Tensor> forward_from(const torch::Tensor& x, int from);
   // Convolution weights Kaiming-normal (fan in, ReLU gain), BatchNorm weight 1 and bias 0.
   void reset_parameters();
 

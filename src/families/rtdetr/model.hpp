@@ -136,6 +136,7 @@ class RtdetrModel : public Detector {
 // The registry entries (src/families/registry.cpp lists them): RT-DETR and RT-DETRv2.
 Family make_family();
 Family make_v2_family();
+Family make_dfine_family();  // families/rtdetr/dfine.hpp has the network
 
 ops::Detections postprocess_topk(const torch::Tensor& logits, const torch::Tensor& boxes, double conf, int max_det,
                                  int orig_h, int orig_w);

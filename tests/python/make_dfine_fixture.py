@@ -1,0 +1,356 @@
+"""D-FINE CPU parity fixture from the reference implementation (LibreYOLO 1.6.0).
+
+Writes into tests/data (or --out):
+  dfine_narrow_nc20_s320.pt          a LibreYOLO checkpoint (model_family "dfine") of a narrow
+                                     three-level D-FINE: an HGNetv2 of the B0 kinds of parts (learnable
+                                     affine blocks, light blocks, downsampling) at small widths, encoder
+                                     width 48 (so the decoder's input projections exist, as in size x),
+                                     decoder width 32, 3/6/3 sampling points, 3 layers, 20 classes,
+                                     anchors for 320;
+  dfine_narrow2_nc20_s320.pt         the same kinds of parts on two levels (strides 16 and 32, size n's
+                                     layout) with equal encoder and decoder widths;
+  dfine_narrow_nc20_s320_expect.pt   a flat dict of tensors: the input, the eval outputs of both
+                                     networks (query selection, predictions, the postprocessed
+                                     detections), the FDR primitives on random input, the targets,
+                                     training-mode outputs of the three-level network without and
+                                     with denoising (every random draw of the denoising group
+                                     recorded), its loss terms and gradients.
+
+The models start from torch.manual_seed(0); BatchNorm affine parameters and the decoder tensors the
+reference initialises to zero or constants get deterministic noise from a generator seeded 1000,
+and running statistics come from three training-mode forwards, so that no path is trivially zero.
+The input is redrawn until the encoder's top-k selection is far from ties (margins recorded). CPU,
+float32, deterministic algorithms, one thread.
+
+    PYTHONPATH=<dir holding libreyolo 1.6.0> python tests/python/make_dfine_fixture.py
+"""
+
+import argparse
+import copy
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+import libreyolo.models.dfine.decoder as dfdec
+from libreyolo.models.dfine.backbone import HGNetv2
+from libreyolo.models.dfine.decoder import DFINETransformer
+from libreyolo.models.dfine.encoder import HybridEncoder
+from libreyolo.models.dfine.fdr import Integral, distance2bbox, weighting_function
+from libreyolo.models.dfine.loss import DFINECriterion
+from libreyolo.models.dfine.matcher import HungarianMatcher
+from libreyolo.postprocess.dfine import postprocess
+from libreyolo.utils.serialization import wrap_libreyolo_checkpoint
+
+NAME = "dfine_narrow_nc20_s320"
+NAME2 = "dfine_narrow2_nc20_s320"
+NC = 20
+IMGSZ = 320
+BATCH = 2
+GT_COUNTS = [6, 3]
+MAX_DET = 30
+
+# A backbone of HGNetv2's kinds of stages at small widths: (in, mid, out, blocks, downsample, light,
+# kernel, layers).
+TINY = {
+    "stem_channels": [3, 8, 8],
+    "stage_config": {
+        "stage1": [8, 8, 16, 1, False, False, 3, 2],
+        "stage2": [16, 8, 32, 1, True, False, 3, 2],
+        "stage3": [32, 16, 48, 2, True, True, 5, 2],
+        "stage4": [48, 16, 64, 1, True, True, 5, 2],
+    },
+}
+
+GRAD_NAMES = [
+    "backbone.stem.stem1.conv.weight",
+    "backbone.stem.stem2a.lab.scale",
+    "backbone.stages.2.blocks.1.layers.0.conv2.conv.weight",
+    "encoder.input_proj.2.conv.weight",
+    "encoder.encoder.0.layers.0.self_attn.in_proj_weight",
+    "encoder.fpn_blocks.0.cv2.0.bottlenecks.0.conv1.conv.weight",
+    "encoder.pan_blocks.1.cv4.norm.bias",
+    "encoder.downsample_convs.0.0.cv2.conv.weight",
+    "decoder.input_proj.0.conv.weight",
+    "decoder.enc_output.proj.weight",
+    "decoder.enc_score_head.bias",
+    "decoder.enc_bbox_head.layers.2.weight",
+    "decoder.query_pos_head.layers.0.weight",
+    "decoder.decoder.layers.0.self_attn.in_proj_weight",
+    "decoder.decoder.layers.0.cross_attn.sampling_offsets.weight",
+    "decoder.decoder.layers.1.gateway.gate.weight",
+    "decoder.decoder.layers.2.linear1.weight",
+    "decoder.decoder.lqe_layers.1.reg_conf.layers.0.weight",
+    "decoder.dec_score_head.2.weight",
+    "decoder.dec_bbox_head.0.layers.2.bias",
+    "decoder.dec_bbox_head.2.layers.2.weight",
+    "decoder.pre_bbox_head.layers.2.weight",
+    "decoder.denoising_class_embed.weight",
+]
+
+
+class Narrow(nn.Module):
+    """backbone / encoder / decoder from the reference's own classes, at small widths."""
+
+    def __init__(self, levels):
+        super().__init__()
+        HGNetv2.arch_configs["TINY"] = TINY
+        three = levels == 3
+        self.backbone = HGNetv2("TINY", use_lab=True, return_idx=(1, 2, 3) if three else (2, 3), freeze_at=-1,
+                                freeze_norm=False)
+        enc_hidden = 48 if three else 32
+        self.encoder = HybridEncoder(
+            in_channels=(32, 48, 64) if three else (48, 64), feat_strides=(8, 16, 32) if three else (16, 32),
+            hidden_dim=enc_hidden, dim_feedforward=64, expansion=0.5, depth_mult=0.67,
+            use_encoder_idx=(2,) if three else (1,), eval_spatial_size=(IMGSZ, IMGSZ))
+        self.decoder = DFINETransformer(
+            num_classes=NC, hidden_dim=32, feat_channels=(enc_hidden,) * levels,
+            feat_strides=(8, 16, 32) if three else (16, 32), num_levels=levels,
+            num_points=(3, 6, 3) if three else (6, 6), num_layers=3, dim_feedforward=64,
+            eval_spatial_size=(IMGSZ, IMGSZ), eval_idx=-1, reg_scale=4.0)
+
+    def forward(self, x, targets=None):
+        return self.decoder(self.encoder(self.backbone(x)), targets=targets)
+
+
+def build(levels):
+    torch.manual_seed(0)
+    return Narrow(levels)
+
+
+def perturb(m, g):
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, nn.BatchNorm2d):
+                mod.weight.mul_(1 + 0.2 * torch.randn(mod.weight.shape, generator=g))
+                mod.bias.add_(0.1 * torch.randn(mod.bias.shape, generator=g))
+        for name, p in m.named_parameters():
+            if name.endswith("lab.scale") or name.endswith("lab.bias"):
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+        d = m.decoder
+        noisy = []
+        for layer in d.decoder.layers:
+            noisy += [(layer.cross_attn.sampling_offsets.weight, 0.01),
+                      (layer.cross_attn.attention_weights.weight, 0.01),
+                      (layer.cross_attn.attention_weights.bias, 0.3),
+                      (layer.gateway.gate.weight, 0.05)]
+        for lqe in d.decoder.lqe_layers:
+            noisy += [(lqe.reg_conf.layers[-1].weight, 0.1), (lqe.reg_conf.layers[-1].bias, 0.1)]
+        for head in list(d.dec_bbox_head) + [d.enc_bbox_head, d.pre_bbox_head]:
+            noisy += [(head.layers[-1].weight, 0.02), (head.layers[-1].bias, 0.2)]
+        for head in list(d.dec_score_head) + [d.enc_score_head]:
+            noisy += [(head.bias, 0.5)]
+        for p, s in noisy:
+            p.add_(s * torch.randn(p.shape, generator=g))
+
+
+def settle(m, g):
+    norms = [mod for mod in m.modules() if isinstance(mod, nn.BatchNorm2d)]
+    m.train()
+    for mod in norms:
+        mod.momentum = None
+    with torch.no_grad():
+        for _ in range(3):
+            m(torch.rand(BATCH, 3, IMGSZ, IMGSZ, generator=g))
+    for mod in norms:
+        mod.momentum = 0.1
+    m.eval()
+
+
+def draw_targets(g):
+    out = []
+    for n in GT_COUNTS:
+        rows = []
+        for j in range(n):
+            lo, hi = (0.04, 0.12) if j % 2 == 0 else (0.15, 0.5)
+            w, h = (lo + torch.rand(2, generator=g) * (hi - lo)).tolist()
+            cx = w / 2 + float(torch.rand(1, generator=g)) * (1 - w)
+            cy = h / 2 + float(torch.rand(1, generator=g)) * (1 - h)
+            rows.append([cx, cy, w, h])
+        out.append({"labels": torch.randint(0, NC, (n,), generator=g, dtype=torch.int64),
+                    "boxes": torch.tensor(rows, dtype=torch.float32).reshape(n, 4)})
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+    a = ap.parse_args()
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+
+    exp, margins = {}, {}
+
+    def put(key, v):
+        if isinstance(v, bool):
+            v = torch.tensor(v)
+        elif isinstance(v, int):
+            v = torch.tensor(v, dtype=torch.int64)
+        elif isinstance(v, float):
+            v = torch.tensor(v, dtype=torch.float32)
+        exp[key] = v.detach().clone().contiguous()
+
+    g = torch.Generator().manual_seed(1000)
+    m = build(3)
+    perturb(m, g)
+    settle(m, g)
+    m2 = build(2)
+    perturb(m2, g)
+    settle(m2, g)
+
+    nq = m.decoder.num_queries
+    for attempt in range(100):
+        x_u8 = torch.randint(0, 256, (BATCH, 3, IMGSZ, IMGSZ), generator=g, dtype=torch.uint8)
+        x = x_u8.float() / 255.0
+        ok = True
+        outs = []
+        for tag, net in (("eval", m), ("eval2", m2)):
+            seen = {}
+            hook = net.decoder.enc_score_head.register_forward_hook(
+                lambda _m, _i, o: seen.__setitem__("logits", o.clone()))
+            with torch.no_grad():
+                out = net(x)
+            hook.remove()
+            score = seen["logits"].max(-1).values
+            srt = score.sort(dim=1, descending=True).values
+            boundary = float((srt[:, nq - 1] - srt[:, nq]).min())
+            adjacent = float((srt[:, : nq - 1] - srt[:, 1:nq]).min())
+            flat = out["pred_logits"].sigmoid().flatten(1).sort(dim=1, descending=True).values
+            det_gap = float((flat[:, :MAX_DET] - flat[:, 1:MAX_DET + 1]).min())
+            ok = ok and boundary > 3e-5 and adjacent > 1e-6 and det_gap > 3e-6
+            outs.append((tag, net, seen, score, out, boundary, adjacent, det_gap))
+        if ok:
+            break
+    else:
+        raise SystemExit("no input draw far enough from ties")
+    margins["input_draws"] = attempt + 1
+    put("input_u8", x_u8)
+    for tag, net, seen, score, out, boundary, adjacent, det_gap in outs:
+        margins[f"{tag}_topk_boundary_gap"] = boundary
+        margins[f"{tag}_topk_min_adjacent_gap"] = adjacent
+        margins[f"{tag}_detection_min_gap"] = det_gap
+        ind = torch.topk(score, nq, dim=1).indices
+        put(f"{tag}.topk_ind", ind)
+        put(f"{tag}.topk_logits", seen["logits"].gather(1, ind.unsqueeze(-1).expand(-1, -1, NC)))
+        put(f"{tag}.pred_logits", out["pred_logits"])
+        put(f"{tag}.pred_boxes", out["pred_boxes"])
+        put(f"{tag}.anchors", net.decoder.anchors)
+        put(f"{tag}.valid_mask", net.decoder.valid_mask)
+        # Detections of image 0 at its original size 400 x 300 (w x h): the top MAX_DET, conf 0.05.
+        det = postprocess({"pred_logits": out["pred_logits"][:1], "pred_boxes": out["pred_boxes"][:1]},
+                          conf_thres=0.05, original_size=(400, 300), max_det=MAX_DET)
+        put(f"{tag}.det.boxes", torch.as_tensor(det["boxes"]).float())
+        put(f"{tag}.det.scores", torch.as_tensor(det["scores"]).float())
+        put(f"{tag}.det.classes", torch.as_tensor(det["classes"]).long())
+
+    # The FDR primitives on random input.
+    up, rs = m.decoder.up, m.decoder.reg_scale
+    for scale in (4.0, 8.0):
+        put(f"fdr.project_{int(scale)}", weighting_function(32, up, torch.tensor([scale])))
+    corners = 3 * torch.randn(BATCH, 7, 4 * 33, generator=g)
+    refs = torch.rand(BATCH, 7, 4, generator=g) * 0.5 + 0.1
+    put("fdr.corners", corners)
+    put("fdr.refs", refs)
+    dist = Integral(32)(corners, weighting_function(32, up, rs))
+    put("fdr.integral", dist)
+    put("fdr.boxes", distance2bbox(refs, dist, rs))
+
+    targets = draw_targets(g)
+    for b, d in enumerate(targets):
+        put(f"targets.img{b}.labels", d["labels"])
+        put(f"targets.img{b}.boxes", d["boxes"])
+
+    matcher = HungarianMatcher(weight_dict={"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0},
+                               use_focal_loss=True, alpha=0.25, gamma=2.0)
+    weights = {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15, "loss_ddf": 1.5}
+
+    def train_step(denoising):
+        mm = copy.deepcopy(m).train()
+        crit = DFINECriterion(matcher=matcher, weight_dict=weights, losses=["vfl", "boxes", "local"], alpha=0.75,
+                              gamma=2.0, num_classes=NC, reg_max=32, distributed_normalize=False)
+        seen = {}
+        if denoising:
+            original = dfdec.get_contrastive_denoising_training_group
+            rand_like, randint_like = torch.rand_like, torch.randint_like
+            draws = []
+
+            def keep(f):
+                def drawn(*args, **kw):
+                    t = f(*args, **kw)
+                    draws.append(t.clone())
+                    return t
+                return drawn
+
+            def group(*args, **kw):
+                torch.rand_like, torch.randint_like = keep(rand_like), keep(randint_like)
+                try:
+                    r = original(*args, **kw)
+                finally:
+                    torch.rand_like, torch.randint_like = rand_like, randint_like
+                seen.update(result=r, draws=draws)
+                return r
+
+            dfdec.get_contrastive_denoising_training_group = group
+            torch.manual_seed(7)
+            try:
+                out = mm(x, targets=targets)
+            finally:
+                dfdec.get_contrastive_denoising_training_group = original
+        else:
+            out = mm(x)
+        losses = crit(out, targets)
+        total = sum(losses.values())
+        total.backward()
+        return mm, out, losses, seen
+
+    def put_level(prefix, level):
+        for k in ("pred_logits", "pred_boxes", "pred_corners", "ref_points"):
+            if k in level:
+                put(f"{prefix}.{k}", level[k])
+
+    def record(tag, mm, out, losses):
+        put_level(f"train_{tag}", out)
+        for kind in ("aux_outputs", "enc_aux_outputs", "dn_outputs"):
+            for i, level in enumerate(out.get(kind, [])):
+                put_level(f"train_{tag}.{kind}.{i}", level)
+        for kind in ("pre_outputs", "dn_pre_outputs"):
+            if kind in out:
+                put_level(f"train_{tag}.{kind}", out[kind])
+        for k, v in losses.items():
+            put(f"loss_{tag}.{k}", v.detach().reshape(()))
+        params = dict(mm.named_parameters())
+        for n in GRAD_NAMES:
+            gr = params[n].grad
+            put(f"grad_{tag}.{n}", gr if gr is not None else torch.zeros(0))
+
+    mm, out, losses, _ = train_step(False)
+    record("nodn", mm, out, losses)
+    mm, out, losses, seen = train_step(True)
+    record("dn", mm, out, losses)
+    draws = seen["draws"]
+    assert len(draws) == 4, len(draws)
+    for key, t in zip(("rand_label_u", "rand_new_label", "rand_sign_bits", "rand_part_u"), draws):
+        put(f"cdn.{key}", t)
+    put("cdn.num_group", int(seen["result"][3]["dn_num_group"]))
+
+    for k, v in margins.items():
+        put(f"margin.{k}", float(v) if not isinstance(v, int) else v)
+
+    os.makedirs(a.out, exist_ok=True)
+    names = {i: f"class_{i}" for i in range(NC)}
+    for name, net in ((NAME, m), (NAME2, m2)):
+        ckpt = wrap_libreyolo_checkpoint(net.state_dict(), model_family="dfine", size="s", task="detect", nc=NC,
+                                         names=names, imgsz=IMGSZ)
+        torch.save(ckpt, os.path.join(a.out, f"{name}.pt"))
+        print(name + ".pt", os.path.getsize(os.path.join(a.out, name + ".pt")), "bytes")
+    torch.save(exp, os.path.join(a.out, f"{NAME}_expect.pt"))
+    print(NAME + "_expect.pt", os.path.getsize(os.path.join(a.out, NAME + "_expect.pt")), "bytes")
+    print("parameters", sum(p.numel() for p in m.parameters()), sum(p.numel() for p in m2.parameters()),
+          "margins", margins)
+    print("losses", {k: float(v) for k, v in exp.items() if k.startswith("loss_")})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
