@@ -267,7 +267,8 @@ Family make_dfine_family() {
   };
   f.default_amp = false;
   f.default_amp_reason =
-      "LibreYOLO C++ trains D-FINE in float32 unless amp=true, departing from LibreYOLO 1.6.0, whose default is on";
+      "its decoder clamps activations at 65504, float16's largest finite value; amp=true turns it on. "
+      "LibreYOLO 1.6.0's code defaults it on, its documentation off";
   return f;
 }
 
