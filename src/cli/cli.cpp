@@ -81,7 +81,7 @@ std::vector<Command> commands() {
     out.push_back(c);
   }
   {
-    Command c{"predict", "detect objects: libreyolo predict model=best.pt source=img.jpg", {}, {}, {}};
+    Command c{"predict", "detect objects or classify images: libreyolo predict model=best.pt source=img.jpg", {}, {}, {}};
     add_key(c, "model", "str  [" + models::default_model_name() + "]  checkpoint path or model name");
     add_schema(c, predict_schema(), PredictConfig{});
     out.push_back(c);
@@ -109,7 +109,7 @@ std::vector<Command> commands() {
 }
 
 void print_usage(std::ostream& os, const std::vector<Command>& cmds) {
-  os << "Usage: libreyolo <command> [key=value ...] [--json] [--quiet] [--verbose]\n\nCommands:\n";
+  os << "Usage: libreyolo [detect|classify] <command> [key=value ...] [--json] [--quiet] [--verbose]\n\nCommands:\n";
   for (const auto& c : cmds) os << "  " << std::left << std::setw(10) << c.name << c.summary << "\n";
   os << "  " << std::left << std::setw(10) << "profile"
      << "training profiler readers: libreyolo profile summary runs/prof/profile.json\n";
