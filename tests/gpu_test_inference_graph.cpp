@@ -42,6 +42,7 @@ TEST(GpuInferenceGraph, ReplayEqualsEagerBitForBitOnTwoProbes) {
   // needs before it declares capture_inference (the report says which do).
   int covered = 0;
   for (const models::Family* registered : models::families()) {
+  if (registered->task != "detect") continue;  // the classify task predicts eagerly (no graphs yet)
   models::Family copy = *registered;
   copy.capture_inference = true;
   const models::Family* fam = &copy;

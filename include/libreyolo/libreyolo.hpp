@@ -28,10 +28,21 @@ struct Detection {
   std::string class_name;
 };
 
+// One class of a classifier's prediction.
+struct ClassScore {
+  int class_id = 0;
+  std::string class_name;
+  float score = 0;  // softmax probability
+};
+
 struct PredictResult {
   std::string source;  // file path, or "SAMPLE_IMAGE"
   int height = 0, width = 0;
-  std::vector<Detection> detections;
+  std::vector<Detection> detections;  // detect task
+  // classify task: the best min(5, nc) classes by probability (top[0] is top-1), and every
+  // class's probability (index = class id).
+  std::vector<ClassScore> top;
+  std::vector<float> probs;
   std::string saved_path;  // annotated image, when save=true
   double preprocess_ms = 0, inference_ms = 0, postprocess_ms = 0;
 };
@@ -45,7 +56,9 @@ struct ValClassResult {
 };
 
 struct ValResult {
-  std::vector<std::pair<std::string, double>> metrics;  // metrics/mAP50-95, ..., speed/...
+  // detect: metrics/mAP50-95, ..., speed/...; classify: metrics/accuracy_top1, metrics/accuracy_top5,
+  // metrics/precision, metrics/recall, metrics/f1, fitness, speed/...
+  std::vector<std::pair<std::string, double>> metrics;
   std::vector<ValClassResult> classes;                  // classes with labels, ascending id
   std::string table;     // "Class Images Instances P R mAP50 mAP50-95", the "all" row, one per class
   std::string save_dir;  // run directory with the plots, metrics.json and per_class.csv
@@ -59,7 +72,7 @@ struct EpochSummary {
   std::vector<std::pair<std::string, double>> losses;   // mean of each named term ("box", "cls", ...)
   std::vector<double> lrs;                              // per parameter group, at the epoch's end
   bool validated = false, is_best = false;
-  double map50 = 0, map50_95 = 0;
+  double map50 = 0, map50_95 = 0;  // classify: both hold the top-1 accuracy (the best-model metric)
   std::vector<std::pair<std::string, double>> metrics;  // validation metrics/* (when validated)
   double loss_term(const std::string& name, double fallback = 0.0) const;
 };

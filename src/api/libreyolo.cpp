@@ -7,6 +7,7 @@
 #include "core/log.hpp"
 #include "core/options.hpp"
 #include "core/config_schema.hpp"
+#include "engine/classify.hpp"
 #include "engine/predictor.hpp"
 #include "engine/profile_infer.hpp"
 #include "engine/train.hpp"
@@ -65,6 +66,7 @@ std::vector<PredictResult> LibreYOLO::predict(const std::string& source, const K
 
 std::vector<PredictResult> LibreYOLO::predict(const PredictConfig& config) {
   validate(config);
+  if (engine::is_classify(*impl_)) return engine::run_classify_predict(*impl_, config);
   return engine::run_predict(*impl_, config);
 }
 
@@ -85,17 +87,21 @@ TrainConfig train_config_for(const models::LoadedModel& impl, const Kwargs& opti
 }  // namespace
 
 TrainConfig LibreYOLO::check_train(const Kwargs& options) {
+  if (engine::is_classify(*impl_)) return engine::check_classify_training(*impl_, train_config_for(*impl_, options));
   return engine::check_training(*impl_, train_config_for(*impl_, options), options);
 }
 
 TrainResult LibreYOLO::train(const Kwargs& options, const TrainCallbacks& callbacks,
                              const std::vector<std::shared_ptr<TrainHook>>& hooks) {
+  if (engine::is_classify(*impl_))
+    return engine::run_classify_training(*impl_, train_config_for(*impl_, options), callbacks, hooks);
   return engine::run_training(*impl_, train_config_for(*impl_, options), callbacks, hooks, options);
 }
 
 TrainResult LibreYOLO::train(const TrainConfig& config, const TrainCallbacks& callbacks,
                              const std::vector<std::shared_ptr<TrainHook>>& hooks) {
   validate(config);
+  if (engine::is_classify(*impl_)) return engine::run_classify_training(*impl_, config, callbacks, hooks);
   return engine::run_training(*impl_, config, callbacks, hooks);
 }
 
@@ -107,6 +113,7 @@ ValResult LibreYOLO::val(const Kwargs& options) {
 
 ValResult LibreYOLO::val(const ValConfig& config) {
   validate(config);
+  if (engine::is_classify(*impl_)) return engine::run_classify_validation(*impl_, config);
   return engine::run_validation(*impl_, config);
 }
 
@@ -116,6 +123,8 @@ void LibreYOLO::save(const std::string& path) const {
 }
 
 void LibreYOLO::capture_graph(int imgsz, int batch, const std::string& dtype) {
+  if (engine::is_classify(*impl_))
+    throw UsageError("capture_graph: CUDA graphs are not available for the classify task", "", "config_range_error");
   models::ForwardSpec spec;
   spec.device = impl_->device;
   if (dtype == "float16" || dtype == "fp16" || dtype == "half") {
@@ -139,6 +148,8 @@ GraphInfo LibreYOLO::graph_info() const {
 void LibreYOLO::release_graphs() { impl_->graphs->release("release_graphs()"); }
 
 InferenceProfile LibreYOLO::profile_inference(const InferProfileConfig& config) {
+  if (engine::is_classify(*impl_))
+    throw UsageError("profile_inference is not available for the classify task yet", "", "config_range_error");
   return engine::run_profile_infer(*impl_, config);
 }
 

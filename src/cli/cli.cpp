@@ -81,7 +81,7 @@ std::vector<Command> commands() {
     out.push_back(c);
   }
   {
-    Command c{"predict", "detect objects: libreyolo predict model=best.pt source=img.jpg", {}, {}, {}};
+    Command c{"predict", "detect objects or classify images: libreyolo predict model=best.pt source=img.jpg", {}, {}, {}};
     add_key(c, "model", "str  [" + models::default_model_name() + "]  checkpoint path or model name");
     add_schema(c, predict_schema(), PredictConfig{});
     out.push_back(c);
@@ -109,7 +109,7 @@ std::vector<Command> commands() {
 }
 
 void print_usage(std::ostream& os, const std::vector<Command>& cmds) {
-  os << "Usage: libreyolo <command> [key=value ...] [--json] [--quiet] [--verbose]\n\nCommands:\n";
+  os << "Usage: libreyolo [detect|classify] <command> [key=value ...] [--json] [--quiet] [--verbose]\n\nCommands:\n";
   for (const auto& c : cmds) os << "  " << std::left << std::setw(10) << c.name << c.summary << "\n";
   os << "  " << std::left << std::setw(10) << "profile"
      << "training profiler readers: libreyolo profile summary runs/prof/profile.json\n";
@@ -141,14 +141,28 @@ Kwargs kw_without(const Kwargs& kw, std::initializer_list<const char*> drop) {
   return out;
 }
 
+// A model of another task than the command's task word: exit 4 (ModelError).
+void check_task(const ParsedArgs& a, const LibreYOLO& model, const std::string& model_name) {
+  if (a.task.empty()) return;
+  const ModelInfo i = model.info();
+  if (i.task == a.task) return;
+  throw ModelError(model_name + " is a " + i.task + " model (" + i.family + "), not a " + a.task + " model",
+                   i.task == "classify" ? "Run it as `libreyolo classify " + a.command + " ...` (or without a task word)."
+                                        : "Run it as `libreyolo detect " + a.command + " ...` (or without a task word).",
+                   "model_task_mismatch");
+}
+
 json detections_json(const PredictResult& r) {
   json dets = json::array();
   for (const auto& d : r.detections)
     dets.push_back({{"box", {d.x1, d.y1, d.x2, d.y2}}, {"score", d.score}, {"class_id", d.class_id},
                     {"class_name", d.class_name}});
+  json top = json::array();
+  for (const auto& c : r.top) top.push_back({{"class_id", c.class_id}, {"class_name", c.class_name}, {"score", c.score}});
   json j = {{"source", r.source}, {"height", r.height}, {"width", r.width}, {"detections", dets},
             {"speed_ms", {{"preprocess", r.preprocess_ms}, {"inference", r.inference_ms},
                           {"postprocess", r.postprocess_ms}}}};
+  if (!r.top.empty()) j["top"] = top;
   if (!r.saved_path.empty()) j["saved_path"] = r.saved_path;
   return j;
 }
@@ -159,6 +173,7 @@ int cmd_predict(const ParsedArgs& a, std::ostream& out) {
   predict_schema().apply(cfg, kw_without(a.kwargs, {"model"}), "predict");
   validate(cfg);
   LibreYOLO model(model_name, cfg.device);
+  check_task(a, model, model_name);
   auto results = model.predict(cfg);
   if (a.json) {
     json j = {{"schema_version", 1}, {"model", model_name}, {"results", json::array()}};
@@ -167,6 +182,14 @@ int cmd_predict(const ParsedArgs& a, std::ostream& out) {
     return 0;
   }
   for (const auto& r : results) {
+    if (!r.top.empty()) {
+      out << r.source << " (" << r.width << "x" << r.height << "):";
+      for (const auto& c : r.top) out << " " << c.class_name << " " << std::fixed << std::setprecision(2) << c.score;
+      out << ", " << std::setprecision(1) << r.preprocess_ms << "ms preprocess, " << r.inference_ms
+          << "ms inference\n";
+      if (!r.saved_path.empty()) out << "  saved: " << r.saved_path << "\n";
+      continue;
+    }
     out << r.source << " (" << r.width << "x" << r.height << "): " << r.detections.size() << " detections, "
         << std::fixed << std::setprecision(1) << r.preprocess_ms << "ms preprocess, " << r.inference_ms
         << "ms inference, " << r.postprocess_ms << "ms postprocess\n";
@@ -198,6 +221,7 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
     // Every check the real run makes before its first step (LibreYOLO::check_train), nothing
     // trained or written; the configuration printed is the one the run would use.
     LibreYOLO checked(model_name, model_device);
+    check_task(a, checked, model_name);
     const TrainConfig resolved = checked.check_train(kw_without(a.kwargs, {"model", "dry_run"}));
     json j = {{"valid", true}, {"mode", "train"}, {"model", model_name}, {"resolved_config", json::object()}};
     for (const auto& [k, v] : train_schema().dump(resolved)) j["resolved_config"][k] = v;
@@ -216,6 +240,8 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
   }
   out.flush();
   LibreYOLO model(model_name, model_device);
+  check_task(a, model, model_name);
+  const bool classify = model.info().task == "classify";
   TrainResult r = model.train(kw_without(a.kwargs, {"model", "dry_run"}));
   const double hours = r.total_seconds / 3600.0;
   if (a.json) {
@@ -227,8 +253,9 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
               {"device", model.info().device},
               {"epochs_completed", static_cast<int>(r.epochs.size())},
               {"best_epoch", r.best_epoch},
-              {"best_metrics", r.best_epoch > 0 ? json{{"mAP50", r.best_mAP50}, {"mAP50_95", r.best_mAP50_95}}
-                                                : json(nullptr)},
+              {"best_metrics", r.best_epoch <= 0 ? json(nullptr)
+                               : classify      ? json{{"accuracy_top1", r.best_mAP50_95}}
+                                               : json{{"mAP50", r.best_mAP50}, {"mAP50_95", r.best_mAP50_95}}},
               {"best_weights", r.best_checkpoint},
               {"last_weights", r.last_checkpoint},
               {"training_time_hours", std::round(hours * 100.0) / 100.0},
@@ -238,7 +265,10 @@ int cmd_train(const ParsedArgs& a, std::ostream& out_) {
   }
   out << "Training complete: " << count_of(static_cast<long long>(r.epochs.size()), "epoch") << " in "
       << duration_text(r.total_seconds) << "\n" << std::fixed;
-  if (r.best_epoch > 0)
+  if (r.best_epoch > 0 && classify)
+    out << "Best results at epoch " << r.best_epoch << ":\n  top-1 accuracy: " << std::setprecision(4)
+        << r.best_mAP50_95 << "\n";
+  else if (r.best_epoch > 0)
     out << "Best results at epoch " << r.best_epoch << ":\n  mAP50: " << std::setprecision(4) << r.best_mAP50
         << "  mAP50-95: " << r.best_mAP50_95 << "\n";
   if (!r.best_checkpoint.empty())
@@ -256,6 +286,7 @@ int cmd_val(const ParsedArgs& a, std::ostream& out) {
   if (cfg.data.empty()) throw UsageError("Missing option 'data'", "Pass data=<dataset.yaml>.", "config_required_key");
   validate(cfg);
   LibreYOLO model(model_name, cfg.device);
+  check_task(a, model, model_name);
   ValResult r = model.val(cfg);
   if (a.json) {
     json j = {{"schema_version", 1}, {"model", model_name}, {"data", cfg.data}, {"metrics", json::object()},
@@ -489,7 +520,12 @@ int cmd_checks(const ParsedArgs& a, std::ostream& out) {
 
 int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostream& err) {
   std::vector<std::string> args = raw_args;
-  if (!args.empty() && args[0] == "detect") args.erase(args.begin());
+  // `libreyolo detect predict ...` / `libreyolo classify train ...`: the model must be of that task.
+  std::string task;
+  if (!args.empty() && (args[0] == "detect" || args[0] == "classify")) {
+    task = args[0];
+    args.erase(args.begin());
+  }
   const auto cmds = commands();
   bool json_out = std::find(args.begin(), args.end(), "--json") != args.end();
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -520,6 +556,7 @@ int run(const std::vector<std::string>& raw_args, std::ostream& out, std::ostrea
     ParsedArgs p =
         parse_args(std::vector<std::string>(args.begin() + 1, args.end()), cmd->bool_keys, cmd->keys, cmd->name);
     p.command = cmd->name;
+    p.task = task;
     json_out = p.json;
     if (p.help) {
       print_command_help(out, *cmd);

@@ -20,6 +20,8 @@ struct ParsedArgs {
   bool verbose = false;
   bool help = false;
   std::vector<std::string> positional;
+  // The task word before the command ("detect" or "classify"; "" when none): the model must do it.
+  std::string task;
 };
 
 // Splits argv (without the program name). `bool_keys` are the command's boolean options, so

@@ -10,7 +10,7 @@ const OptionSchema<TrainConfig>& train_schema() {
   static const OptionSchema<TrainConfig> s = [] {
     OptionSchema<TrainConfig> o;
     using C = TrainConfig;
-    o.add("data", &C::data, "dataset YAML, or 'builtin' for the generated shapes dataset")
+    o.add("data", &C::data, "dataset YAML, or 'builtin' for the generated shapes dataset; a classifier: a folder of class folders (root/train/<class>, root/val/<class>)")
         .add("epochs", &C::epochs, "number of epochs")
         .add("batch", &C::batch, "global batch size (-1 = autobatch)")
         .add("imgsz", &C::imgsz, "square training image size (multiple of 32)")
@@ -105,7 +105,7 @@ const OptionSchema<ValConfig>& val_schema() {
   static const OptionSchema<ValConfig> s = [] {
     OptionSchema<ValConfig> o;
     using C = ValConfig;
-    o.add("data", &C::data, "dataset YAML, or 'builtin'")
+    o.add("data", &C::data, "dataset YAML, or 'builtin'; a classifier: a folder of class folders")
         .add("split", &C::split, "val, train or test")
         .add("batch", &C::batch, "batch size")
         .add("imgsz", &C::imgsz, "image size, a multiple of 32 (0: the size the model was trained at)")

@@ -7,6 +7,9 @@
 #include "families/yolo7/model.hpp"
 #include "families/rtmdet/model.hpp"
 #include "families/picodet/model.hpp"
+#include "families/resnet/model.hpp"
+#include "families/mobilenetv4/model.hpp"
+#include "families/efficientnetv2/model.hpp"
 
 namespace libreyolo::models {
 
@@ -20,6 +23,9 @@ const std::vector<const Family*>& families() {
       yolo7::make_family(),
       rtmdet::make_family(),
       picodet::make_family(),
+      resnet::make_family(),
+      mobilenetv4::make_family(),
+      efficientnetv2::make_family(),
   };
   static const std::vector<const Family*> all = [] {
     std::vector<const Family*> v;

@@ -149,7 +149,15 @@ struct Family {
   // The eval forward (input conversion, network, decode) is free of host synchronisation and
   // data-dependent shapes; proven bitwise equal to eager by a capture/replay parity test.
   bool capture_inference = false;
+  // The task its models do: "detect" (boxes: the detection engine) or "classify" (the network is
+  // a models::Classifier; the engine's classify task trains, validates and predicts it).
   std::string task = "detect";
+  // The class count of a fresh model made from a name alone (80 COCO slots; ImageNet's 1000 for
+  // the classifiers).
+  int default_num_classes = 80;
+  // Classification's eval geometry: the shorter side resized (bicubic) to floor(S / crop_pct),
+  // then the centre S x S crop. Unset for a detector.
+  std::function<double(const std::string& size)> crop_pct;
   // Key prefixes of the training-only auxiliary branch (Detector::enable_aux): inference loading
   // sets these tensors aside, training puts them back when it enables the branch.
   std::vector<std::string> aux_prefixes;

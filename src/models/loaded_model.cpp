@@ -34,6 +34,8 @@ std::optional<ModelName> parse_model_name(const std::string& text) {
   std::string s = fs::path(text).filename().string();
   for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   if (s.size() > 3 && s.substr(s.size() - 3) == ".pt") s.resize(s.size() - 3);
+  // LibreYOLO names a classifier's weights with the task's suffix: Libre<Family><size>-cls.
+  if (s.size() > 4 && s.substr(s.size() - 4) == "-cls") s.resize(s.size() - 4);
   if (s.rfind("libreyolo", 0) == 0)
     s = "yolo" + s.substr(9);
   else if (s.rfind("libre", 0) == 0)  // Libre<Family><size>
@@ -180,8 +182,10 @@ std::unique_ptr<LoadedModel> load_model(const std::string& model, const std::str
     impl->weights = model;
   } else {
     auto name = parse_model_name(model);
-    impl = fresh_model(name->family, name->size, 80, "cpu");
-    log_info("Model " + model + ": fresh " + name->family + "-" + name->size + " (untrained weights, 80 classes)");
+    const int nc = find_family(name->family)->default_num_classes;
+    impl = fresh_model(name->family, name->size, nc, "cpu");
+    log_info("Model " + model + ": fresh " + name->family + "-" + name->size + " (untrained weights, " +
+             std::to_string(nc) + " classes)");
   }
   impl->to(dev);
   return impl;

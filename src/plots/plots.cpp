@@ -82,7 +82,8 @@ void plot_results_csv(const std::string& csv, const std::string& png) {
   std::vector<Panel> panels;
   for (size_t i = 0; i < header.size(); ++i)
     if (starts_with(header[i], "train/")) panels.push_back({header[i], {i}});
-  for (const char* m : {"metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95"}) {
+  for (const char* m : {"metrics/precision", "metrics/recall", "metrics/mAP50", "metrics/mAP50-95",
+                        "metrics/accuracy_top1", "metrics/accuracy_top5"}) {
     const auto it = std::find(header.begin(), header.end(), m);
     if (it != header.end()) panels.push_back({m, {static_cast<size_t>(it - header.begin())}});
   }

@@ -20,7 +20,7 @@ namespace libreyolo::plots {
 
 // A grid of line charts over the epochs of a run's results.csv: one per loss column (every
 // "train/..." column, in header order), then metrics/precision, metrics/recall, metrics/mAP50
-// and metrics/mAP50-95 where present, then the learning rates ("lr/..." columns, together).
+// and metrics/mAP50-95 (detect), metrics/accuracy_top1 and metrics/accuracy_top5 (classify) where present, then the learning rates ("lr/..." columns, together).
 // Empty cells (epochs without validation) are left out of the lines. DataError when the file
 // cannot be read or has no epoch rows or no such column.
 void plot_results_csv(const std::string& csv, const std::string& png);

@@ -1,0 +1,536 @@
+#include "engine/classify.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include <libreyolo/errors.hpp>
+
+#include "core/device.hpp"
+#include "core/interrupt.hpp"
+#include "core/log.hpp"
+#include "core/paths.hpp"
+#include "core/strings.hpp"
+#include "engine/amp.hpp"
+#include "engine/ema.hpp"
+#include "engine/optimizer.hpp"
+#include "engine/predictor.hpp"
+#include "engine/schedule.hpp"
+#include "eval/confusion.hpp"
+#include "io/checkpoint.hpp"
+#include "io/image.hpp"
+#include "io/sample_image.hpp"
+#include "loss/classify.hpp"
+#include "models/input.hpp"
+#include "ops/draw.hpp"
+#include "plots/plots.hpp"
+
+namespace fs = std::filesystem;
+
+namespace libreyolo::engine {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+models::Classifier& classifier_of(const models::LoadedModel& lm) {
+  auto* c = models::as_classifier(*lm.model);
+  if (!c) throw std::logic_error("the classify task got a model that is not a classifier");
+  return *c;
+}
+
+// Images of `paths` through `transform`, in parallel, stacked to [B, S, S, 3] uint8.
+template <typename Fn>
+torch::Tensor load_batch(const std::vector<std::string>& paths, int workers, Fn transform) {
+  std::vector<torch::Tensor> out(paths.size());
+  const int64_t n = static_cast<int64_t>(paths.size());
+  auto work = [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = transform(i, io::decode_image(paths[static_cast<size_t>(i)]));
+  };
+  if (workers > 0 && n > 1)
+    at::parallel_for(0, n, 1, work);
+  else
+    work(0, n);
+  return torch::stack(out);
+}
+
+std::string fmt(double v) { return strfmt("%.6g", v); }
+
+// The run's results.csv, rewritten whole after every epoch.
+void write_results_csv(const std::string& path, const std::vector<std::vector<std::pair<std::string, std::string>>>& rows) {
+  if (rows.empty()) return;
+  std::string out;
+  for (size_t i = 0; i < rows.front().size(); ++i) out += (i ? "," : "") + rows.front()[i].first;
+  out += "\n";
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < r.size(); ++i) out += (i ? "," : "") + r[i].second;
+    out += "\n";
+  }
+  write_file_atomic(path, out);
+}
+
+void plot_confusion(const ClassifyMetrics& m, const std::vector<std::string>& names, const std::string& png) {
+  const int nc = static_cast<int>(names.size());
+  if (nc > eval::ConfusionMatrix::kMaxClasses || m.confusion.empty()) return;
+  // Each sample as one unit box predicted over itself: the (predicted, true) pair is counted as
+  // a match, so the matrix holds exactly the classification counts (its background row and column
+  // stay empty).
+  eval::ConfusionMatrix cm(nc, 0.0, 0.5);
+  const auto box = torch::tensor({{0.f, 0.f, 1.f, 1.f}});
+  const auto one = torch::ones({1});
+  for (int p = 0; p < nc; ++p)
+    for (int t = 0; t < nc; ++t)
+      for (int64_t k = 0; k < m.confusion[static_cast<size_t>(p * nc + t)]; ++k)
+        cm.add_image(box, torch::tensor({int64_t{t}}), box, one, torch::tensor({int64_t{p}}));
+  plots::plot_confusion_matrix(cm, names, png);
+}
+
+struct ClassifyCheckpointExtras {
+  int epoch = 0;
+  double best_top1 = 0;
+  int best_epoch = 0;
+  bool ema = false;
+};
+
+void save_classify_checkpoint(const std::string& path, const models::LoadedModel& lm, torch::nn::Module& weights,
+                              torch::nn::Module* train_model, const Optimizer* opt, const ClassifyCheckpointExtras& x) {
+  auto root = io::make_checkpoint(models::state_dict(weights), lm.meta());
+  root->set("epoch", io::PyValue::from_int(x.epoch));
+  root->set("best_mAP50_95", io::PyValue::from_float(x.best_top1));
+  root->set("best_mAP50", io::PyValue::from_float(x.best_top1));
+  root->set("best_metric_key", io::PyValue::from_string("metrics/accuracy_top1"));
+  root->set("best_metric_value", io::PyValue::from_float(x.best_top1));
+  root->set("best_metric_name", io::PyValue::from_string("metrics/accuracy_top1"));
+  root->set("best_metric", io::PyValue::from_float(x.best_top1));
+  root->set("best_epoch", io::PyValue::from_int(x.best_epoch));
+  root->set("is_ema_weights", io::PyValue::from_bool(x.ema));
+  if (train_model) root->set("train_model", io::from_state_dict(models::state_dict(*train_model)));
+  if (opt) root->set("optimizer", opt->state_dict());
+  io::write_checkpoint(path, *root);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, double>> ClassifyMetrics::as_list() const {
+  return {{"metrics/accuracy_top1", top1}, {"metrics/accuracy_top5", top5}, {"metrics/precision", precision},
+          {"metrics/recall", recall},      {"metrics/f1", f1},               {"fitness", top1}};
+}
+
+void throw_task_mismatch(const models::LoadedModel& lm, const std::string& wanted_task) {
+  const std::string what = lm.weights.empty() ? lm.family->name + lm.model->size() : lm.weights;
+  throw ModelError(what + " is a " + lm.family->task + " model (" + lm.family->name + "), not a " + wanted_task +
+                       " model",
+                   lm.family->task == "classify"
+                       ? "Use `libreyolo classify ...` (or no task word) with a folder of class folders."
+                       : "Use a classifier checkpoint for the classify task.",
+                   "model_task_mismatch");
+}
+
+double classify_crop_pct(const models::LoadedModel& lm) {
+  return lm.family->crop_pct ? lm.family->crop_pct(lm.model->size()) : 1.0;
+}
+
+torch::Tensor classify_input(const torch::Tensor& hwc, const models::Family& family, int imgsz, double crop_pct,
+                             const torch::Device& device) {
+  auto img = data::classify_eval_transform(hwc, imgsz, crop_pct).unsqueeze(0);
+  return models::to_network_input(img, family.input, device, false);
+}
+
+ClassifyMetrics evaluate_classifier(models::Classifier& model, const models::Family& family,
+                                    const data::ClassifySplit& split, int nc, int imgsz, double crop_pct, int batch,
+                                    const torch::Device& device, bool half, int workers) {
+  const bool was_training = model.is_training();
+  model.eval();
+  torch::NoGradGuard no_grad;
+  ClassifyMetrics m;
+  m.confusion.assign(static_cast<size_t>(nc) * static_cast<size_t>(nc), 0);
+  std::vector<int64_t> per_target(static_cast<size_t>(nc), 0), per_pred(static_cast<size_t>(nc), 0),
+      hits(static_cast<size_t>(nc), 0);
+  const int64_t k = std::min<int64_t>(5, nc);
+  int64_t correct1 = 0, correct5 = 0;
+  double loss_sum = 0, pre_ms = 0, inf_ms = 0;
+  const int64_t n = static_cast<int64_t>(split.samples.size());
+  batch = std::max(1, batch);
+  for (int64_t s = 0; s < n; s += batch) {
+    const int64_t e = std::min(n, s + batch);
+    std::vector<std::string> paths;
+    std::vector<int64_t> labels;
+    for (int64_t i = s; i < e; ++i) {
+      paths.push_back(split.samples[static_cast<size_t>(i)].path);
+      labels.push_back(split.samples[static_cast<size_t>(i)].label);
+    }
+    auto t0 = Clock::now();
+    auto images = load_batch(paths, workers, [&](int64_t, const torch::Tensor& img) {
+      return data::classify_eval_transform(img, imgsz, crop_pct);
+    });
+    auto x = models::to_network_input(images, family.input, device, false);
+    pre_ms += ms_since(t0);
+    t0 = Clock::now();
+    torch::Tensor logits;
+    {
+      AutocastGuard ac(device.type(), half && device.is_cuda(), torch::kHalf);
+      logits = model.logits(x);
+    }
+    logits = logits.to(torch::kFloat).cpu();
+    inf_ms += ms_since(t0);
+    const auto target = torch::tensor(labels, torch::kLong);
+    loss_sum += loss::classification_loss(logits, target).item<double>() * static_cast<double>(e - s);
+    const auto topk = std::get<1>(logits.topk(k, 1));
+    const auto top = topk.select(1, 0);
+    for (int64_t i = 0; i < e - s; ++i) {
+      const int64_t t = labels[static_cast<size_t>(i)], p = top[i].item<int64_t>();
+      correct1 += p == t;
+      correct5 += (topk[i] == t).any().item<bool>();
+      ++per_target[static_cast<size_t>(t)];
+      ++per_pred[static_cast<size_t>(p)];
+      hits[static_cast<size_t>(t)] += p == t;
+      ++m.confusion[static_cast<size_t>(p * nc + t)];
+    }
+  }
+  m.samples = n;
+  if (n > 0) {
+    m.top1 = static_cast<double>(correct1) / static_cast<double>(n);
+    m.top5 = static_cast<double>(correct5) / static_cast<double>(n);
+    m.loss = loss_sum / static_cast<double>(n);
+    m.preprocess_ms = pre_ms / static_cast<double>(n);
+    m.inference_ms = inf_ms / static_cast<double>(n);
+  }
+  // Macro averages over the classes that have validation samples.
+  int counted = 0;
+  double p_sum = 0, r_sum = 0, f_sum = 0;
+  for (int c = 0; c < nc; ++c) {
+    if (per_target[static_cast<size_t>(c)] == 0) continue;
+    const double h = static_cast<double>(hits[static_cast<size_t>(c)]);
+    const double p = per_pred[static_cast<size_t>(c)] ? h / static_cast<double>(per_pred[static_cast<size_t>(c)]) : 0.0;
+    const double r = h / static_cast<double>(per_target[static_cast<size_t>(c)]);
+    p_sum += p, r_sum += r, f_sum += (p + r) > 0 ? 2 * p * r / (p + r) : 0.0;
+    ++counted;
+  }
+  if (counted) m.precision = p_sum / counted, m.recall = r_sum / counted, m.f1 = f_sum / counted;
+  if (was_training) model.train();
+  return m;
+}
+
+ValResult run_classify_validation(models::LoadedModel& lm, const ValConfig& cfg) {
+  auto& model = classifier_of(lm);
+  std::vector<std::string> names;
+  data::ClassifySplit split;
+  if (cfg.split == "train" || cfg.split == "val" || cfg.split == "test") {
+    data::ClassifyDataset ds = data::load_classify_dataset(cfg.data);
+    names = ds.names;
+    if (cfg.split == "train") {
+      split = ds.train;
+    } else if (cfg.split == "val") {
+      split = ds.val;
+    } else {
+      const auto dir = fs::path(ds.root) / "test";
+      if (!fs::is_directory(dir)) throw DataError(ds.root + " has no test/ split", "", "data_not_found");
+      split = data::load_classify_split(dir.string(), names);
+    }
+  } else {
+    throw UsageError("split must be train, val or test, got '" + cfg.split + "'", "", "config_range_error");
+  }
+  if (static_cast<int>(names.size()) != model.num_classes())
+    throw DataError(strfmt("the dataset has %d classes but the model has %d", static_cast<int>(names.size()),
+                           model.num_classes()),
+                    "Validate on a dataset with the model's classes, or train the model on this one.",
+                    "data_class_mismatch");
+  const torch::Device dev = lm.device;
+  const int imgsz = cfg.imgsz > 0 ? cfg.imgsz : lm.imgsz;
+  const auto m = evaluate_classifier(model, *lm.family, split, model.num_classes(), imgsz, classify_crop_pct(lm),
+                                     cfg.batch, dev, cfg.half, cfg.workers);
+  ValResult r;
+  r.metrics = m.as_list();
+  r.metrics.emplace_back("loss", m.loss);
+  r.metrics.emplace_back("speed/preprocess", m.preprocess_ms);
+  r.metrics.emplace_back("speed/inference", m.inference_ms);
+  r.table = strfmt("%22s%11s%11s%11s\n%22s%11lld%11.3f%11.3f\n", "Class", "Images", "top1_acc", "top5_acc", "all",
+                   static_cast<long long>(m.samples), m.top1, m.top5);
+  r.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+  plot_confusion(m, names, (fs::path(r.save_dir) / "confusion_matrix.png").string());
+  std::string json = "{";
+  for (size_t i = 0; i < r.metrics.size(); ++i)
+    json += (i ? ", " : "") + ("\"" + r.metrics[i].first + "\": " + fmt(r.metrics[i].second));
+  write_file_atomic((fs::path(r.save_dir) / "metrics.json").string(), json + "}\n");
+  return r;
+}
+
+std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const PredictConfig& cfg) {
+  auto& model = classifier_of(lm);
+  const torch::Device dev = lm.device;
+  model.eval();
+  torch::NoGradGuard no_grad;
+  const int imgsz = cfg.imgsz > 0 ? cfg.imgsz : lm.imgsz;
+  const double crop = classify_crop_pct(lm);
+  const auto sources = resolve_sources(cfg.source);
+  std::string save_dir;
+  std::set<std::string> used;
+  if (cfg.save) save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+  std::vector<PredictResult> out;
+  for (const auto& src : sources) {
+    PredictResult r;
+    r.source = src;
+    auto t0 = Clock::now();
+    const auto img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+    r.height = static_cast<int>(img.size(0));
+    r.width = static_cast<int>(img.size(1));
+    const auto x = classify_input(img, *lm.family, imgsz, crop, dev);
+    r.preprocess_ms = ms_since(t0);
+    t0 = Clock::now();
+    torch::Tensor logits;
+    {
+      AutocastGuard ac(dev.type(), cfg.half && dev.is_cuda(), torch::kHalf);
+      logits = model.logits(x);
+    }
+    const auto probs = model.decode({logits}).cpu()[0].contiguous();
+    r.inference_ms = ms_since(t0);
+    t0 = Clock::now();
+    r.probs.assign(probs.data_ptr<float>(), probs.data_ptr<float>() + probs.numel());
+    const int64_t k = std::min<int64_t>(5, probs.numel());
+    const auto top = probs.topk(k);
+    for (int64_t i = 0; i < k; ++i) {
+      ClassScore c;
+      c.class_id = static_cast<int>(std::get<1>(top)[i].item<int64_t>());
+      c.score = std::get<0>(top)[i].item<float>();
+      c.class_name = c.class_id < static_cast<int>(lm.names.size()) ? lm.names[static_cast<size_t>(c.class_id)]
+                                                                     : std::to_string(c.class_id);
+      r.top.push_back(std::move(c));
+    }
+    if (cfg.save) {
+      auto canvas = img.clone().contiguous();
+      const int scale = std::max(1, static_cast<int>(std::min(r.height, r.width) / 240));
+      int y = 4 * scale;
+      for (const auto& c : r.top) {
+        const std::string line = c.class_name + " " + strfmt("%.2f", c.score);
+        const int tw = ops::text_width(line, scale), th = ops::text_height(scale);
+        ops::fill_rect(canvas, 2 * scale, y - scale, 2 * scale + tw + 2 * scale, y + th + scale, ops::Rgb8{0, 0, 0});
+        ops::draw_text(canvas, 3 * scale, y, line, ops::Rgb8{255, 255, 255}, scale);
+        y += th + 3 * scale;
+      }
+      r.saved_path = (fs::path(save_dir) / saved_image_name(src, used)).string();
+      io::save_image(r.saved_path, canvas);
+    }
+    r.postprocess_ms = ms_since(t0);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+TrainConfig check_classify_training(models::LoadedModel& lm, const TrainConfig& cfg) {
+  (void)classifier_of(lm);
+  if (cfg.data.empty())
+    throw UsageError("Missing option 'data'", "Pass data=<folder with train/<class>/ and val/<class>/>.",
+                     "config_required_key");
+  (void)data::load_classify_dataset(cfg.data);
+  if (cfg.batch < 2)
+    throw UsageError(strfmt("batch=%d: classifier training needs a batch of at least 2 (BatchNorm)", cfg.batch), "",
+                     "config_range_error");
+  (void)resolve_device(cfg.device);
+  (void)lr_shape(cfg.scheduler, lm.family->scheduler_names);
+  return cfg;
+}
+
+TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
+                                  const std::vector<std::shared_ptr<TrainHook>>& hooks) {
+  InterruptGuard interrupts;
+  if (!hooks.empty())
+    throw UsageError("training hooks are not available for the classify task", "Use TrainCallbacks instead.",
+                     "config_range_error");
+  check_classify_training(lm, cfg);
+  if (wants_distributed(cfg.device))
+    throw UsageError("the classify task trains on one device", "Pass one device, e.g. device=0 or device=cpu.",
+                     "config_range_error");
+  const auto t_start = Clock::now();
+  const data::ClassifyDataset ds = data::load_classify_dataset(cfg.data);
+  const int nc = static_cast<int>(ds.names.size());
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+  if (!cfg.resume.empty())
+    throw UsageError("resume is not available for the classify task yet", "", "config_range_error");
+  if (!cfg.pretrained) lm.model = lm.family->build_like(models::state_dict(*lm.model), lm.model->num_classes());
+  if (lm.model->num_classes() != nc) {
+    log_info(strfmt("Classifier head reset: %d -> %d classes (the dataset's)", lm.model->num_classes(), nc));
+    lm.model->reset_num_classes(nc);
+  }
+  lm.names = ds.names;
+  lm.imgsz = cfg.imgsz;
+  if (lm.graphs) lm.graphs->release("training");
+  const torch::Device dev = resolve_device(cfg.device);
+  lm.to(dev);
+  auto& model = classifier_of(lm);
+
+  const int64_t n = static_cast<int64_t>(ds.train.samples.size());
+  const int batch = cfg.batch;
+  const int64_t iters = std::max<int64_t>(1, n / batch);  // drop_last when there is a full batch
+  auto opt = make_optimizer(model, OptimizerOptions{cfg.optimizer, cfg.lr0, cfg.momentum, cfg.warmup_momentum,
+                                                    cfg.weight_decay, cfg.nesterov, lm.family->param_rules,
+                                                    cfg.lr_backbone});
+  LrSchedule sched;
+  sched.shape = lr_shape(cfg.scheduler, lm.family->scheduler_names);
+  sched.lr0 = cfg.lr0;
+  sched.warmup_lr_start = cfg.warmup_lr_start;
+  sched.min_lr_ratio = cfg.min_lr_ratio;
+  sched.warmup_iters = static_cast<long long>(std::llround(cfg.warmup_epochs * static_cast<double>(iters)));
+  sched.total_iters = static_cast<long long>(cfg.epochs) * iters;
+  sched.plateau_iters = static_cast<long long>(cfg.no_aug_epochs) * iters;
+  sched.momentum = cfg.momentum;
+  sched.warmup_momentum = cfg.warmup_momentum;
+  const AmpPlan amp = plan_amp(cfg.amp, cfg.amp_dtype, dev);
+  GradScaler scaler(dev, amp.scaler);
+  std::shared_ptr<models::Detector> ema_net;
+  std::unique_ptr<ModelEMA> ema;
+  if (cfg.ema) {
+    ema_net = lm.family->build_like(models::state_dict(model), nc);
+    models::load_state_dict(*ema_net, models::state_dict(model), true);
+    ema_net->to(dev);
+    ema = std::make_unique<ModelEMA>(ema_net, model, cfg.ema_decay, cfg.ema_tau);
+  }
+  auto& eval_net = ema_net ? *models::as_classifier(*ema_net) : model;
+
+  TrainResult result;
+  result.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+  const fs::path wdir = fs::path(result.save_dir) / "weights";
+  fs::create_directories(wdir);
+  result.last_checkpoint = (wdir / "last.pt").string();
+  result.best_checkpoint = (wdir / "best.pt").string();
+  if (callbacks.on_train_start) callbacks.on_train_start(cfg, result.save_dir);
+  if (cfg.verbose)
+    log_info(strfmt("Training %s-%s (classify, %d classes) on %lld images, %lld steps an epoch, %s",
+                    lm.family->name.c_str(), model.size().c_str(), nc, static_cast<long long>(n),
+                    static_cast<long long>(iters), amp.describe().c_str()));
+
+  std::vector<std::vector<std::pair<std::string, std::string>>> rows;
+  long long step = 0;
+  double best = -1;
+  ClassifyMetrics best_metrics;
+  int since_best = 0;
+  try {
+    for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
+      const auto t_epoch = Clock::now();
+      model.train();
+      std::vector<int64_t> order(static_cast<size_t>(n));
+      std::iota(order.begin(), order.end(), 0);
+      data::Rng shuffle(static_cast<uint64_t>(cfg.seed) * 1000003ull + static_cast<uint64_t>(epoch));
+      for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(shuffle.randint(0, i))]);
+      double loss_sum = 0;
+      for (int64_t it = 0; it < iters; ++it) {
+        if (interrupt_requested()) throw InterruptedError("training interrupted");
+        const int64_t s = it * batch, e = std::min(n, s + batch);
+        std::vector<std::string> paths;
+        std::vector<int64_t> labels;
+        for (int64_t i = s; i < e; ++i) {
+          const auto& smp = ds.train.samples[static_cast<size_t>(order[static_cast<size_t>(i)])];
+          paths.push_back(smp.path);
+          labels.push_back(smp.label);
+        }
+        auto images = load_batch(paths, cfg.workers, [&](int64_t i, const torch::Tensor& img) {
+          auto rng = data::Rng::for_sample(static_cast<uint64_t>(cfg.seed), epoch, s + i, 0);
+          return data::classify_train_transform(img, cfg.imgsz, cfg.flip_prob, rng);
+        });
+        const auto x = models::to_network_input(images, lm.family->input, dev, false);
+        const auto target = torch::tensor(labels, torch::kLong).to(dev);
+        opt->set_lr(sched.at(step));
+        opt->set_momentum(sched.momentum_at(step));
+        torch::Tensor loss;
+        {
+          AutocastGuard ac(dev.type(), amp.enabled, amp.dtype);
+          loss = loss::classification_loss(model.logits(x), target);
+        }
+        scaler.scale(loss).backward();
+        const auto found_inf = scaler.unscale(opt->grads());
+        if (cfg.clip_max_norm > 0) torch::nn::utils::clip_grad_norm_(model.parameters(), cfg.clip_max_norm);
+        opt->step(found_inf);
+        scaler.update();
+        opt->zero_grad();
+        if (ema) ema->update(model);
+        loss_sum += loss.item<double>();
+        ++step;
+      }
+      EpochSummary es;
+      es.epoch = epoch + 1;
+      es.loss = loss_sum / static_cast<double>(iters);
+      es.losses = {{"ce", es.loss}};
+      for (size_t g = 0; g < opt->groups().size(); ++g) es.lrs.push_back(opt->lr() * opt->groups()[g].lr_ratio);
+      const bool last = epoch + 1 == cfg.epochs;
+      if (cfg.val && ((epoch + 1) % std::max(1, cfg.eval_interval) == 0 || last)) {
+        const auto m = evaluate_classifier(eval_net, *lm.family, ds.val, nc, cfg.imgsz, classify_crop_pct(lm), batch,
+                                           dev, amp.enabled, cfg.workers);
+        es.validated = true;
+        es.metrics = m.as_list();
+        es.map50 = es.map50_95 = m.top1;
+        if (m.top1 > best) {
+          best = m.top1;
+          best_metrics = m;
+          es.is_best = true;
+          result.best_epoch = es.epoch;
+          result.best_mAP50 = result.best_mAP50_95 = m.top1;
+          since_best = 0;
+        } else {
+          ++since_best;
+        }
+      }
+      es.seconds = ms_since(t_epoch) / 1000.0;
+      ClassifyCheckpointExtras x{es.epoch, std::max(best, 0.0), result.best_epoch, ema != nullptr};
+      torch::nn::Module& saved = ema_net ? static_cast<torch::nn::Module&>(*ema_net) : model;
+      // The checkpoints hold the evaluated weights (the EMA's) under "model", in the model's metadata.
+      save_classify_checkpoint(result.last_checkpoint, lm, saved, ema ? &model : nullptr, opt.get(), x);
+      if (es.is_best) fs::copy_file(result.last_checkpoint, result.best_checkpoint, fs::copy_options::overwrite_existing);
+      if (cfg.save_period > 0 && es.epoch % cfg.save_period == 0)
+        fs::copy_file(result.last_checkpoint, wdir / ("epoch_" + std::to_string(es.epoch) + ".pt"),
+                      fs::copy_options::overwrite_existing);
+      std::vector<std::pair<std::string, std::string>> row = {
+          {"epoch", std::to_string(es.epoch)}, {"time", fmt(es.seconds)}, {"train/ce", fmt(es.loss)},
+          {"train/loss", fmt(es.loss)}};
+      const auto metric = [&](const std::string& key) {
+        for (const auto& [k, v] : es.metrics)
+          if (k == key) return fmt(v);
+        return std::string();
+      };
+      for (const char* key : {"metrics/accuracy_top1", "metrics/accuracy_top5", "metrics/precision", "metrics/recall",
+                              "metrics/f1"})
+        row.emplace_back(key, metric(key));
+      for (size_t g = 0; g < es.lrs.size(); ++g) row.emplace_back("lr/group" + std::to_string(g), fmt(es.lrs[g]));
+      rows.push_back(row);
+      const std::string csv = (fs::path(result.save_dir) / "results.csv").string();
+      write_results_csv(csv, rows);
+      try {
+        plots::plot_results_csv(csv, (fs::path(result.save_dir) / "results.png").string());
+      } catch (const std::exception& ex) {
+        log_warn(std::string("results.png not drawn: ") + ex.what());
+      }
+      if (cfg.verbose)
+        log_info(strfmt("epoch %d/%d  ce %.4f  top1 %s  top5 %s  %.1fs", es.epoch, cfg.epochs, es.loss,
+                        metric("metrics/accuracy_top1").c_str(), metric("metrics/accuracy_top5").c_str(), es.seconds));
+      result.epochs.push_back(es);
+      result.final_loss = es.loss;
+      if (callbacks.on_epoch_end) callbacks.on_epoch_end(es);
+      if (cfg.patience > 0 && since_best >= cfg.patience) {
+        log_info(strfmt("Stopping early: no better top-1 accuracy for %d validations", since_best));
+        break;
+      }
+    }
+  } catch (const std::exception& ex) {
+    if (callbacks.on_train_exception) callbacks.on_train_exception(ex);
+    throw;
+  }
+  if (best_metrics.samples > 0)
+    plot_confusion(best_metrics, ds.names, (fs::path(result.save_dir) / "confusion_matrix.png").string());
+  // The facade's model becomes the evaluated weights (the EMA's), as after LibreYOLO's training.
+  if (ema_net) models::load_state_dict(model, models::state_dict(*ema_net), true);
+  model.eval();
+  lm.weights = fs::exists(result.best_checkpoint) ? result.best_checkpoint : result.last_checkpoint;
+  result.total_seconds = ms_since(t_start) / 1000.0;
+  if (callbacks.on_train_end) callbacks.on_train_end(result);
+  return result;
+}
+
+}  // namespace libreyolo::engine

@@ -1,0 +1,37 @@
+// The classification side of the family interface. A classifier is a Detector whose raw output is
+// one tensor, the logits [B, nc], and whose decode is the softmax over them: the loaders, the
+// checkpoint writer, the weights rules and the facade treat both tasks alike, while the engine's
+// task dispatch (Family::task) sends a classifier's train, val and predict to the classify task.
+#pragma once
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "models/detector.hpp"
+
+namespace libreyolo::models {
+
+class Classifier : public Detector {
+ public:
+  // The logits [B, nc] of an image batch [B, 3, H, W] already converted (InputSpec).
+  virtual torch::Tensor logits(const torch::Tensor& x) = 0;
+
+  std::vector<torch::Tensor> forward_raw(const torch::Tensor& x) override { return {logits(x)}; }
+  // Probabilities [B, nc] (float32).
+  torch::Tensor decode(const std::vector<torch::Tensor>& raw) override {
+    return torch::softmax(raw.at(0).to(torch::kFloat), 1);
+  }
+  std::vector<int64_t> strides() const override { return {}; }
+};
+
+// LibreYOLO's classification recipe, shared by its classifier families: task "classify", 1000
+// classes for a fresh model, RGB / 255 with ImageNet's mean and deviation, AdamW at 1e-3 (decay
+// 1e-4 on convolution and linear weights), a quadratic warm-up of one epoch from 0 then a cosine
+// to 1 % of lr0, EMA 0.9998, AMP on, validation every epoch, no detection augmentation.
+void apply_classify_recipe(Family& f);
+
+// The classifier a Detector is, or nullptr (a detection network).
+inline Classifier* as_classifier(Detector& model) { return dynamic_cast<Classifier*>(&model); }
+
+}  // namespace libreyolo::models
