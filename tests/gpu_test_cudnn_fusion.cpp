@@ -235,6 +235,91 @@ TEST(GpuCudnnFusion, BackgroundBuildDeclinesUntilThePlanArrivesThenRunsTheSamePl
   EXPECT_LE(rel_err(later, reference(x, w, b32, {"3x3 32->48", 32, 48, 3, 1, true})), 3e-3);
 }
 
+// Background builds beside the caller's own work on the legacy default stream, as in a training
+// run whose validation builds in the background: many shapes built by the workers (each handed
+// over and made into a graph on the caller's handle), then the same shapes read back from disk by
+// the workers (the plans appear in the cache folder after the caller found it empty, as when
+// another process writes them), while the caller keeps queueing convolutions, matrix products and
+// synchronisations. Nothing may fail, and every fused result equals the one the call builds itself.
+TEST(GpuCudnnFusion, BackgroundBuildsAndDiskLoadsBesideDefaultStreamWorkArriveAndAgree) {
+  LY_REQUIRE_FUSION();
+  torch::manual_seed(5);
+  const auto opts = torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf);
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  struct Shape {
+    torch::Tensor x, w, b;
+    int64_t stride, padding;
+  };
+  std::vector<Shape> shapes;
+  for (int64_t cin : {16, 24, 32})
+    for (int64_t cout : {16, 40})
+      for (int64_t k : {1, 3})
+        for (int64_t stride : {1, 2})
+          shapes.push_back({torch::randn({2, cin, 24, 20}, opts).contiguous(cl),
+                            (torch::randn({cout, cin, k, k}, opts) * 0.1).contiguous(cl),
+                            torch::randn({cout}, torch::TensorOptions().device(torch::kCUDA)), stride, (k - 1) / 2});
+  const test::CudnnSettings heuristics(/*benchmark=*/false, at::globalContext().deterministicCuDNN(), true);
+  torch::InferenceMode im;
+  auto a = torch::randn({256, 256}, opts), big = torch::randn({8, 32, 64, 64}, opts);
+  auto wb = torch::randn({32, 32, 3, 3}, opts);
+  // Rounds of every shape with default-stream work in between, until each has run fused.
+  const auto until_all_fused = [&](const char* phase) {
+    std::vector<torch::Tensor> out(shapes.size());
+    int rounds = 0;
+    for (bool all = false; !all && rounds < 400; ++rounds) {
+      all = true;
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        const auto& s = shapes[i];
+        if (!out[i].defined()) out[i] = models::cudnn_conv_bias_act(s.x, s.w, s.b, s.stride, s.padding, true);
+        all = all && out[i].defined();
+        a = torch::tanh(torch::mm(a, a) * 0.01);
+        big = torch::conv2d(big, wb, {}, 1, 1).tanh();
+      }
+      if (rounds % 4 == 0) torch::cuda::synchronize();
+      if (rounds > 100) models::cudnn_fusion_wait_background();
+    }
+    torch::cuda::synchronize();
+    EXPECT_EQ(cudaGetLastError(), cudaSuccess) << phase;
+    for (size_t i = 0; i < shapes.size(); ++i) EXPECT_TRUE(out[i].defined()) << phase << ": shape " << i;
+    std::cout << "[ REPORT   ] " << phase << ": every shape fused after " << rounds << " rounds\n";
+    return out;
+  };
+  std::vector<torch::Tensor> built, loaded;
+  {
+    const test::ScopedEnv background("LIBREYOLO_CUDNN_PLAN_BUILD", "background");
+    built = until_all_fused("built in the background");
+    models::cudnn_fusion_wait_background();
+  }
+  {
+    // A cache folder that is empty when the caller looks, filled before the workers look.
+    const std::string later_dir = test::temp_dir("cudnn_plans_later");
+    const test::ScopedEnv later_env("LIBREYOLO_CUDNN_PLAN_CACHE", later_dir);
+    const test::ScopedEnv background("LIBREYOLO_CUDNN_PLAN_BUILD", "background");
+    models::cudnn_fusion_forget_plans();
+    const auto s0 = models::cudnn_fusion_stats();
+    // The first shape's job starts at once; those queued behind it find the files.
+    for (const auto& s : shapes) EXPECT_FALSE(models::cudnn_conv_bias_act(s.x, s.w, s.b, s.stride, s.padding, true).defined());
+    for (const auto& f : std::filesystem::directory_iterator(plan_dir_))
+      std::filesystem::copy_file(f.path(), std::filesystem::path(later_dir) / f.path().filename(),
+                                 std::filesystem::copy_options::skip_existing);
+    loaded = until_all_fused("loaded from disk in the background");
+    models::cudnn_fusion_wait_background();
+    const auto s1 = models::cudnn_fusion_stats();
+    EXPECT_GT(s1.loaded, s0.loaded) << "some plans were read from disk by the workers";
+    std::cout << "[ REPORT   ] plans the workers read from disk: " << s1.loaded - s0.loaded << " of " << shapes.size() << "\n";
+  }
+  // Built by the call itself in a fresh cache: the same plans, the same bits.
+  const test::ScopedEnv fresh_env("LIBREYOLO_CUDNN_PLAN_CACHE", test::temp_dir("cudnn_plans_fg"));
+  models::cudnn_fusion_forget_plans();
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const auto& s = shapes[i];
+    const auto own = models::cudnn_conv_bias_act(s.x, s.w, s.b, s.stride, s.padding, true);
+    ASSERT_TRUE(own.defined());
+    EXPECT_TRUE(torch::equal(own, built[i])) << "shape " << i;
+    EXPECT_TRUE(torch::equal(own, loaded[i])) << "shape " << i;
+  }
+}
+
 // Concatenations assembled in place (layers/concat.hpp) rest on three things the fused
 // operation must do: read its input from a channel slice of a wider channels_last tensor, write
 // its result into one, and add a residual after the activation (each against float64, fp16, bf16

@@ -16,7 +16,7 @@ const std::vector<EnvVar>& env_vars() {
       {"LIBREYOLO_TF32", "0: full float32 convolutions and matmuls"},
       {"LIBREYOLO_CUDNN_BENCHMARK", "cuDNN autotuning: 0 none, 1 ATen's candidates, N candidates per convolution (training: 4)"},
       {"LIBREYOLO_CUDNN_PLAN_CACHE", "folder of the chosen cuDNN plans, or off"},
-      {"LIBREYOLO_CUDNN_PLAN_BUILD", "wait: a missing fused plan is built by the call (default); background: eager predict/val run unfused while worker threads build it"},
+      {"LIBREYOLO_CUDNN_PLAN_BUILD", "background (default): eager predict/val run a convolution whose fused plan is missing unfused while worker threads build the plan; wait: the call builds it"},
       {"LIBREYOLO_CUDNN_FUSION_CANDIDATES", "fused inference plans timed per configuration (4; float32 6)"},
       {"LIBREYOLO_LOADER_NICE", "niceness of the loader threads (5; 0 leaves them as they are)"},
       {"LIBREYOLO_CPU_SHARE", "0: a CPU training takes the threads torch starts with, whatever else trains on the CPU"},

@@ -108,6 +108,10 @@ struct Plan {
   int64_t workspace = 0;
   bool from_disk = false;
   bool pending = false;  // being built in the background: declined until it is replaced
+  // Built in the background: the serialized plan, made into a graph on the handle of the thread
+  // that executes it (a plan is never executed on a handle another thread goes on using).
+  std::vector<uint8_t> handoff;
+  bool build_in_call = false;  // the background build could not hand it over: the next call builds it
 };
 
 struct Cache {
@@ -117,7 +121,9 @@ struct Cache {
 };
 
 Cache& cache() {
-  static Cache c;
+  // Never destroyed: the plans' cuDNN descriptors must not be freed by static destruction, after
+  // the CUDA runtime may have gone.
+  static Cache& c = *new Cache;
   return c;
 }
 
@@ -363,17 +369,25 @@ void write_plan(const std::string& dir, const std::string& path, const std::stri
   if (ec) std::filesystem::remove(tmp, ec);
 }
 
-// The plan stored on disk for these shapes, or null.
-std::shared_ptr<fe::graph::Graph> load_plan(cudnnHandle_t handle, const std::string& path, const std::string& key) {
-  const std::vector<uint8_t> data = read_plan(path, key);
+// A serialized plan (from disk or from a background build) made into a graph on `handle`, or null.
+std::shared_ptr<fe::graph::Graph> plan_from_bytes(cudnnHandle_t handle, const std::vector<uint8_t>& data) {
   if (data.empty()) return nullptr;
   try {
     auto g = std::make_shared<fe::graph::Graph>();
-    if (!g->deserialize(handle, data).is_good()) return nullptr;
+    // No warm-up: the frontend's warm-up captures a throwaway CUDA graph on a new blocking stream
+    // when the handle has none, and a capture on a blocking stream invalidates (and fails) whatever
+    // another thread queues on the legacy default stream meanwhile. A plan's first execution is
+    // always eager here (captures run each shape eagerly first), which loads its kernels.
+    if (!g->deserialize(handle, data, /*enforce_precompiled=*/false, /*run_warmup=*/false).is_good()) return nullptr;
     return g;
   } catch (const std::exception&) {  // a payload the JSON reader rejects
     return nullptr;
   }
+}
+
+// The plan stored on disk for these shapes, or null.
+std::shared_ptr<fe::graph::Graph> load_plan(cudnnHandle_t handle, const std::string& path, const std::string& key) {
+  return plan_from_bytes(handle, read_plan(path, key));
 }
 
 // Builds the graph and picks a plan; a Plan with no graph when cuDNN declines. Runtime-compiled
@@ -491,14 +505,18 @@ int64_t out_side(int64_t in, int64_t kernel, int64_t stride, int64_t padding) {
 // handle, build the plan (the heuristics' first that builds, what the calling thread would have
 // built) and keep it on disk; later calls of the configuration run it, later processes read it. A
 // first predict on a machine so does not wait for kernels to compile (~0.1-0.5 s each, a few dozen
-// per network). Only with LIBREYOLO_CUDNN_PLAN_BUILD=background: by default (=wait) the calling
-// thread builds, as it always does for autotuned configurations (captures, training and its
-// validation) and training convolutions. A deterministic training run (no autotuning) with
-// background builds crashed once on an H100 while its workers built beside the training steps; until
-// the builder is cleared under that load it is opt-in.
+// per network). The default (LIBREYOLO_CUDNN_PLAN_BUILD=background; =wait: the calling thread
+// builds, as it always does for autotuned configurations (captures, training and its validation)
+// and training convolutions). A worker shares nothing with the callers' streams or
+// handles: its handle runs on a non-blocking stream of its own, it reads plans from disk without
+// the frontend's warm-up capture, and it hands each plan over serialized, to be made into a graph
+// on the handle of the thread that executes it. (A worker's warm-up capture on a blocking stream,
+// when the plan it was to build had meanwhile been written to disk by another process, would fail
+// the caller's work on the legacy default stream: four trainings sharing one plan folder crashed
+// once so; GpuCudnnFusion.BackgroundBuildsAndDiskLoadsBesideDefaultStreamWorkArriveAndAgree.)
 bool background_builds() {
   const char* v = env_get("LIBREYOLO_CUDNN_PLAN_BUILD");
-  if (!v || !*v) return false;
+  if (!v || !*v) return true;
   const std::string mode = v;
   if (mode == "wait") return false;
   if (mode == "background") return true;
@@ -547,8 +565,40 @@ class Builder {
 
  private:
   Builder() = default;
+  // A worker's cuDNN handle on a device, bound to a non-blocking stream of its own (nothing a
+  // worker does may wait on, or be waited on by, the legacy default stream the callers run on).
+  struct Own {
+    cudnnHandle_t handle = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+  static Own make_own() {
+    Own o;
+    if (fe::detail::create_handle(&o.handle) != CUDNN_STATUS_SUCCESS) return {};
+    if (cudaStreamCreateWithFlags(&o.stream, cudaStreamNonBlocking) != cudaSuccess ||
+        fe::detail::set_stream(o.handle, o.stream) != CUDNN_STATUS_SUCCESS) {
+      cudaGetLastError();
+      if (o.stream != nullptr) cudaStreamDestroy(o.stream);
+      fe::detail::destroy_handle(o.handle);
+      return {};
+    }
+    return o;
+  }
+  // The built plan as the calling thread will take it: serialized, to be made into a graph on the
+  // executing thread's own handle (cuDNN's thread safety covers threads on separate handles; a plan
+  // finalized on this worker's handle is not executed elsewhere while this worker goes on using it).
+  static std::shared_ptr<Plan> hand_over(const Plan& built) {
+    auto out = std::make_shared<Plan>();
+    if (!built.graph) return out;  // declined
+    out->workspace = built.workspace;
+    out->from_disk = built.from_disk;
+    if (!built.graph->serialize(out->handoff, /*serialize_structure=*/false).is_good() || out->handoff.empty()) {
+      out->handoff.clear();
+      out->build_in_call = true;
+    }
+    return out;
+  }
   void work() {
-    std::map<int, cudnnHandle_t> handles;  // this thread's, per device
+    std::map<int, Own> own;  // this thread's, per device
     for (;;) {
       std::pair<Key, std::shared_ptr<Plan>> job;
       {
@@ -563,9 +613,11 @@ class Builder {
       const auto t0 = std::chrono::steady_clock::now();
       try {
         c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
-        cudnnHandle_t& h = handles[device];
-        if (h == nullptr && fe::detail::create_handle(&h) != CUDNN_STATUS_SUCCESS) h = nullptr;
-        if (h != nullptr) built = build(h, shapes, device, 1, {});
+        auto [slot, added] = own.try_emplace(device);
+        if (added) slot->second = make_own();
+        if (slot->second.handle != nullptr) {
+          if (auto b = build(slot->second.handle, shapes, device, 1, {})) built = hand_over(*b);
+        }
       } catch (const std::exception& e) {
         log_debug(std::string("cuDNN fusion: a background build failed: ") + e.what());
       }
@@ -578,15 +630,17 @@ class Builder {
         if (auto it = c.plans.find(job.first); it != c.plans.end() && it->second == job.second) {
           it->second = built;
           c.stats.build_ms += ms;
-          ++(built->graph ? c.stats.fused : c.stats.declined);
+          if (!built->build_in_call) ++(built->handoff.empty() ? c.stats.declined : c.stats.fused);
           if (built->from_disk) ++c.stats.loaded;
         }
       }
       std::lock_guard<std::mutex> lock(m_);
       if (--outstanding_ == 0) idle_cv_.notify_all();
     }
-    for (auto& [device, h] : handles)
-      if (h != nullptr) fe::detail::destroy_handle(h);
+    for (auto& [device, o] : own) {
+      if (o.handle != nullptr) fe::detail::destroy_handle(o.handle);
+      if (o.stream != nullptr) cudaStreamDestroy(o.stream);
+    }
   }
 
   std::mutex m_;
@@ -611,44 +665,56 @@ bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, co
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mutex);
     auto it = c.plans.find(key);
-    if (it == c.plans.end() || it->second->pending) {
+    const bool known = it != c.plans.end();
+    if (!known || it->second->pending || !it->second->handoff.empty() || it->second->build_in_call) {
+      // Not ready to run: pending, handed over by a background build, or to be built.
       // Building times candidates (synchronising) and may compile kernels: never inside a capture.
       // Captures run each shape eagerly first (ForwardGraphs, the training step's first
       // occurrences), so this only declines strays.
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
         return false;
-      const int64_t count = candidates(shapes);
-      const bool background = shapes.op < 0 && count == 1 && background_builds();
-      if (background && it != c.plans.end()) return false;  // pending: not ready yet
-      const auto t0 = std::chrono::steady_clock::now();
-      std::shared_ptr<Plan> built;
-      if (background) {
-        built = stored_plan(handle, shapes, device, count);
-        if (!built) {
-          static std::once_flag said;
-          std::call_once(said, [] {
-            log_info("cuDNN fusion: building fused convolution plans in the background (once per machine); "
-                     "until each is ready its convolution runs unfused");
-          });
-          auto pending = std::make_shared<Plan>();
-          pending->pending = true;
-          c.plans.emplace(key, pending);
-          Builder::get().submit(key, pending);
-          return false;
-        }
+      if (known && !it->second->handoff.empty()) {
+        // Built in the background: made into a graph on this thread's handle (no kernel compiles).
+        auto adopted = std::make_shared<Plan>();
+        adopted->graph = plan_from_bytes(handle, it->second->handoff);
+        adopted->workspace = it->second->workspace;
+        adopted->from_disk = it->second->from_disk;
+        if (!adopted->graph) --c.stats.fused, ++c.stats.declined;
+        it->second = std::move(adopted);
       } else {
-        // Autotuned, or waited for: built here (replacing a pending background build of it).
-        const TimePlan time = [&](fe::graph::Graph& g, int64_t i) { return time_plan(handle, g, i, ptrs, like); };
-        built = build(handle, shapes, device, count, time);
+        const int64_t count = candidates(shapes);
+        const bool background = shapes.op < 0 && count == 1 && background_builds() && !(known && it->second->build_in_call);
+        if (background && known) return false;  // pending: not ready yet
+        const auto t0 = std::chrono::steady_clock::now();
+        std::shared_ptr<Plan> built;
+        if (background) {
+          built = stored_plan(handle, shapes, device, count);
+          if (!built) {
+            static std::once_flag said;
+            std::call_once(said, [] {
+              log_info("cuDNN fusion: building fused convolution plans in the background (once per machine); "
+                       "until each is ready its convolution runs unfused");
+            });
+            auto pending = std::make_shared<Plan>();
+            pending->pending = true;
+            c.plans.emplace(key, pending);
+            Builder::get().submit(key, pending);
+            return false;
+          }
+        } else {
+          // Autotuned, or waited for: built here (replacing a pending background build of it).
+          const TimePlan time = [&](fe::graph::Graph& g, int64_t i) { return time_plan(handle, g, i, ptrs, like); };
+          built = build(handle, shapes, device, count, time);
+        }
+        c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        ++(built->graph ? c.stats.fused : c.stats.declined);
+        if (built->from_disk) ++c.stats.loaded;
+        if (it == c.plans.end())
+          it = c.plans.emplace(key, std::move(built)).first;
+        else
+          it->second = std::move(built);
       }
-      c.stats.build_ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      ++(built->graph ? c.stats.fused : c.stats.declined);
-      if (built->from_disk) ++c.stats.loaded;
-      if (it == c.plans.end())
-        it = c.plans.emplace(key, std::move(built)).first;
-      else
-        it->second = std::move(built);
     }
     plan = it->second;
   }

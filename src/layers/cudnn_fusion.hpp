@@ -32,9 +32,9 @@ bool cudnn_fusion_takes(at::ScalarType dtype);
 // when it is built (~0.1 s; candidates build in parallel threads); chosen plans are kept on disk
 // (LIBREYOLO_CUDNN_PLAN_CACHE, default ~/.cache/libreyolo-cpp/cudnn-plans; off: none), so a later process loads
 // them instead. Never builds inside a CUDA graph capture (declines instead). Without autotuning (eager
-// predict and val) with LIBREYOLO_CUDNN_PLAN_BUILD=background, a configuration whose plan is neither in
-// memory nor on disk is declined while its plan is built in the background, so a first predict on a machine
-// runs at once, unfused, and fuses as the plans arrive (default =wait: built by the call).
+// predict and val), a configuration whose plan is neither in memory nor on disk is declined while its plan
+// is built in the background, so a first predict on a machine runs at once, unfused, and fuses as the plans
+// arrive (LIBREYOLO_CUDNN_PLAN_BUILD=background, the default; =wait: built by the call).
 torch::Tensor cudnn_conv_bias_act(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& bias32,
                                   int64_t stride, int64_t padding, bool act, const torch::Tensor& residual = {},
                                   const torch::Tensor& out = {});
