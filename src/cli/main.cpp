@@ -3,8 +3,10 @@
 #include <vector>
 
 #include "cli/cli.hpp"
+#include "core/crash_report.hpp"
 
 int main(int argc, char** argv) {
+  libreyolo::install_crash_report();
   std::vector<std::string> args(argv + 1, argv + argc);
   return libreyolo::cli::run(args, std::cout, std::cerr);
 }
