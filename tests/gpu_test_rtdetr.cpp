@@ -47,7 +47,7 @@ void use_recorded_draws(const libreyolo::test::RtdetrFixture& f, rtdetr::RtdetrM
 
 TEST(RtdetrGpu, Float32EvalPredictions) {
   LY_REQUIRE_CUDA();
-  LY_REQUIRE_FIXTURES(dir);
+  LY_REQUIRE_FIXTURE_FILE(dir, "rtdetr_r18narrow_nc80_s320.pt");
   NoTF32 fp32;
   auto f = libreyolo::test::load_rtdetr_fixture(dir);
   f.model->to(kCuda);
@@ -60,7 +60,7 @@ TEST(RtdetrGpu, Float32EvalPredictions) {
 
 TEST(RtdetrGpu, Float32CriterionWithDenoising) {
   LY_REQUIRE_CUDA();
-  LY_REQUIRE_FIXTURES(dir);
+  LY_REQUIRE_FIXTURE_FILE(dir, "rtdetr_r18narrow_nc80_s320.pt");
   NoTF32 fp32;
   auto f = libreyolo::test::load_rtdetr_fixture(dir);
   f.model->to(kCuda);
@@ -130,7 +130,7 @@ TEST(RtdetrGpu, Float32CriterionWithDenoising) {
 
 TEST(RtdetrGpu, Bf16AutocastLossIsFiniteAndNearFloat32) {
   LY_REQUIRE_CUDA();
-  LY_REQUIRE_FIXTURES(dir);
+  LY_REQUIRE_FIXTURE_FILE(dir, "rtdetr_r18narrow_nc80_s320.pt");
   auto f = libreyolo::test::load_rtdetr_fixture(dir);
   f.model->to(kCuda);
   f.model->train();

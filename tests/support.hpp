@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <vector>
@@ -105,6 +106,14 @@ struct ScopedEnv {
   auto var##_opt = ::libreyolo::test::fixtures_dir();                                      \
   if (!var##_opt) GTEST_SKIP() << "reference fixtures not found (set LIBREYOLO_FIXTURES)"; \
   const std::string var = *var##_opt
+
+// The fixtures folder given in LIBREYOLO_FIXTURES holding `file` (a partial copy of the folder,
+// as carried to the GPU machine, serves the tests whose files it holds).
+#define LY_REQUIRE_FIXTURE_FILE(var, file)                                                            \
+  const char* var##_env = std::getenv("LIBREYOLO_FIXTURES");                                          \
+  if (!var##_env || !*var##_env || !std::filesystem::exists(std::filesystem::path(var##_env) / file)) \
+    GTEST_SKIP() << "reference fixture " << file << " not found (set LIBREYOLO_FIXTURES)";            \
+  const std::string var = var##_env
 
 #define LY_REQUIRE_CUDA() \
   if (!::libreyolo::test::cuda_available()) GTEST_SKIP() << "no CUDA device on this machine"

@@ -199,10 +199,11 @@ Family make_family() {
   f.make_loss = make_loss;
   f.input_size = size_input;
   // The eval forward's replay equals eager bit for bit (GpuInferenceGraph.ReplayEqualsEagerBitForBit-
-  // OnTwoProbes): capture_inference. The training step is not declared capturable until
-  // GpuFamilyStepGraph/Dense.GraphedTrainingStepsEqualEagerBitForBit/picodet passes on a GPU (the
-  // loss itself has no host reads and fixed shapes).
+  // OnTwoProbes): capture_inference. The loss has no host reads and fixed shapes, and graphed
+  // training steps equal eager ones bit for bit (GpuFamilyStepGraph/Dense.GraphedTrainingSteps-
+  // EqualEagerBitForBit/picodet): capture_train_step.
   f.capture_inference = true;
+  f.capture_train_step = true;
   // LibreYOLO's PICODETConfig where it differs from the defaults of config.hpp: SGD at 0.01
   // (momentum 0.9 from the first step, Nesterov, decay 4e-5 on the convolution weights: the shared
   // grouping), a quadratic warm-up of one epoch from 0.001 and a cosine to 0 (cos_flat with no flat

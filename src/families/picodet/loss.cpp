@@ -11,6 +11,7 @@
 #include "libreyolo/errors.hpp"
 #include "loss/normalizer.hpp"
 #include "loss/simota.hpp"
+#include "loss/targets.hpp"
 
 namespace libreyolo::models::picodet {
 
@@ -126,12 +127,7 @@ LossOutput PicodetLoss::compute(const std::vector<torch::Tensor>& raw, const tor
   const int64_t B = raw[0].size(0);
   const Flat f = flatten(raw);
   // The targets in input pixels; one padding row when there are none.
-  torch::Tensor gt = targets.to(f.boxes.device(), torch::kFloat);
-  if (gt.size(1) == 0) gt = torch::full({B, 1, 5}, -1.0, f.boxes.options());
-  const auto scale = torch::tensor({1.0, static_cast<double>(img_w), static_cast<double>(img_h),
-                                    static_cast<double>(img_w), static_cast<double>(img_h)},
-                                   f.boxes.options());
-  gt = gt * scale;
+  const torch::Tensor gt = loss::xyxy_pixel_rows(targets, B, img_h, img_w, f.boxes.device());
   const SimOtaAssignment a = assign(f.boxes, f.logits, f.priors, gt);
   const auto fgf = a.fg.to(torch::kFloat);
   const auto zero = torch::zeros({}, f.boxes.options());

@@ -218,10 +218,14 @@ Family make_family() {
   // reads. Its head (backbone and encoder: RtdetrModel::train_head) and the eval forward (300
   // queries) have fixed shapes and no host reads. The eval forward's replay equals eager bit for
   // bit (GpuInferenceGraph.ReplayEqualsEagerBitForBitOnTwoProbes, fp32 and bf16): capture_inference.
-  // capture_train_head stays off until RtdetrGpu.GraphedHead* and RtdetrGpu.HeadGraphed* pass on a GPU.
+  // The head replayed from its graphs equals the eager head bit for bit (outputs and gradients,
+  // RtdetrGpu.GraphedHeadEqualsEagerHeadBitForBit), and head-graphed training stays within the
+  // eager runs' own spread (RtdetrGpu.HeadGraphedStepsStayWithinTheEagerSpread: deformable
+  // attention's backward accumulates with atomics): capture_train_head.
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
   f.capture_inference = true;
+  f.capture_train_head = true;
   return f;
 }
 

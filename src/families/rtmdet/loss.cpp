@@ -10,6 +10,7 @@
 #include "libreyolo/errors.hpp"
 #include "loss/normalizer.hpp"
 #include "loss/simota.hpp"
+#include "loss/targets.hpp"
 
 namespace libreyolo::models::rtmdet {
 
@@ -117,12 +118,7 @@ LossOutput RtmdetLoss::compute(const std::vector<torch::Tensor>& raw, const torc
   const int64_t B = raw[0].size(0);
   const Flat f = flatten(raw);
   // The targets in input pixels; one padding row when there are none.
-  torch::Tensor gt = targets.to(f.boxes.device(), torch::kFloat);
-  if (gt.size(1) == 0) gt = torch::full({B, 1, 5}, -1.0, f.boxes.options());
-  const auto scale = torch::tensor({1.0, static_cast<double>(img_w), static_cast<double>(img_h),
-                                    static_cast<double>(img_w), static_cast<double>(img_h)},
-                                   f.boxes.options());
-  gt = gt * scale;
+  const torch::Tensor gt = loss::xyxy_pixel_rows(targets, B, img_h, img_w, f.boxes.device());
   const DslAssignment a = assign(f.boxes, f.logits, f.priors, gt);
 
   const auto avg = loss_normalizer(a.metrics.sum());  // at least 1 (loss/normalizer.hpp)

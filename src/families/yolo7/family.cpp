@@ -115,10 +115,11 @@ Family make_family() {
   Family f("yolo7", size_names(), "b");
   f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
   // The eval forward's replay equals eager bit for bit (GpuInferenceGraph.ReplayEqualsEagerBitForBit-
-  // OnTwoProbes): capture_inference. The training step is not declared capturable until
-  // GpuYolo7.GraphedTrainingStepsEqualEagerBitForBit passes on a GPU (the loss itself has fixed
-  // shapes and no host reads).
+  // OnTwoProbes): capture_inference. The loss has fixed shapes and no host reads, and graphed
+  // training steps equal eager ones bit for bit (GpuYolo7.GraphedTrainingStepsEqualEagerBitForBit):
+  // capture_train_step.
   f.capture_inference = true;
+  f.capture_train_step = true;
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's name for the quadratic warm-up cosine with a flat tail.
