@@ -3,9 +3,12 @@
 //   bench_train_step --device cuda [--family yolo9|yolox] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
 //                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
 //                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]
-//                    [--cuda-graph off|on|off,on]
+//                    [--cuda-graph off|on|off,on] [--graph-scope auto|step|head]
 //   --cuda-graph: the whole step replayed from CUDA graphs (StepRunner::enable_cuda_graphs), each
 //   configuration measured once per listed mode, in that order.
+//   --graph-scope: what is captured: auto (default) is what the family declares (the whole step
+//   with capture_train_step, else its training head and the update); step or head ask for that
+//   scope whatever the family declares, to measure a capture before the family turns it on.
 //   --fused: the fused Conv+BN+SiLU training node (layers/conv_bn_act.hpp), default on.
 // Prints one JSON object: per configuration min/median step ms, img/s, kernels per step, peak memory
 // (of the timed window, and reserved memory over the whole configuration: with graphs, their pool).
@@ -167,10 +170,18 @@ int64_t count_kernels(const std::function<void()>& step) {
 
 struct Options {
   std::string device = "cpu", family = "yolo9", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto",
-              fused = "on", graphs = "off";
+              fused = "on", graphs = "off", scope = "auto";
   int steps = 24, warmup = 15, imgsz = 640;  // warm-up also lets cuDNN autotune and GPU clocks rise
   bool ema = false, kernels = true, diagnose = false, cudnn_benchmark = false;
 };
+
+// The scope --cuda-graph on captures (--graph-scope; auto: the deepest the family declares).
+engine::GraphScope graph_scope(const Options& o, const models::Family& fam) {
+  if (o.scope == "step") return engine::GraphScope::Step;
+  if (o.scope == "head") return engine::GraphScope::Head;
+  if (o.scope != "auto") throw std::runtime_error("--graph-scope takes auto, step or head, not '" + o.scope + "'");
+  return fam.capture_train_step ? engine::GraphScope::Step : engine::GraphScope::Head;
+}
 
 // Reads the command line into `o`; false (after a message) on an unknown argument.
 bool parse_args(int argc, char** argv, Options& o) {
@@ -195,6 +206,7 @@ bool parse_args(int argc, char** argv, Options& o) {
     else if (a == "--cudnn-benchmark") o.cudnn_benchmark = true;
     else if (a == "--fused") o.fused = val();
     else if (a == "--cuda-graph") o.graphs = val();
+    else if (a == "--graph-scope") o.scope = val();
     else {
       std::cerr << "unknown argument " << a << "\n";
       return false;
@@ -255,9 +267,7 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
                                        b->sc.channels_last, /*batches_per_epoch=*/1, &fam)
                   .runner;
   if (c.graph) {
-    // The whole step where the family allows it, else its training head and the update.
-    const std::string why = b->runner->enable_cuda_graphs(
-        3, fam.capture_train_step ? engine::GraphScope::Step : engine::GraphScope::Head);
+    const std::string why = b->runner->enable_cuda_graphs(3, graph_scope(o, fam));
     if (!why.empty()) throw std::runtime_error("--cuda-graph on: " + why);
   }
   auto [images, targets] = make_batch(c.batch, o.imgsz, 80);
@@ -401,7 +411,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
     r["graph"] = {{"enabled", g.enabled}, {"off_reason", g.off_reason}, {"captured_shapes", g.captured_shapes},
                   {"update_captured", g.update_captured}, {"replayed_steps", g.replayed_micro_steps},
                   {"eager_steps", g.eager_micro_steps}, {"replayed_heads", g.replayed_heads},
-                  {"scope", fam.capture_train_step ? "step" : "head"}};
+                  {"scope", graph_scope(o, fam) == engine::GraphScope::Step ? "step" : "head"}};
   }
   return r;
 }

@@ -12,6 +12,8 @@
 # file (reference_predict.py). Logs and JSON in $OUT/speed.tar.gz, a summary on stdout.
 #   MODELS="rtdetr-r18"  BATCHES="4,8"  IMGSZ=640  STEPS=20  WARMUP=8
 #   WHICH="ours ref"   the sides to run;   TIMEOUT_S=240 per command
+#   GRAPH_SCOPE=auto   our graphed step's scope (bench_train_step --graph-scope): auto is what the
+#                      family declares; step or head measure a capture the family has not turned on
 set -u
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -53,7 +55,7 @@ for m in $MODELS; do
   size=${m#*-}
   if [[ " $WHICH " == *" ours "* ]]; then
     run "ours_step_$m" "$B/bench_train_step" --device cuda --cudnn-benchmark --ema --family "$family" --sizes "$size" \
-      --batches "$BATCHES" --dtypes bf16 --imgsz "$IMGSZ" --cuda-graph off,on --steps "$STEPS" --warmup "$WARMUP"
+      --batches "$BATCHES" --dtypes bf16 --imgsz "$IMGSZ" --cuda-graph off,on --graph-scope "${GRAPH_SCOPE:-auto}" --steps "$STEPS" --warmup "$WARMUP"
     run "ours_predict_$m" "$B/bench_predict" --device cuda --model "$m" --iters 100 --warmup 10
     run "ours_predict_graph_$m" "$B/bench_predict" --device cuda --model "$m" --iters 100 --warmup 10 --cuda-graph on
   fi
