@@ -284,4 +284,35 @@ inline RunError run_error(const Yolo9Run& a, const Yolo9Run& ref) {
   return e;
 }
 
+// A convolution weight shared by three fused Conv+BN+SiLU nodes (each with its own BatchNorm, as
+// RTMDet's head shares its convolutions across levels), `passes` forward+backward passes with the
+// weight gradients collected in a DeferredWeightGrads scope or accumulated by autograd: the shared
+// weight's gradient (the sum of three contributions per pass).
+inline torch::Tensor shared_weight_grad(const torch::Device& device, bool deferred, int passes = 2) {
+  const bool was = models::fused_conv_training();
+  models::set_fused_conv_training(true);
+  torch::manual_seed(11);
+  std::vector<models::yolo9::Conv> convs;
+  for (int l = 0; l < 3; ++l) {
+    convs.emplace_back(8, 8, 3);
+    if (l > 0) convs[l]->conv = convs[l]->replace_module("conv", convs[0]->conv);
+    convs[l]->to(device);
+    convs[l]->train();
+  }
+  for (int pass = 0; pass < passes; ++pass) {
+    torch::Tensor loss = torch::zeros({}, torch::TensorOptions().device(device));
+    for (int l = 0; l < 3; ++l) {
+      torch::manual_seed(100 * pass + l);
+      const auto x = torch::randn({2, 8, 12 - 2 * l, 12 - 2 * l}).to(device);
+      loss = loss + (convs[l]->forward(x) * (l + 1)).sum();
+    }
+    std::optional<models::DeferredWeightGrads> scope;
+    if (deferred) scope.emplace();
+    loss.backward();
+    if (scope) scope->flush();
+  }
+  models::set_fused_conv_training(was);
+  return convs[0]->conv->weight.grad().clone().cpu();
+}
+
 }  // namespace libreyolo::test

@@ -277,3 +277,15 @@ TEST(ConvBnActGpu, Yolo9TrainingStepAgainstFloat64) {
 }
 
 }  // namespace
+
+// A weight shared by three fused nodes (RTMDet's head convolutions): the deferred gradients add up
+// to autograd's accumulation on the GPU too, where one multi-tensor add of two gradients into the
+// same tensor would lose one of them.
+TEST(ConvBnActGpu, DeferredGradientsOfASharedWeightAddUpAsAutogradsDo) {
+  LY_REQUIRE_CUDA();
+  const libreyolo::test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true, false);
+  const torch::Device dev(torch::kCUDA, 0);
+  const auto plain = libreyolo::test::shared_weight_grad(dev, false, 3);
+  const auto deferred = libreyolo::test::shared_weight_grad(dev, true, 3);
+  EXPECT_LE(rel_err(deferred, plain), 1e-6);
+}

@@ -172,6 +172,16 @@ TEST(ConvBnAct, DeferredWeightGradientsEqualAutogradAccumulation) {
   }
 }
 
+// A weight shared by several nodes gets each node's gradient once (the deferred gradients are
+// added in rounds, never two into one tensor in one multi-tensor op).
+TEST(ConvBnAct, DeferredGradientsOfASharedWeightAddUpAsAutogradsDo) {
+  const auto plain = libreyolo::test::shared_weight_grad(torch::kCPU, false);
+  const auto deferred = libreyolo::test::shared_weight_grad(torch::kCPU, true);
+  EXPECT_LE(rel_err(deferred, plain), 1e-6);
+  // Not one node's share: the three contributions are all there.
+  EXPECT_GT(plain.abs().sum().item<double>(), 0.0);
+}
+
 TEST(ConvBnAct, DeferredWeightGradientsAreDroppedWhenNotFlushed) {
   libreyolo::models::set_fused_conv_training(true);
   libreyolo::models::yolo9::Conv conv(4, 8, 3);

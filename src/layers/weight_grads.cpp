@@ -1,6 +1,7 @@
 #include "layers/weight_grads.hpp"
 
 #include <atomic>
+#include <unordered_map>
 
 namespace libreyolo::models {
 namespace wgrad {
@@ -94,27 +95,16 @@ DeferredWeightGrads::~DeferredWeightGrads() {
   }
 }
 
-void DeferredWeightGrads::flush() {
-  if (flushed_) return;
-  flushed_ = true;
-  std::vector<at::Tensor> params, grads;
-  {
-    Deferred& d = deferred();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    if (--d.depth > 0) return;  // an outer scope flushes
-    params.swap(d.params);
-    grads.swap(d.grads);
-  }
-#ifdef LIBREYOLO_CUDA_KERNELS
-  deferred().lane.join();  // the gradients computed on the side stream, before anything reads them
-#endif
-  torch::NoGradGuard ng;
-  // Existing gradients (every step after the first: the optimizer zeroes them in place; and
-  // accumulation over micro-batches): one multi-tensor add into them. Fresh gradients (the first
-  // backward): take the tensor itself when it already has the parameter's dtype and strides (as
-  // AccumulateGrad would), else convert all of them with one multi-tensor copy.
+namespace {
+
+// Adds grads[i] into params[i].grad for i in `which` (each parameter at most once).
+// Existing gradients (every step after the first: the optimizer zeroes them in place; and
+// accumulation over micro-batches): one multi-tensor add into them. Fresh gradients (the first
+// backward): take the tensor itself when it already has the parameter's dtype and strides (as
+// AccumulateGrad would), else convert all of them with one multi-tensor copy.
+void accumulate(std::vector<at::Tensor>& params, const std::vector<at::Tensor>& grads, const std::vector<size_t>& which) {
   std::vector<at::Tensor> copy_dst, copy_src, add_dst, add_src;
-  for (size_t i = 0; i < params.size(); ++i) {
+  for (size_t i : which) {
     at::Tensor& g = params[i].mutable_grad();
     if (g.defined()) {
       add_dst.push_back(g);
@@ -140,6 +130,39 @@ void DeferredWeightGrads::flush() {
     if (!cast_dst.empty()) at::_foreach_copy_(cast_dst, cast_src);
     at::_foreach_add_(add_dst, add_src);
   }
+}
+
+}  // namespace
+
+void DeferredWeightGrads::flush() {
+  if (flushed_) return;
+  flushed_ = true;
+  std::vector<at::Tensor> params, grads;
+  {
+    Deferred& d = deferred();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (--d.depth > 0) return;  // an outer scope flushes
+    params.swap(d.params);
+    grads.swap(d.grads);
+  }
+#ifdef LIBREYOLO_CUDA_KERNELS
+  deferred().lane.join();  // the gradients computed on the side stream, before anything reads them
+#endif
+  torch::NoGradGuard ng;
+  // A parameter used more than once in the forward (a convolution shared by several levels) has a
+  // gradient from each use. A multi-tensor op must not write one tensor twice (its blocks would
+  // race: on CUDA some of the contributions would be lost), so the gradients go in rounds, the
+  // k-th round taking each parameter's k-th gradient, in the order the backward produced them.
+  std::vector<std::vector<size_t>> rounds;
+  {
+    std::unordered_map<const c10::TensorImpl*, size_t> uses;
+    for (size_t i = 0; i < params.size(); ++i) {
+      const size_t k = uses[params[i].unsafeGetTensorImpl()]++;
+      if (rounds.size() <= k) rounds.emplace_back();
+      rounds[k].push_back(i);
+    }
+  }
+  for (const auto& round : rounds) accumulate(params, grads, round);
 }
 
 void set_wgrad_stream(bool on) { wgrad::wgrad_stream_flag.store(on); }

@@ -190,9 +190,10 @@ Family make_family() {
   Family f("rtmdet", size_names(), "s");
   f.default_sync_bn = true;  // SyncBN; only has an effect under DDP
   // The eval forward's replay equals eager bit for bit (GpuInferenceGraph.ReplayEqualsEagerBitForBit-
-  // OnTwoProbes): capture_inference. The training step is not declared capturable until
-  // GpuFamilyStepGraph/Dense.GraphedTrainingStepsEqualEagerBitForBit/rtmdet passes on a GPU.
+  // OnTwoProbes): capture_inference. Graphed training steps equal eager ones bit for bit
+  // (GpuFamilyStepGraph/Dense.GraphedTrainingStepsEqualEagerBitForBit/rtmdet): capture_train_step.
   f.capture_inference = true;
+  f.capture_train_step = true;
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   f.make_loss = make_loss;
   // LibreYOLO's RTMDetConfig where it differs from the defaults of config.hpp: AdamW at 0.004
