@@ -1,4 +1,5 @@
-// Graphed training steps of the dense families without a test of their own (RTMDet, PicoDet):
+// Graphed training steps of the dense families without a test of their own (RTMDet, PicoDet) and
+// of the classifiers (ResNet, MobileNetV4, EfficientNetV2; the classify task's loss):
 // a fresh model of the family's smallest size, 24 steps eager and 24 with the step captured and
 // replayed, under deterministic cuDNN. Equal losses and parameters bit for bit are what a family
 // needs before it declares capture_train_step (YOLOv9's, YOLOX's and YOLOv7's steps are checked
@@ -8,33 +9,31 @@
 #include <cstdio>
 #include <string>
 
+#include "loss/classify.hpp"
 #include "models/detector.hpp"
 #include "step_check.hpp"
 #include "support.hpp"
 
 namespace models = libreyolo::models;
 
-class GpuFamilyStepGraph : public ::testing::TestWithParam<std::string> {};
+namespace {
 
-TEST_P(GpuFamilyStepGraph, GraphedTrainingStepsEqualEagerBitForBit) {
-  LY_REQUIRE_CUDA();
+// A fresh model of the family's smallest size trained `batches.size()` steps eager and again with the
+// step graphs on (deterministic cuDNN): every loss and every parameter must be equal bit for bit.
+void expect_graphed_equals_eager(const models::Family& fam, int nc, const libreyolo::TrainConfig& cfg,
+                                 const std::vector<std::pair<torch::Tensor, torch::Tensor>>& batches,
+                                 const std::function<std::unique_ptr<libreyolo::TrainingLoss>()>& make_loss = {}) {
   const libreyolo::test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true,
                                            at::globalContext().allowTF32CuDNN());
   const torch::Device dev(torch::kCUDA, 0);
-  const models::Family* fam = models::find_family(GetParam());
-  ASSERT_NE(fam, nullptr) << GetParam();
-  ASSERT_FALSE(fam->sizes.empty());
-  const std::string size = fam->sizes.front();
-  std::printf("[ REPORT   ] %s-%s declares capture_train_step: %s\n", fam->name.c_str(), size.c_str(),
-              fam->capture_train_step ? "yes" : "not yet");
-  libreyolo::TrainConfig cfg;
-  cfg.batch = 4;
-  cfg.epochs = 10;
-  cfg.warmup_epochs = 1;
-  const auto batches = libreyolo::test::pinned_step_batches(24, 3000, 4, 128);
-  const auto build = [&] { return fam->build(size, 2); };
-  const auto eager = libreyolo::test::run_family_steps(*fam, build, cfg, batches, dev, false);
-  const auto graphed = libreyolo::test::run_family_steps(*fam, build, cfg, batches, dev, true);
+  ASSERT_FALSE(fam.sizes.empty());
+  const std::string size = fam.sizes.front();
+  std::printf("[ REPORT   ] %s-%s declares capture_train_step: %s\n", fam.name.c_str(), size.c_str(),
+              fam.capture_train_step ? "yes" : "not yet");
+  const auto build = [&] { return fam.build(size, nc); };
+  const auto scope = libreyolo::engine::GraphScope::Step;
+  const auto eager = libreyolo::test::run_family_steps(fam, build, cfg, batches, dev, false, -1, scope, make_loss);
+  const auto graphed = libreyolo::test::run_family_steps(fam, build, cfg, batches, dev, true, -1, scope, make_loss);
   ASSERT_EQ(eager.losses.size(), graphed.losses.size());
   int unequal_steps = 0;
   for (size_t i = 0; i < eager.losses.size(); ++i) {
@@ -52,9 +51,52 @@ TEST_P(GpuFamilyStepGraph, GraphedTrainingStepsEqualEagerBitForBit) {
   EXPECT_GE(graphed.stats.replayed_micro_steps, 18);
   EXPECT_EQ(graphed.stats.invalidations, 0);
   std::printf("[ REPORT   ] %s-%s: %d of %zu steps and %d of %zu parameters differ graphed vs eager; %lld replays\n",
-              fam->name.c_str(), size.c_str(), unequal_steps, eager.losses.size(), unequal_params,
+              fam.name.c_str(), size.c_str(), unequal_steps, eager.losses.size(), unequal_params,
               eager.params.size(), static_cast<long long>(graphed.stats.replayed_micro_steps));
 }
 
+}  // namespace
+
+class GpuFamilyStepGraph : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuFamilyStepGraph, GraphedTrainingStepsEqualEagerBitForBit) {
+  LY_REQUIRE_CUDA();
+  const models::Family* fam = models::find_family(GetParam());
+  ASSERT_NE(fam, nullptr) << GetParam();
+  libreyolo::TrainConfig cfg;
+  cfg.batch = 4;
+  cfg.epochs = 10;
+  cfg.warmup_epochs = 1;
+  expect_graphed_equals_eager(*fam, 2, cfg, libreyolo::test::pinned_step_batches(24, 3000, 4, 128));
+}
+
 INSTANTIATE_TEST_SUITE_P(Dense, GpuFamilyStepGraph, ::testing::Values("rtmdet", "picodet"),
+                         [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// The classifiers' step through the same runner: class ids as targets, the task's loss.
+class GpuClassifierStepGraph : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GpuClassifierStepGraph, GraphedTrainingStepsEqualEagerBitForBit) {
+  LY_REQUIRE_CUDA();
+  const models::Family* fam = models::find_family(GetParam());
+  ASSERT_NE(fam, nullptr) << GetParam();
+  libreyolo::TrainConfig cfg;
+  cfg.batch = 8;
+  cfg.epochs = 10;
+  cfg.warmup_epochs = 1;
+  cfg.optimizer = "adamw";
+  cfg.lr0 = 1e-3;
+  cfg.weight_decay = 1e-4;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> batches;
+  for (int i = 0; i < 24; ++i) {
+    torch::manual_seed(4000 + i);
+    auto images = torch::randint(0, 256, {8, 96, 96, 3}, torch::kByte);
+    auto labels = torch::randint(0, 5, {8}, torch::kLong);
+    batches.emplace_back(images.pin_memory(), labels.pin_memory());
+  }
+  expect_graphed_equals_eager(*fam, 5, cfg, batches,
+                              [] { return std::make_unique<libreyolo::loss::ClassificationLoss>(); });
+}
+
+INSTANTIATE_TEST_SUITE_P(Classify, GpuClassifierStepGraph, ::testing::Values("resnet", "mobilenetv4", "efficientnetv2"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });

@@ -21,9 +21,9 @@ namespace {
 
 // A loss whose value depends on host-side state (as YOLOX's L1 switch does): `factor` scales the
 // wrapped loss; `sync_on_call` makes one call read a value on the host (illegal in a capture).
-class SwitchLoss : public DetectionLoss {
+class SwitchLoss : public TrainingLoss {
  public:
-  explicit SwitchLoss(std::unique_ptr<DetectionLoss> inner) : inner_(std::move(inner)) {}
+  explicit SwitchLoss(std::unique_ptr<TrainingLoss> inner) : inner_(std::move(inner)) {}
   LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t h,
                      int64_t w) override {
     ++calls;
@@ -42,7 +42,7 @@ class SwitchLoss : public DetectionLoss {
   int sync_on_call = -1;
 
  private:
-  std::unique_ptr<DetectionLoss> inner_;
+  std::unique_ptr<TrainingLoss> inner_;
 };
 
 // A YOLOv9-t rig like test::make_step_rig, with the SwitchLoss around the family's loss.

@@ -70,19 +70,22 @@ struct FamilyStepRun {
   std::vector<torch::Tensor> losses, params;
   engine::StepGraphStats stats;
 };
+// make_loss: the loss (empty: the family's; a classifier's is the task's, loss::ClassificationLoss).
 inline FamilyStepRun run_family_steps(const models::Family& fam,
                                       const std::function<std::shared_ptr<models::Detector>()>& build,
                                       const TrainConfig& cfg,
                                       const std::vector<std::pair<torch::Tensor, torch::Tensor>>& batches,
                                       const torch::Device& device, bool graphs, int close_mosaic_at = -1,
-                                      engine::GraphScope scope = engine::GraphScope::Step) {
+                                      engine::GraphScope scope = engine::GraphScope::Step,
+                                      const std::function<std::unique_ptr<TrainingLoss>()>& make_loss = {}) {
   torch::manual_seed(0);
   auto model = build();
   model->to(device);
   engine::to_channels_last(*model);
   model->train();
   const auto amp = engine::plan_amp(true, "bfloat16", device);
-  auto setup = engine::make_step_runner(cfg, model, fam.make_loss(*model), nullptr, device, amp, true, 3, &fam);
+  auto setup = engine::make_step_runner(cfg, model, make_loss ? make_loss() : fam.make_loss(*model), nullptr, device,
+                                        amp, true, 3, &fam);
   auto& runner = *setup.runner;
   if (graphs) EXPECT_EQ(runner.enable_cuda_graphs(3, scope), "");
   FamilyStepRun r;

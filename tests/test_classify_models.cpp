@@ -259,3 +259,17 @@ TEST(ClassifyLoss, MatchesCrossEntropyAndWeights) {
   EXPECT_NEAR(libreyolo::loss::classification_loss(logits, labels, w).item<double>(),
               (per * w.index_select(0, labels)).mean().item<double>(), 1e-6);
 }
+
+// The classify task's loss as the step runner takes it: the logits as the one raw output, the class
+// ids as the targets, one term "ce" equal to the total.
+TEST(ClassifyLoss, TrainingLossForTheStepRunner) {
+  libreyolo::loss::ClassificationLoss loss;
+  auto logits = torch::randn({5, 3});
+  auto labels = torch::tensor({0, 2, 1, 1, 0}, torch::kLong);
+  const auto out = loss.compute({logits}, labels, 32, 32);
+  EXPECT_NEAR(out.total.item<double>(), libreyolo::loss::classification_loss(logits, labels).item<double>(), 1e-7);
+  ASSERT_EQ(loss.term_names(), std::vector<std::string>{"ce"});
+  EXPECT_EQ(out.term("ce").item<double>(), out.total.item<double>());
+  EXPECT_THROW(loss.compute({logits}, torch::zeros({5, 1, 5}), 32, 32), std::invalid_argument);
+  EXPECT_THROW(loss.compute({logits, logits}, labels, 32, 32), std::invalid_argument);
+}

@@ -47,7 +47,7 @@ Fixture load_fixture(const std::string& dir) {
 }
 
 // The fixture's targets (class, cx, cy, w, h) in pixels, zero padding, as the library's
-// DetectionLoss takes them: (class, x1, y1, x2, y2) normalised by the input size, class -1 padding.
+// TrainingLoss takes them: (class, x1, y1, x2, y2) normalised by the input size, class -1 padding.
 torch::Tensor to_library_targets(const torch::Tensor& t, int64_t h, int64_t w) {
   auto cls = t.select(2, 0), cx = t.select(2, 1), cy = t.select(2, 2), bw = t.select(2, 3), bh = t.select(2, 4);
   auto pad = t.sum(2) <= 0;

@@ -1,7 +1,7 @@
 // RT-DETR's criterion against LibreYOLO 1.6.0 (the narrow fixture): every loss term (varifocal,
 // L1, GIoU of the last layer, the auxiliary decoder layers, the encoder top-k and the denoising
 // groups) and the gradients of their sum for 20 parameters, with denoising off and on, and for a
-// batch whose second image has no box; the DetectionLoss interface's summed terms; a batch
+// batch whose second image has no box; the TrainingLoss interface's summed terms; a batch
 // without any box.
 #include <cmath>
 #include <map>

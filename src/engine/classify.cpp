@@ -22,6 +22,7 @@
 #include "engine/optimizer.hpp"
 #include "engine/predictor.hpp"
 #include "engine/schedule.hpp"
+#include "engine/step.hpp"
 #include "eval/confusion.hpp"
 #include "io/checkpoint.hpp"
 #include "io/image.hpp"
@@ -371,30 +372,27 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
   const int64_t n = static_cast<int64_t>(ds.train.samples.size());
   const int batch = cfg.batch;
   const int64_t iters = std::max<int64_t>(1, n / batch);  // drop_last when there is a full batch
-  auto opt = make_optimizer(model, OptimizerOptions{cfg.optimizer, cfg.lr0, cfg.momentum, cfg.warmup_momentum,
-                                                    cfg.weight_decay, cfg.nesterov, lm.family->param_rules,
-                                                    cfg.lr_backbone});
-  LrSchedule sched;
-  sched.shape = lr_shape(cfg.scheduler, lm.family->scheduler_names);
-  sched.lr0 = cfg.lr0;
-  sched.warmup_lr_start = cfg.warmup_lr_start;
-  sched.min_lr_ratio = cfg.min_lr_ratio;
-  sched.warmup_iters = static_cast<long long>(std::llround(cfg.warmup_epochs * static_cast<double>(iters)));
-  sched.total_iters = static_cast<long long>(cfg.epochs) * iters;
-  sched.plateau_iters = static_cast<long long>(cfg.no_aug_epochs) * iters;
-  sched.momentum = cfg.momentum;
-  sched.warmup_momentum = cfg.warmup_momentum;
+  // The same step as detection training (engine/step.hpp): the family's optimizer groups, the
+  // schedule, AMP and its scaler, clipping, accumulation, the EMA and, with cuda_graph=true, the
+  // whole step captured where the family declares it.
   const AmpPlan amp = plan_amp(cfg.amp, cfg.amp_dtype, dev);
-  GradScaler scaler(dev, amp.scaler);
+  const bool channels_last = cfg.memory_format == "channels_last" || (cfg.memory_format == "auto" && dev.is_cuda());
+  if (channels_last) to_channels_last(model);
   std::shared_ptr<models::Detector> ema_net;
   std::unique_ptr<ModelEMA> ema;
   if (cfg.ema) {
     ema_net = lm.family->build_like(models::state_dict(model), nc);
     models::load_state_dict(*ema_net, models::state_dict(model), true);
     ema_net->to(dev);
+    if (channels_last) to_channels_last(*ema_net);
     ema = std::make_unique<ModelEMA>(ema_net, model, cfg.ema_decay, cfg.ema_tau);
   }
   auto& eval_net = ema_net ? *models::as_classifier(*ema_net) : model;
+  StepSetup setup = make_step_runner(cfg, lm.model, std::make_unique<loss::ClassificationLoss>(), ema.get(), dev, amp,
+                                     channels_last, iters, lm.family);
+  StepRunner& runner = *setup.runner;
+  Optimizer& opt = runner.optimizer();
+  if (cfg.cuda_graph) enable_declared_cuda_graphs(runner, *lm.family, cfg.cuda_graph_scope, false);
 
   TrainResult result;
   result.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
@@ -404,12 +402,13 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
   result.best_checkpoint = (wdir / "best.pt").string();
   if (callbacks.on_train_start) callbacks.on_train_start(cfg, result.save_dir);
   if (cfg.verbose)
-    log_info(strfmt("Training %s-%s (classify, %d classes) on %lld images, %lld steps an epoch, %s",
+    log_info(strfmt("Training %s-%s (classify, %d classes) on %lld images, %lld batches an epoch, %s%s",
                     lm.family->name.c_str(), model.size().c_str(), nc, static_cast<long long>(n),
-                    static_cast<long long>(iters), amp.describe().c_str()));
+                    static_cast<long long>(iters), amp.describe().c_str(), channels_last ? ", channels_last" : ""));
+  if (setup.accumulate > 1)
+    log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", setup.accumulate, cfg.nbs));
 
   std::vector<std::vector<std::pair<std::string, std::string>>> rows;
-  long long step = 0;
   double best = -1;
   ClassifyMetrics best_metrics;
   int since_best = 0;
@@ -421,7 +420,8 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
       std::iota(order.begin(), order.end(), 0);
       data::Rng shuffle(static_cast<uint64_t>(cfg.seed) * 1000003ull + static_cast<uint64_t>(epoch));
       for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(shuffle.randint(0, i))]);
-      double loss_sum = 0;
+      // Summed on the device: read once at the end of the epoch (no synchronisation per step).
+      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(dev));
       for (int64_t it = 0; it < iters; ++it) {
         if (interrupt_requested()) throw InterruptedError("training interrupted");
         const int64_t s = it * batch, e = std::min(n, s + batch);
@@ -436,30 +436,20 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
           auto rng = data::Rng::for_sample(static_cast<uint64_t>(cfg.seed), epoch, s + i, 0);
           return data::classify_train_transform(img, cfg.imgsz, cfg.flip_prob, rng);
         });
-        const auto x = models::to_network_input(images, lm.family->input, dev, false);
-        const auto target = torch::tensor(labels, torch::kLong).to(dev);
-        opt->set_lr(sched.at(step));
-        opt->set_momentum(sched.momentum_at(step));
-        torch::Tensor loss;
-        {
-          AutocastGuard ac(dev.type(), amp.enabled, amp.dtype);
-          loss = loss::classification_loss(model.logits(x), target);
-        }
-        scaler.scale(loss).backward();
-        const auto found_inf = scaler.unscale(opt->grads());
-        if (cfg.clip_max_norm > 0) torch::nn::utils::clip_grad_norm_(model.parameters(), cfg.clip_max_norm);
-        opt->step(found_inf);
-        scaler.update();
-        opt->zero_grad();
-        if (ema) ema->update(model);
-        loss_sum += loss.item<double>();
-        ++step;
+        // The accumulation windows of the detection trainer: `accumulate` batches a step, the
+        // epoch's last window shorter.
+        const int64_t acc = setup.accumulate, start = (it / acc) * acc;
+        const int64_t window = std::min<int64_t>(acc, iters - start);
+        const LossOutput out = runner.forward_backward(images, torch::tensor(labels, torch::kLong),
+                                                       static_cast<double>(window));
+        loss_sum += out.total.to(torch::kFloat);
+        if ((it + 1) % acc == 0 || it + 1 == iters) runner.optimizer_step();
       }
       EpochSummary es;
       es.epoch = epoch + 1;
-      es.loss = loss_sum / static_cast<double>(iters);
+      es.loss = loss_sum.item<double>() / static_cast<double>(iters);
       es.losses = {{"ce", es.loss}};
-      for (size_t g = 0; g < opt->groups().size(); ++g) es.lrs.push_back(opt->lr() * opt->groups()[g].lr_ratio);
+      for (size_t g = 0; g < opt.groups().size(); ++g) es.lrs.push_back(opt.lr() * opt.groups()[g].lr_ratio);
       const bool last = epoch + 1 == cfg.epochs;
       if (cfg.val && ((epoch + 1) % std::max(1, cfg.eval_interval) == 0 || last)) {
         const auto m = evaluate_classifier(eval_net, *lm.family, ds.val, nc, cfg.imgsz, classify_crop_pct(lm), batch,
@@ -482,7 +472,7 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
       ClassifyCheckpointExtras x{es.epoch, std::max(best, 0.0), result.best_epoch, ema != nullptr};
       torch::nn::Module& saved = ema_net ? static_cast<torch::nn::Module&>(*ema_net) : model;
       // The checkpoints hold the evaluated weights (the EMA's) under "model", in the model's metadata.
-      save_classify_checkpoint(result.last_checkpoint, lm, saved, ema ? &model : nullptr, opt.get(), x);
+      save_classify_checkpoint(result.last_checkpoint, lm, saved, ema ? &model : nullptr, &opt, x);
       if (es.is_best) fs::copy_file(result.last_checkpoint, result.best_checkpoint, fs::copy_options::overwrite_existing);
       if (cfg.save_period > 0 && es.epoch % cfg.save_period == 0)
         fs::copy_file(result.last_checkpoint, wdir / ("epoch_" + std::to_string(es.epoch) + ".pt"),

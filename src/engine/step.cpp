@@ -37,7 +37,7 @@ namespace {
 constexpr size_t kMaxSlots = 8;  // input shapes kept (a graph's memory goes with its slot)
 }
 
-StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<DetectionLoss> loss,
+StepRunner::StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<TrainingLoss> loss,
                        std::unique_ptr<Optimizer> optimizer, std::unique_ptr<GradScaler> scaler, ModelEMA* ema,
                        const LrSchedule& schedule, StepConfig cfg)
     : model_(std::move(model)),
@@ -363,8 +363,31 @@ void StepRunner::optimizer_step() {
   apply_schedule(global_step_);
 }
 
+void enable_declared_cuda_graphs(StepRunner& runner, const models::Family& fam, const std::string& scope_option,
+                                 bool collectives) {
+  const bool step_scope = fam.capture_train_step && scope_option != "head";
+  std::string why;
+  if (step_scope)
+    why = runner.enable_cuda_graphs(3, GraphScope::Step);
+  else if (fam.capture_train_head)
+    why = runner.enable_cuda_graphs(3, GraphScope::Head);
+  else
+    why = fam.name + " declares neither a capturable training step nor a training head seam";
+  if (!why.empty())
+    log_info("CUDA graphs off (" + why + "): training eager");
+  else if (step_scope)
+    log_info(std::string("CUDA graphs: the whole step (forward, loss, backward; then the update") +
+             (collectives ? ", with their all-reduces" : "") +
+             ") is captured per input shape on its 3rd occurrence and replayed; other shapes run eager");
+  else
+    log_info(std::string("CUDA graphs: the training head (") +
+             (fam.capture_train_step ? "cuda_graph_scope=head" : "the rest of " + fam.name + "'s step is not capturable") +
+             ": its forward and backward per input shape on its 3rd occurrence) and the update" +
+             (collectives ? " with its all-reduces" : "") + " are replayed; the rest of the step runs eager");
+}
+
 StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detector> model,
-                           std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
+                           std::unique_ptr<TrainingLoss> loss, ModelEMA* ema, const torch::Device& device,
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
                            const models::Family* family) {
   const OptimizerOptions oo{cfg.optimizer,       cfg.lr0,          cfg.momentum,

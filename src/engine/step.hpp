@@ -118,7 +118,7 @@ enum class GraphScope { Step, Head };
 
 class StepRunner {
  public:
-  StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<DetectionLoss> loss,
+  StepRunner(std::shared_ptr<models::Detector> model, std::unique_ptr<TrainingLoss> loss,
              std::unique_ptr<Optimizer> optimizer, std::unique_ptr<GradScaler> scaler, ModelEMA* ema,
              const LrSchedule& schedule, StepConfig cfg);
   ~StepRunner();
@@ -149,7 +149,7 @@ class StepRunner {
   const StepConfig& config() const { return cfg_; }
   void set_phase_observer(PhaseObserver* obs) { phases_ = obs; }
   PhaseObserver* phase_observer() const { return phases_; }
-  DetectionLoss& loss() { return *loss_; }
+  TrainingLoss& loss() { return *loss_; }
   // Replaces the gradient synchronisation (nullptr: back to NoGradSync).
   void set_grad_sync(std::unique_ptr<GradSync> sync);
   // Stages `images` (NHWC uint8, any device) and returns the network's float NCHW input buffer
@@ -184,7 +184,7 @@ class StepRunner {
   void apply_schedule(int64_t s);  // the optimizer's lr and momentum for step s
 
   std::shared_ptr<models::Detector> model_;
-  std::unique_ptr<DetectionLoss> loss_;
+  std::unique_ptr<TrainingLoss> loss_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<GradScaler> scaler_;
   ModelEMA* ema_;
@@ -221,9 +221,16 @@ struct StepSetup {
   LrSchedule schedule;
 };
 StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detector> model,
-                           std::unique_ptr<DetectionLoss> loss, ModelEMA* ema, const torch::Device& device,
+                           std::unique_ptr<TrainingLoss> loss, ModelEMA* ema, const torch::Device& device,
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
                            const models::Family* family = nullptr);
+
+// cuda_graph=true: turns on the CUDA graphs `family` declares for training, the deepest first (the
+// whole step with capture_train_step unless scope_option is "head", else its training head and
+// the update), and logs what is captured or why training stays eager. collectives: the step's
+// gradients are all-reduced across processes (said in the log).
+void enable_declared_cuda_graphs(StepRunner& runner, const models::Family& family, const std::string& scope_option,
+                                 bool collectives);
 
 // Converts every 4-d parameter to channels_last in place (grads will follow that layout).
 void to_channels_last(torch::nn::Module& m);

@@ -554,30 +554,7 @@ void Trainer::setup_optimization() {
     log_info(strfmt("AMP default of %s: %s (%s)", lm_.family->name.c_str(), lm_.family->default_amp ? "on" : "off",
                     lm_.family->default_amp_reason.c_str()));
   if (group_) install_syncs();
-  if (cfg_.cuda_graph) {
-    // The deepest capture the family declares: the whole step, else the training head and the
-    // update (cuda_graph_scope=head asks for the latter on any family with a head seam).
-    const models::Family& fam = *lm_.family;
-    const bool step_scope = fam.capture_train_step && cfg_.cuda_graph_scope != "head";
-    std::string why;
-    if (step_scope)
-      why = step_->enable_cuda_graphs(3, engine::GraphScope::Step);
-    else if (fam.capture_train_head)
-      why = step_->enable_cuda_graphs(3, engine::GraphScope::Head);
-    else
-      why = fam.name + " declares neither a capturable training step nor a training head seam";
-    if (!why.empty())
-      log_info("CUDA graphs off (" + why + "): training eager");
-    else if (step_scope)
-      log_info(std::string("CUDA graphs: the whole step (forward, loss, backward; then the update") +
-               (group_ ? ", with their all-reduces" : "") +
-               ") is captured per input shape on its 3rd occurrence and replayed; other shapes run eager");
-    else
-      log_info(std::string("CUDA graphs: the training head (") +
-               (fam.capture_train_step ? "cuda_graph_scope=head" : "the rest of " + fam.name + "'s step is not capturable") +
-               ": its forward and backward per input shape on its 3rd occurrence) and the update" +
-               (group_ ? " with its all-reduces" : "") + " are replayed; the rest of the step runs eager");
-  }
+  if (cfg_.cuda_graph) enable_declared_cuda_graphs(*step_, *lm_.family, cfg_.cuda_graph_scope, group_ != nullptr);
   loss_names_ = step_->loss().term_names();
   loss_sums_ = torch::zeros({1 + static_cast<int64_t>(loss_names_.size())},
                             torch::TensorOptions().dtype(torch::kFloat).device(device_));

@@ -20,4 +20,22 @@ torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tens
   return per_sample.mean();
 }
 
+LossOutput ClassificationLoss::compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
+                                       int64_t /*img_h*/, int64_t /*img_w*/) {
+  if (raw.size() != 1) throw std::invalid_argument("ClassificationLoss: expected one output, the logits");
+  if (targets.dim() != 1 || targets.size(0) != raw[0].size(0))
+    throw std::invalid_argument("ClassificationLoss: targets must be the class ids [B] of the batch");
+  LossOutput o;
+  o.total = classification_loss(raw[0], targets);
+  o.terms = o.total.detach().reshape({1});
+  o.num_fg = torch::ones({}, o.total.options()).detach();
+  o.names = &term_names();
+  return o;
+}
+
+const std::vector<std::string>& ClassificationLoss::term_names() const {
+  static const std::vector<std::string> names = {"ce"};
+  return names;
+}
+
 }  // namespace libreyolo::loss

@@ -5,9 +5,23 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <string>
+#include <vector>
+
+#include "loss/loss.hpp"
+
 namespace libreyolo::loss {
 
 torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& targets,
                                   const torch::Tensor& class_weights = {});
+
+// The classify task's training loss for the step runner: raw = {logits [B, nc]}, targets the
+// class ids [B]; one term, "ce".
+class ClassificationLoss final : public TrainingLoss {
+ public:
+  LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
+                     int64_t img_w) override;
+  const std::vector<std::string>& term_names() const override;
+};
 
 }  // namespace libreyolo::loss

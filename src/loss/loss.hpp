@@ -25,11 +25,12 @@ struct LossOutput {
   }
 };
 
-class DetectionLoss {
+class TrainingLoss {
  public:
-  virtual ~DetectionLoss() = default;
-  // raw: the model's forward_raw() output. targets: [B, T, 5] rows (class, x1, y1, x2, y2)
-  // normalised to [0,1] by the input width/height; padding rows have class -1.
+  virtual ~TrainingLoss() = default;
+  // raw: the model's forward_raw() output. targets: the task's, as the loader gives them: for
+  // detection [B, T, 5] rows (class, x1, y1, x2, y2) normalised to [0,1] by the input width and
+  // height, padding rows with class -1; for classification the class ids [B] (int64).
   // img_h/img_w: the input tensor's spatial size.
   virtual LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
                              int64_t img_h, int64_t img_w) = 0;

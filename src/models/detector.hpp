@@ -21,7 +21,7 @@
 
 namespace libreyolo {
 
-class DetectionLoss;
+class TrainingLoss;
 
 namespace models {
 
@@ -55,7 +55,7 @@ class Detector : public torch::nn::Module {
   virtual double aux_weight() const { return 0.0; }
   // The training forward, what the family's loss reads: forward_raw's maps, followed by the
   // auxiliary head's when the branch is enabled and the model is in training mode. `targets` are
-  // the batch's boxes as the loss gets them (DetectionLoss::compute), for a family whose network
+  // the batch's boxes as the loss gets them (TrainingLoss::compute), for a family whose network
   // itself reads them (denoising queries made from the ground truth); undefined when there are
   // none (memory probes), and ignored by the others.
   virtual std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
@@ -179,7 +179,7 @@ struct Family {
   // Legacy key renames, DDP prefix stripping etc., applied before loading.
   std::function<void(io::StateDict& sd)> normalize_keys;
   // The training loss for a model of this family.
-  std::function<std::unique_ptr<DetectionLoss>(const Detector& model)> make_loss;
+  std::function<std::unique_ptr<TrainingLoss>(const Detector& model)> make_loss;
   // The six weight functions above at once (every family has all of them).
   void set_weight_functions(decltype(build) b, decltype(build_like) like, decltype(can_load) recognise,
                             decltype(infer_size) size, decltype(infer_num_classes) classes,
@@ -197,7 +197,7 @@ struct Family {
   std::vector<std::pair<std::string, std::string>> train_defaults;
   // Per-epoch switch when mosaic closes (no_aug_epochs before the end), e.g. an L1 box term that starts then.
   // Returns true when it changed what the training step computes (captured graphs must go).
-  std::function<bool(Detector& model, DetectionLoss& loss)> on_close_mosaic;
+  std::function<bool(Detector& model, TrainingLoss& loss)> on_close_mosaic;
   InputSpec input;
   // What the training augmentation does after the shared mosaic (data/recipe.hpp).
   data::AugmentRecipe augment;

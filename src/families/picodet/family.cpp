@@ -124,7 +124,7 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<PicoDetModel>(a, nc);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+std::unique_ptr<TrainingLoss> make_loss(const Detector& model) {
   return std::make_unique<PicodetLoss>(model.num_classes());
 }
 

@@ -36,7 +36,7 @@ struct SimOtaAssignment {
   torch::Tensor boxes;     // [B, N, 4] float32, xyxy input pixels
 };
 
-class PicodetLoss : public DetectionLoss {
+class PicodetLoss : public TrainingLoss {
  public:
   explicit PicodetLoss(int nc);
 

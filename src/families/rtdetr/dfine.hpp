@@ -255,7 +255,7 @@ class DfineModel : public Detector {
   torch::Tensor decode(const std::vector<torch::Tensor>& raw) override;
   DfineEvalTrace forward_trace(const torch::Tensor& x);
   DfineTrainOutputs forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts = {});
-  // Training mode: pack_dfine_outputs of forward_train_outputs (targets as DetectionLoss reads
+  // Training mode: pack_dfine_outputs of forward_train_outputs (targets as TrainingLoss reads
   // them; undefined: no denoising). Eval mode: forward_raw.
   std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
 

@@ -55,7 +55,7 @@ struct DfineLossTerms {
 std::vector<models::rtdetr::ImageMatch> union_matches(
     const std::vector<std::vector<models::rtdetr::ImageMatch>>& levels);
 
-class DfineLoss : public DetectionLoss {
+class DfineLoss : public TrainingLoss {
  public:
   explicit DfineLoss(int nc, DfineLossWeights weights = {});
 

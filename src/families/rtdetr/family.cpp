@@ -98,7 +98,7 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<RtdetrModel>(*cfg);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+std::unique_ptr<TrainingLoss> make_loss(const Detector& model) {
   return std::make_unique<loss::RtdetrLoss>(model.num_classes());
 }
 
@@ -247,7 +247,7 @@ Family make_dfine_family() {
   f.set_weight_functions(dfine_build, dfine_build_like, dfine_can_load, dfine_infer_size, dfine_infer_num_classes,
                          strip_ddp);
   set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
-  f.make_loss = [](const Detector& model) -> std::unique_ptr<DetectionLoss> {
+  f.make_loss = [](const Detector& model) -> std::unique_ptr<TrainingLoss> {
     return std::make_unique<loss::DfineLoss>(model.num_classes());
   };
   // LibreYOLO's DFINEConfig where it differs from the defaults of config.hpp: AdamW at 2e-4 with

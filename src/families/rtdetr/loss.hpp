@@ -45,7 +45,7 @@ struct RtdetrLossTerms {
   torch::Tensor value(const std::string& name) const;  // throws std::out_of_range
 };
 
-class RtdetrLoss : public DetectionLoss {
+class RtdetrLoss : public TrainingLoss {
  public:
   explicit RtdetrLoss(int nc, RtdetrLossWeights weights = {});
 

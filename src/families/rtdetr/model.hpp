@@ -92,7 +92,7 @@ class RtdetrModel : public Detector {
   // The same from the encoder's outputs on (TrainOutputs::backbone left empty).
   TrainOutputs decoder_train_outputs(const std::array<torch::Tensor, 3>& encoded,
                                      const std::vector<ImageTargets>& gts = {});
-  // Training mode: pack_train_outputs of forward_train_outputs (targets as DetectionLoss reads
+  // Training mode: pack_train_outputs of forward_train_outputs (targets as TrainingLoss reads
   // them, undefined = no denoising), as train_tail(train_head(x), x, targets). Eval mode: forward_raw.
   std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
   // The capture seam: the head is the backbone and the hybrid encoder (fixed shapes, no host

@@ -31,7 +31,7 @@ struct DslAssignment {
   torch::Tensor boxes;     // [B, N, 4] float32, xyxy input pixels
 };
 
-class RtmdetLoss : public DetectionLoss {
+class RtmdetLoss : public TrainingLoss {
  public:
   explicit RtmdetLoss(int nc);
 

@@ -25,7 +25,7 @@ namespace libreyolo::models::yolo7 {
 // The SimOTA result (loss/simota.hpp).
 using Assignment = loss::SimOtaAssignment;
 
-class Yolo7Loss : public DetectionLoss {
+class Yolo7Loss : public TrainingLoss {
  public:
   explicit Yolo7Loss(int nc);
 

@@ -90,7 +90,7 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<Yolo9Model>(*size, nc, *hc);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+std::unique_ptr<TrainingLoss> make_loss(const Detector& model) {
   return std::make_unique<loss::Yolo9Loss>(model.num_classes(), model.strides(), static_cast<int>(kRegMax),
                                            model.aux_weight());
 }

@@ -61,7 +61,7 @@ struct Decoded {
 };
 
 // One object per training thread: it caches anchor grids and is not synchronised.
-class Yolo9Loss : public DetectionLoss {
+class Yolo9Loss : public TrainingLoss {
  public:
   // aux_weight > 0: compute() also takes the auxiliary head's maps after the main ones
   // (Detector::forward_train with YOLOv9's PGI branch) and adds aux_weight times their loss.

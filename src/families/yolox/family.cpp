@@ -63,12 +63,12 @@ std::shared_ptr<Detector> build_like(const io::StateDict& sd, int nc) {
   return std::make_shared<YoloxModel>(*size, nc);
 }
 
-std::unique_ptr<DetectionLoss> make_loss(const Detector& model) {
+std::unique_ptr<TrainingLoss> make_loss(const Detector& model) {
   return std::make_unique<loss::YoloxLoss>(model.num_classes(), model.strides());
 }
 
 // Mosaic closes: the L1 term joins the loss.
-bool on_close_mosaic(Detector&, DetectionLoss& l) {
+bool on_close_mosaic(Detector&, TrainingLoss& l) {
   auto* yl = dynamic_cast<loss::YoloxLoss*>(&l);
   if (!yl || yl->use_l1()) return false;
   yl->set_use_l1(true);

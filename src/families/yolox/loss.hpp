@@ -22,7 +22,7 @@
 
 namespace libreyolo::loss {
 
-class YoloxLoss : public DetectionLoss {
+class YoloxLoss : public TrainingLoss {
  public:
   explicit YoloxLoss(int nc, std::vector<int64_t> strides = {8, 16, 32});
 
