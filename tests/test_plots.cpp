@@ -182,6 +182,24 @@ TEST(Plots, ConfusionMatrixCountsAsUltralytics) {
   EXPECT_GT(count_near(img, 0, 0, img.size(1), img.size(0), {8, 48, 107}, 2), 3 * 100);
 }
 
+// Classification's matrix: the class counts alone, no background row or column.
+TEST(Plots, ClassificationConfusionMatrixHasNoBackground) {
+  const std::vector<std::string> names = {"circle", "square", "triangle"};
+  const std::string dir = test::temp_dir("plots_cls_cm");
+  // Every sample right: the three diagonal cells at 1.0.
+  plots::plot_confusion_matrix(std::vector<int64_t>{5, 0, 0, 0, 4, 0, 0, 0, 6}, names, dir + "/cls.png");
+  eval::ConfusionMatrix det(3);
+  det.add_image(torch::tensor({0.f, 0.f, 40.f, 40.f}).view({1, 4}), torch::tensor({0}),
+                torch::tensor({0.f, 0.f, 40.f, 40.f}).view({1, 4}), torch::tensor({0.9f}), torch::tensor({0}));
+  plots::plot_confusion_matrix(det, names, dir + "/det.png");
+  const auto cls = io::decode_image(dir + "/cls.png"), with_bg = io::decode_image(dir + "/det.png");
+  EXPECT_LT(cls.size(1), with_bg.size(1)) << "one column fewer";
+  EXPECT_LT(cls.size(0), with_bg.size(0)) << "one row fewer";
+  EXPECT_GT(count_near(cls, 0, 0, cls.size(1), cls.size(0), {8, 48, 107}, 2), 3 * 1000);
+  EXPECT_THROW(plots::plot_confusion_matrix(std::vector<int64_t>{1, 2, 3}, names, dir + "/bad.png"),
+               std::invalid_argument);
+}
+
 TEST(Plots, ValidationCurvesAndTable) {
   eval::CocoEvaluator ev;
   ev.add_ground_truth({{1, 0, 0, 0, 40, 40, 1600}, {1, 1, 100, 100, 40, 40, 1600}, {2, 1, 0, 0, 40, 40, 1600}});

@@ -81,19 +81,8 @@ void write_results_csv(const std::string& path, const std::vector<std::vector<st
 }
 
 void plot_confusion(const ClassifyMetrics& m, const std::vector<std::string>& names, const std::string& png) {
-  const int nc = static_cast<int>(names.size());
-  if (nc > eval::ConfusionMatrix::kMaxClasses || m.confusion.empty()) return;
-  // Each sample as one unit box predicted over itself: the (predicted, true) pair is counted as
-  // a match, so the matrix holds exactly the classification counts (its background row and column
-  // stay empty).
-  eval::ConfusionMatrix cm(nc, 0.0, 0.5);
-  const auto box = torch::tensor({{0.f, 0.f, 1.f, 1.f}});
-  const auto one = torch::ones({1});
-  for (int p = 0; p < nc; ++p)
-    for (int t = 0; t < nc; ++t)
-      for (int64_t k = 0; k < m.confusion[static_cast<size_t>(p * nc + t)]; ++k)
-        cm.add_image(box, torch::tensor({int64_t{t}}), box, one, torch::tensor({int64_t{p}}));
-  plots::plot_confusion_matrix(cm, names, png);
+  if (static_cast<int>(names.size()) > eval::ConfusionMatrix::kMaxClasses || m.confusion.empty()) return;
+  plots::plot_confusion_matrix(m.confusion, names, png);
 }
 
 struct ClassifyCheckpointExtras {

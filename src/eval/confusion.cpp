@@ -88,17 +88,18 @@ void ConfusionMatrix::add_image(const torch::Tensor& gt_xyxy, const torch::Tenso
     if (!det_used[j]) ++m_[static_cast<size_t>(check(dcp[j], "detection")) * size() + bg];
 }
 
-std::vector<double> ConfusionMatrix::normalized() const {
-  const int n = size();
-  std::vector<double> out(m_.size(), 0.0);
+std::vector<double> normalize_columns(const std::vector<int64_t>& counts, int n) {
+  std::vector<double> out(counts.size(), 0.0);
   for (int t = 0; t < n; ++t) {
     int64_t sum = 0;
-    for (int p = 0; p < n; ++p) sum += m_[static_cast<size_t>(p) * n + t];
+    for (int p = 0; p < n; ++p) sum += counts[static_cast<size_t>(p) * n + t];
     if (sum == 0) continue;
     for (int p = 0; p < n; ++p)
-      out[static_cast<size_t>(p) * n + t] = static_cast<double>(m_[static_cast<size_t>(p) * n + t]) / sum;
+      out[static_cast<size_t>(p) * n + t] = static_cast<double>(counts[static_cast<size_t>(p) * n + t]) / sum;
   }
   return out;
 }
+
+std::vector<double> ConfusionMatrix::normalized() const { return normalize_columns(m_, size()); }
 
 }  // namespace libreyolo::eval

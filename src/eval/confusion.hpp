@@ -8,6 +8,10 @@
 
 namespace libreyolo::eval {
 
+// A square matrix of counts [n x n] (predicted row, true column; row-major) with each true column
+// divided by its sum (a column without entries stays 0).
+std::vector<double> normalize_columns(const std::vector<int64_t>& counts, int n);
+
 class ConfusionMatrix {
  public:
   // Defaults are Ultralytics': detections with score > 0.25, pairs with IoU > 0.45.

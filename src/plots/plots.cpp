@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include <libreyolo/errors.hpp>
 
@@ -309,19 +310,17 @@ Rgb8 blues(double v) {
 
 }  // namespace
 
-void plot_confusion_matrix(const eval::ConfusionMatrix& cm, const std::vector<std::string>& names,
-                           const std::string& png) {
-  const int n = cm.size(), nc = cm.num_classes();
-  const std::vector<double> v = cm.normalized();
+namespace {
+
+// A normalised matrix v [n x n] (predicted row, true column) with `labels` on both axes.
+void plot_normalized_matrix(const std::vector<double>& v, const std::vector<std::string>& labels,
+                            const std::string& png) {
+  const int n = static_cast<int>(labels.size());
   const int cell = std::clamp(900 / n, 4, 64);
   const bool show_names = cell >= 9;
   const int s = cell >= 16 ? 2 : 1, gap = 3 * s;
-  std::vector<std::string> labels;
   int name_room = 0;
-  for (int k = 0; k <= nc; ++k) {
-    labels.push_back(shorten(k < nc ? class_name(names, k) : "background", 16));
-    name_room = std::max(name_room, text_w(labels.back(), s));
-  }
+  for (const auto& l : labels) name_room = std::max(name_room, text_w(l, s));
   if (!show_names) name_room = 0;
   const int title_h = text_h(2) + 12;
   const int left = 10 + text_h(2) + 10 + name_room + gap + 2;
@@ -361,6 +360,26 @@ void plot_confusion_matrix(const eval::ConfusionMatrix& cm, const std::vector<st
     c.text(bar_x + bar_w + 8, y, strfmt("%.1f", i / 5.0), kBlack, 2, 0, 0.5);
   }
   c.save(png);
+}
+
+}  // namespace
+
+void plot_confusion_matrix(const eval::ConfusionMatrix& cm, const std::vector<std::string>& names,
+                           const std::string& png) {
+  std::vector<std::string> labels;
+  for (int k = 0; k <= cm.num_classes(); ++k)
+    labels.push_back(shorten(k < cm.num_classes() ? class_name(names, k) : "background", 16));
+  plot_normalized_matrix(cm.normalized(), labels, png);
+}
+
+void plot_confusion_matrix(const std::vector<int64_t>& counts, const std::vector<std::string>& names,
+                           const std::string& png) {
+  const int nc = static_cast<int>(names.size());
+  if (counts.size() != static_cast<size_t>(nc) * nc)
+    throw std::invalid_argument("plot_confusion_matrix: counts must be [nc x nc] for the nc names");
+  std::vector<std::string> labels;
+  for (int k = 0; k < nc; ++k) labels.push_back(shorten(class_name(names, k), 16));
+  plot_normalized_matrix(eval::normalize_columns(counts, nc), labels, png);
 }
 
 // ------------------------------------------------------------------ PR / F1 / P / R curves

@@ -44,6 +44,10 @@ void plot_train_batch(const torch::Tensor& images, const torch::Tensor& targets,
 // class names on both axes and a "background" row and column.
 void plot_confusion_matrix(const eval::ConfusionMatrix& cm, const std::vector<std::string>& names,
                            const std::string& png);
+// The same picture for classification: counts [nc x nc] (predicted row, true column), no
+// background row or column.
+void plot_confusion_matrix(const std::vector<int64_t>& counts, const std::vector<std::string>& names,
+                           const std::string& png);
 
 // Precision over recall at IoU .50 per class (COCO's interpolated curve) and their mean, the
 // legend giving each class's AP50 and the mAP50.
