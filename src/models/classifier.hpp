@@ -23,6 +23,28 @@ class Classifier : public Detector {
     return torch::softmax(raw.at(0).to(torch::kFloat), 1);
   }
   std::vector<int64_t> strides() const override { return {}; }
+  std::string size() const override { return size_; }
+  int num_classes() const override { return nc_; }
+  // A new head for nc classes (PyTorch's default Linear initialisation, on the old head's device
+  // and dtype); nothing happens when nc is the current count.
+  void reset_num_classes(int nc) override;
+
+ protected:
+  // `display` names the family in messages ("ResNet"); nc must be at least 1.
+  Classifier(std::string display, int nc, std::string size);
+  // Registers the final Linear (in_features -> the class count) under `name` ("fc", "classifier"),
+  // where the family's state-dict order puts it.
+  void register_head(const std::string& name, int64_t in_features);
+  // The head applied to pooled features [B, in_features].
+  torch::Tensor head(const torch::Tensor& features) { return head_(features); }
+
+  std::string size_;  // the family's constructor may settle it
+
+ private:
+  std::string display_, head_name_;
+  int nc_;
+  int64_t head_in_ = 0;
+  torch::nn::Linear head_{nullptr};
 };
 
 // LibreYOLO's classification recipe, shared by its classifier families: task "classify", 1000

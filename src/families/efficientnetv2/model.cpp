@@ -179,8 +179,7 @@ Arch size_arch(const std::string& size) {
 }
 
 EfficientNetV2Model::EfficientNetV2Model(const Arch& arch, int nc, std::string size_name)
-    : arch_(arch), nc_(nc), size_(std::move(size_name)) {
-  if (nc < 1) throw UsageError("EfficientNetV2: the class count must be at least 1");
+    : Classifier("EfficientNetV2", nc, std::move(size_name)), arch_(arch) {
   conv_stem = register_module("conv_stem", conv(3, arch.stem, 3, 2));
   bn1 = register_module("bn1", bn(arch.stem));
   blocks = nn::ModuleList();
@@ -197,7 +196,7 @@ EfficientNetV2Model::EfficientNetV2Model(const Arch& arch, int nc, std::string s
   register_module("blocks", blocks);
   conv_head = register_module("conv_head", conv(in, arch.head, 1, 1));
   bn2 = register_module("bn2", bn(arch.head));
-  classifier = register_module("classifier", nn::Linear(arch.head, nc));
+  register_head("classifier", arch.head);
 }
 
 torch::Tensor EfficientNetV2Model::features(const torch::Tensor& x) {
@@ -208,17 +207,7 @@ torch::Tensor EfficientNetV2Model::features(const torch::Tensor& x) {
 
 torch::Tensor EfficientNetV2Model::logits(const torch::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3) throw UsageError("EfficientNetV2: expected an image batch [B, 3, H, W]");
-  return classifier(features(x).mean({2, 3}));
-}
-
-void EfficientNetV2Model::reset_num_classes(int nc) {
-  if (nc == nc_) return;
-  if (nc < 1) throw UsageError("EfficientNetV2: the class count must be at least 1");
-  const auto& w = classifier->weight;
-  auto fresh = nn::Linear(arch_.head, nc);
-  fresh->to(w.device(), w.scalar_type());
-  classifier = replace_module("classifier", fresh);
-  nc_ = nc;
+  return head(features(x).mean({2, 3}));
 }
 
 std::vector<std::string> EfficientNetV2Model::freeze_groups() const {

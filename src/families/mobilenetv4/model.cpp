@@ -186,8 +186,7 @@ Arch size_arch(const std::string& size) {
 }
 
 MobileNetV4Model::MobileNetV4Model(const Arch& arch, int nc, std::string size_name)
-    : arch_(arch), nc_(nc), size_(std::move(size_name)) {
-  if (nc < 1) throw UsageError("MobileNetV4: the class count must be at least 1");
+    : Classifier("MobileNetV4", nc, std::move(size_name)), arch_(arch) {
   conv_stem = register_module("conv_stem", conv(3, arch.stem, 3, 2));
   bn1 = register_module("bn1", nn::BatchNorm2d(arch.stem));
   blocks = nn::ModuleList();
@@ -204,7 +203,7 @@ MobileNetV4Model::MobileNetV4Model(const Arch& arch, int nc, std::string size_na
   register_module("blocks", blocks);
   conv_head = register_module("conv_head", conv(in, arch.head, 1, 1));
   norm_head = register_module("norm_head", nn::BatchNorm2d(arch.head));
-  classifier = register_module("classifier", nn::Linear(arch.head, nc));
+  register_head("classifier", arch.head);
 }
 
 torch::Tensor MobileNetV4Model::features(const torch::Tensor& x) {
@@ -217,17 +216,7 @@ torch::Tensor MobileNetV4Model::logits(const torch::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3) throw UsageError("MobileNetV4: expected an image batch [B, 3, H, W]");
   auto y = features(x).mean({2, 3}, /*keepdim=*/true);
   y = torch::relu(norm_head(conv_head(y)));
-  return classifier(y.flatten(1));
-}
-
-void MobileNetV4Model::reset_num_classes(int nc) {
-  if (nc == nc_) return;
-  if (nc < 1) throw UsageError("MobileNetV4: the class count must be at least 1");
-  const auto& w = classifier->weight;
-  auto fresh = nn::Linear(arch_.head, nc);
-  fresh->to(w.device(), w.scalar_type());
-  classifier = replace_module("classifier", fresh);
-  nc_ = nc;
+  return head(y.flatten(1));
 }
 
 std::vector<std::string> MobileNetV4Model::freeze_groups() const {

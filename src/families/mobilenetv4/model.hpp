@@ -44,20 +44,14 @@ class MobileNetV4Model : public Classifier {
   torch::Tensor features(const torch::Tensor& x);
   torch::Tensor logits(const torch::Tensor& x) override;
   std::string family_name() const override { return "mobilenetv4"; }
-  std::string size() const override { return size_; }
-  int num_classes() const override { return nc_; }
-  void reset_num_classes(int nc) override;
   std::vector<std::string> freeze_groups() const override;
   const Arch& arch() const { return arch_; }
 
  private:
   Arch arch_;
-  int nc_;
-  std::string size_;
   torch::nn::Conv2d conv_stem{nullptr}, conv_head{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr}, norm_head{nullptr};
   torch::nn::ModuleList blocks{nullptr};
-  torch::nn::Linear classifier{nullptr};
   std::vector<torch::nn::Sequential> stages_;
 };
 

@@ -81,8 +81,7 @@ torch::Tensor BlockImpl::forward(const torch::Tensor& x) {
 }
 
 ResNetModel::ResNetModel(const Arch& arch, int nc, std::string size_name)
-    : arch_(arch), nc_(nc), size_(size_name.empty() ? size_of(arch) : std::move(size_name)) {
-  if (nc < 1) throw UsageError("ResNet: the class count must be at least 1");
+    : Classifier("ResNet", nc, size_name.empty() ? size_of(arch) : std::move(size_name)), arch_(arch) {
   if (size_.empty()) size_ = arch.bottleneck ? "50" : "18";
   conv1 = register_module("conv1", nn::Conv2d(nn::Conv2dOptions(3, arch.width, 7).stride(2).padding(3).bias(false)));
   bn1 = register_module("bn1", nn::BatchNorm2d(arch.width));
@@ -97,7 +96,7 @@ ResNetModel::ResNetModel(const Arch& arch, int nc, std::string size_name)
     layers_[static_cast<size_t>(k)] = register_module("layer" + std::to_string(k + 1), layer);
   }
   num_features_ = in;
-  fc = register_module("fc", nn::Linear(in, nc));
+  register_head("fc", in);
 }
 
 torch::Tensor ResNetModel::features(const torch::Tensor& x) {
@@ -110,17 +109,7 @@ torch::Tensor ResNetModel::features(const torch::Tensor& x) {
 torch::Tensor ResNetModel::logits(const torch::Tensor& x) {
   if (x.dim() != 4 || x.size(1) != 3)
     throw UsageError("ResNet: expected an image batch [B, 3, H, W], got " + std::to_string(x.dim()) + " dims");
-  return fc(features(x).mean({2, 3}));
-}
-
-void ResNetModel::reset_num_classes(int nc) {
-  if (nc == nc_) return;
-  if (nc < 1) throw UsageError("ResNet: the class count must be at least 1");
-  const auto& w = fc->weight;
-  auto fresh = nn::Linear(num_features_, nc);
-  fresh->to(w.device(), w.scalar_type());
-  fc = replace_module("fc", fresh);
-  nc_ = nc;
+  return head(features(x).mean({2, 3}));
 }
 
 std::vector<std::string> ResNetModel::freeze_groups() const {

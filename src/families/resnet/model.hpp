@@ -47,22 +47,16 @@ class ResNetModel : public Classifier {
   torch::Tensor logits(const torch::Tensor& x) override;
 
   std::string family_name() const override { return "resnet"; }
-  std::string size() const override { return size_; }
-  int num_classes() const override { return nc_; }
-  void reset_num_classes(int nc) override;
   std::vector<std::string> freeze_groups() const override;
   const Arch& arch() const { return arch_; }
   int64_t num_features() const { return num_features_; }
 
  private:
   Arch arch_;
-  int nc_;
-  std::string size_;
   int64_t num_features_;
   torch::nn::Conv2d conv1{nullptr};
   torch::nn::BatchNorm2d bn1{nullptr};
   std::array<torch::nn::Sequential, 4> layers_;
-  torch::nn::Linear fc{nullptr};
 };
 
 // The size whose architecture equals `a` (block kind, counts and width 64), or "".
