@@ -30,7 +30,7 @@ class Classifier : public Detector {
   void reset_num_classes(int nc) override;
 
  protected:
-  // `display` names the family in messages ("ResNet"); nc must be at least 1.
+  // `display` names the family in messages (its product name); nc must be at least 1.
   Classifier(std::string display, int nc, std::string size);
   // Registers the final Linear (in_features -> the class count) under `name` ("fc", "classifier"),
   // where the family's state-dict order puts it.
