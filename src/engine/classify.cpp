@@ -365,7 +365,7 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
   // schedule, AMP and its scaler, clipping, accumulation, the EMA and, with cuda_graph=true, the
   // whole step captured where the family declares it.
   const AmpPlan amp = plan_amp(cfg.amp, cfg.amp_dtype, dev);
-  const bool channels_last = cfg.memory_format == "channels_last" || (cfg.memory_format == "auto" && dev.is_cuda());
+  const bool channels_last = trains_channels_last(cfg.memory_format, dev);
   if (channels_last) to_channels_last(model);
   std::shared_ptr<models::Detector> ema_net;
   std::unique_ptr<ModelEMA> ema;
@@ -425,14 +425,11 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
           auto rng = data::Rng::for_sample(static_cast<uint64_t>(cfg.seed), epoch, s + i, 0);
           return data::classify_train_transform(img, cfg.imgsz, cfg.flip_prob, rng);
         });
-        // The accumulation windows of the detection trainer: `accumulate` batches a step, the
-        // epoch's last window shorter.
-        const int64_t acc = setup.accumulate, start = (it / acc) * acc;
-        const int64_t window = std::min<int64_t>(acc, iters - start);
+        const AccumulationWindow window = accumulation_window(it, iters, setup.accumulate);
         const LossOutput out = runner.forward_backward(images, torch::tensor(labels, torch::kLong),
-                                                       static_cast<double>(window));
+                                                       static_cast<double>(window.size));
         loss_sum += out.total.to(torch::kFloat);
-        if ((it + 1) % acc == 0 || it + 1 == iters) runner.optimizer_step();
+        if (window.optimizer_step) runner.optimizer_step();
       }
       EpochSummary es;
       es.epoch = epoch + 1;

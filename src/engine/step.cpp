@@ -363,6 +363,15 @@ void StepRunner::optimizer_step() {
   apply_schedule(global_step_);
 }
 
+AccumulationWindow accumulation_window(int64_t index, int64_t batches, int accumulate) {
+  const int64_t start = (index / accumulate) * accumulate;
+  return {std::min<int64_t>(accumulate, batches - start), (index + 1) % accumulate == 0 || index == batches - 1};
+}
+
+bool trains_channels_last(const std::string& memory_format, const torch::Device& device) {
+  return memory_format == "channels_last" || (memory_format == "auto" && device.is_cuda());
+}
+
 void enable_declared_cuda_graphs(StepRunner& runner, const models::Family& fam, const std::string& scope_option,
                                  bool collectives) {
   const bool step_scope = fam.capture_train_step && scope_option != "head";

@@ -225,6 +225,18 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
                            const AmpPlan& amp, bool channels_last, int64_t batches_per_epoch,
                            const models::Family* family = nullptr);
 
+// Micro-batch `index` of an epoch of `batches` with gradients accumulated over `accumulate`
+// batches: its window's size (the loss divisor; the epoch's last window may be shorter) and
+// whether the optimizer steps after it.
+struct AccumulationWindow {
+  int64_t size;
+  bool optimizer_step;
+};
+AccumulationWindow accumulation_window(int64_t index, int64_t batches, int accumulate);
+
+// memory_format=channels_last, or auto on a CUDA device: the training step's layout.
+bool trains_channels_last(const std::string& memory_format, const torch::Device& device);
+
 // cuda_graph=true: turns on the CUDA graphs `family` declares for training, the deepest first (the
 // whole step with capture_train_step unless scope_option is "head", else its training head and
 // the update), and logs what is captured or why training stays eager. collectives: the step's

@@ -256,7 +256,7 @@ void Trainer::setup_device() {
                     count_of(workers_, "loader worker").c_str(), cfg_.workers,
                     count_of(compute_threads_, "compute thread").c_str()));
   }
-  channels_last_ = cfg_.memory_format == "channels_last" || (cfg_.memory_format == "auto" && device_.is_cuda());
+  channels_last_ = trains_channels_last(cfg_.memory_format, device_);
   // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
   // fastest (measured on an H200: v9-t batch 8 bf16 step 75 -> 67 ms), unless asked for runs that
   // repeat bit for bit.
@@ -636,7 +636,7 @@ bool Trainer::next_batch(TrainState& s) {
   if (!batch_) return false;
   const int64_t bi = ++s.batch_index;
   s.batch_images = batch_->images.size(0);
-  s.optimizer_step = (bi + 1) % accumulate_ == 0 || bi == s.batches_per_epoch - 1;
+  s.optimizer_step = accumulation_window(bi, s.batches_per_epoch, accumulate_).optimizer_step;
   s.global_step = step_->global_step();
   current_batch_ = &*batch_;
   // A hook that observes phases may have joined or left since the last step.
@@ -645,9 +645,7 @@ bool Trainer::next_batch(TrainState& s) {
 }
 
 void Trainer::run_step(TrainState& s) {
-  const int64_t nb = s.batches_per_epoch, bi = s.batch_index;
-  const int64_t window_start = (bi / accumulate_) * accumulate_;
-  const int64_t window = std::min<int64_t>(accumulate_, nb - window_start);
+  const int64_t window = accumulation_window(s.batch_index, s.batches_per_epoch, accumulate_).size;
   LossOutput out = step_->forward_backward(batch_->images, batch_->targets, static_cast<double>(window));
   {
     torch::NoGradGuard ng;
