@@ -169,9 +169,10 @@ TEST(Device, AutotuneScopeSetsAndRestoresCudnnBenchmark) {
 TEST(Options, AppliesKeyValuesWithTypes) {
   libreyolo::TrainConfig c;
   libreyolo::train_schema().apply(c, {{"epochs", "7"}, {"lr0", "0.02"}, {"amp", "False"}, {"mosaic", "0.5"},
-                                      {"--project", "x/y"}, {"no-aug-epochs", "2"}},
+                                      {"--project", "x/y"}, {"no-aug-epochs", "2"}, {"reduced_decode", "false"}},
                                   "train");
   EXPECT_EQ(c.epochs, 7);
+  EXPECT_FALSE(c.reduced_decode);
   EXPECT_DOUBLE_EQ(c.lr0, 0.02);
   EXPECT_FALSE(c.amp);
   EXPECT_DOUBLE_EQ(c.mosaic_prob, 0.5);

@@ -91,3 +91,33 @@ TEST(DataDiskCache, ChangedImagesAndDamagedEntriesAreRebuilt) {
   EXPECT_FALSE(read_disk_cache(cached.image_path(4), 64).has_value());
   EXPECT_TRUE(torch::equal(cached.load_resized(4).image, plain.load_resized(4).image));
 }
+
+TEST(DataDiskCache, ReducedAndFullDecodesKeepEntriesOfTheirOwn) {
+  // 128 x 96 JPEGs at imgsz 64: the reduced decode (the default) reads them at DCT 1/2, whose
+  // pixels differ from the full decode's. A cache filled by one must never serve the other.
+  const auto files = fresh_images("disk_cache_c");
+  DatasetOptions full = opts(CacheMode::None);
+  full.reduced_decode = false;
+  DatasetOptions full_disk = full;
+  full_disk.cache = CacheMode::Disk;
+  const YoloDataset reduced_plain(files, opts(CacheMode::None)), full_plain(files, full);
+  const YoloDataset reduced_cached(files, opts(CacheMode::Disk));
+  const YoloDataset full_cached(files, full_disk);
+  int differ = 0;
+  for (int64_t i = 0; i < full_cached.size(); ++i) {
+    const std::string p = full_cached.image_path(i);
+    EXPECT_TRUE(fs::exists(disk_cache_path(p, 64))) << i;
+    EXPECT_TRUE(fs::exists(disk_cache_path(p, 64, ops::Fit::Letterbox, false))) << i;
+    EXPECT_TRUE(torch::equal(full_cached.load_resized(i).image, full_plain.load_resized(i).image)) << i;
+    EXPECT_TRUE(torch::equal(reduced_cached.load_resized(i).image, reduced_plain.load_resized(i).image)) << i;
+    differ += !torch::equal(full_plain.load_resized(i).image, reduced_plain.load_resized(i).image);
+  }
+  EXPECT_EQ(differ, full_cached.size()) << "the two decodes must differ here, or this test checks nothing";
+  // A reduced entry in the full entry's place is not read as one, and is replaced on the next load.
+  const std::string p0 = full_cached.image_path(0);
+  const std::string full_entry = disk_cache_path(p0, 64, ops::Fit::Letterbox, false);
+  fs::copy_file(disk_cache_path(p0, 64), full_entry, fs::copy_options::overwrite_existing);
+  EXPECT_FALSE(read_disk_cache(p0, 64, ops::Fit::Letterbox, false).has_value());
+  EXPECT_TRUE(torch::equal(full_cached.load_resized(0).image, full_plain.load_resized(0).image));
+  EXPECT_TRUE(read_disk_cache(p0, 64, ops::Fit::Letterbox, false).has_value());
+}

@@ -409,6 +409,10 @@ TEST(DataLoader, ReducedDecodeMosaicKeepsTheTargetsAndTheRecipesPixels) {
   for (size_t i = 0; i < t.boxes.size(); ++i) EXPECT_EQ(t.boxes[i].x2, r.boxes[i].x2);
   EXPECT_TRUE(torch::equal(b.load_mosaic_tile(3, 0).image, io::decode_image(b.image_path(3))))
       << "exact decode: the full decode, resampled by the mosaic";
+  // A tile the mosaic shows small (40 of 96 px): the reduced decode takes DCT 1/4, the exact one
+  // still decodes in full.
+  EXPECT_EQ(a.load_mosaic_tile(3, 0, 40).image.size(1), 60);
+  EXPECT_TRUE(torch::equal(b.load_mosaic_tile(3, 0, 40).image, io::decode_image(b.image_path(3))));
   EXPECT_THROW(a.load_mosaic_tile(0, YoloDataset::kTileSlots), UsageError);
 
   AugmentOptions aug;

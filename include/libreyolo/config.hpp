@@ -16,6 +16,10 @@ struct TrainConfig {
   int workers = 8;               // loader threads (0 = load in the training thread)
   std::string cache = "false";   // false, ram (resized images in memory), disk (beside the images, reused by later runs)
   std::string loader = "auto";  // auto (the CPU loader), cpu, gpu (nvJPEG decode + CUDA augmentation; blend recipes, no mixup or cache)
+  // CPU loader: JPEGs decoded at a reduced DCT scale covering the size they are shown at (faster;
+  // pixels differ from a full decode + resize, most in fine texture). false: every image decoded
+  // in full, the reference's pixels.
+  bool reduced_decode = true;
   int seed = 0;
   // CUDA: cuDNN algorithms by heuristics, deterministic ones only, no autotuning, so that a seed
   // gives the same weights from run to run on one machine (autotuning races algorithms in each

@@ -18,6 +18,8 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("workers", &C::workers, "data loader threads")
         .add("cache", &C::cache, "cache decoded images: false or ram")
         .add("loader", &C::loader, "where samples are decoded and augmented: auto (cpu), cpu, gpu (nvJPEG + CUDA kernels)")
+        .add("reduced_decode", &C::reduced_decode,
+             "CPU loader: decode JPEGs at the reduced DCT scale covering the size they are shown at (faster); false: full decodes, the reference's pixels")
         .add("seed", &C::seed, "random seed")
         .add("deterministic", &C::deterministic,
              "CUDA: deterministic cuDNN algorithms by heuristics, no autotuning (same weights run to run; slower)")

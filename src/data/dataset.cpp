@@ -310,7 +310,8 @@ void YoloDataset::fill_disk_cache() {
   // Which entries are missing or stale, and the room their files need.
   std::vector<char> valid(records_.size(), 0);
   parallel_for(static_cast<int64_t>(records_.size()), options_.threads, [&](int64_t i) {
-    valid[static_cast<size_t>(i)] = read_disk_cache(records_[static_cast<size_t>(i)].path, S, options_.fit).has_value();
+    valid[static_cast<size_t>(i)] =
+        read_disk_cache(records_[static_cast<size_t>(i)].path, S, options_.fit, options_.reduced_decode).has_value();
   });
   int64_t need = 0, missing = 0;
   for (size_t i = 0; i < records_.size(); ++i) {
@@ -341,7 +342,7 @@ void YoloDataset::fill_disk_cache() {
     const Record& r = records_[static_cast<size_t>(i)];
     const std::string& path = r.path;
     try {
-      if (!write_disk_cache(path, S, decode_resized(r), options_.fit)) failed.fetch_add(1);
+      if (!write_disk_cache(path, S, decode_resized(r), options_.fit, options_.reduced_decode)) failed.fetch_add(1);
     } catch (const DataError& e) {
       problems[static_cast<size_t>(i)] = path + " (" + e.what() + ")";
     }
@@ -418,12 +419,12 @@ Sample YoloDataset::load_record(int64_t i) const {
   } else if (disk_cache_) {
     // The entry, unless the image changed since (or the entry is damaged): then decoded again
     // and the entry rewritten.
-    auto cached = read_disk_cache(r.path, S, options_.fit);
+    auto cached = read_disk_cache(r.path, S, options_.fit, options_.reduced_decode);
     if (cached) {
       s.image = std::move(*cached);
     } else {
       s.image = decode_resized(r);
-      write_disk_cache(r.path, S, s.image, options_.fit);
+      write_disk_cache(r.path, S, s.image, options_.fit, options_.reduced_decode);
     }
   } else {
     s.image = decode_resized(r);

@@ -48,9 +48,11 @@ struct DatasetOptions {
   // check, and an out-of-range id would make the loss index out of bounds.
   int num_classes = 0;
   int threads = 0;  // for scanning headers/labels and filling the cache; 0 = hardware threads
-  // Decode JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers imgsz (big photos
-  // only). Faster, but the pixels differ slightly from the reference's full decode + resize;
-  // boxes are the same. false: the reference's pixels (bit for bit with cache=ram).
+  // Decode JPEGs at a reduced DCT scale (1/2, 1/4, 1/8) that still covers the size they are
+  // shown at (imgsz; a mosaic tile: its size after the affine's zoom). Faster (a mosaic sample
+  // decodes up to four images), but the pixels differ from a full decode + resize, most in fine
+  // texture: a tile shown small is decoded small. Boxes are the same. false: the reference's
+  // pixels in training and validation alike (bit for bit with cache=ram).
   bool reduced_decode = true;
   // The size images are held at (decoded, cached): Letterbox: the longer side imgsz, the aspect
   // kept; Stretch: imgsz x imgsz, as the family's input fit will take them (models::InputSpec).

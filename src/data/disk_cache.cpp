@@ -22,7 +22,7 @@ struct Header {
   int64_t src_size;
   int64_t src_mtime;  // file_time_type ticks
   int32_t h, w, imgsz;
-  int32_t fit;  // 0 letterbox size, 1 stretch
+  int32_t fit;  // bit 0: 0 letterbox size, 1 stretch; bit 1: a full decode
 };
 static_assert(sizeof(Header) == 40, "disk cache header layout");
 
@@ -39,11 +39,14 @@ bool source_stamp(const std::string& path, int64_t* size, int64_t* mtime) {
 
 }  // namespace
 
-int32_t fit_code(ops::Fit fit) { return fit == ops::Fit::Stretch ? 1 : 0; }
+int32_t fit_code(ops::Fit fit, bool reduced_decode) {
+  return (fit == ops::Fit::Stretch ? 1 : 0) | (reduced_decode ? 0 : 2);
+}
 
-std::string disk_cache_path(const std::string& image_path, int imgsz, ops::Fit fit) {
+std::string disk_cache_path(const std::string& image_path, int imgsz, ops::Fit fit, bool reduced_decode) {
   const fs::path p(image_path);
-  const std::string suffix = std::string(fit == ops::Fit::Stretch ? ".stretch" : "") + ".rgb";
+  const std::string suffix =
+      std::string(fit == ops::Fit::Stretch ? ".stretch" : "") + (reduced_decode ? "" : ".full") + ".rgb";
   return (p.parent_path() / ".libreyolo_cache" / (p.filename().string() + "." + std::to_string(imgsz) + suffix))
       .string();
 }
@@ -52,16 +55,17 @@ int64_t disk_cache_entry_bytes(int h, int w) {
   return static_cast<int64_t>(sizeof(Header)) + static_cast<int64_t>(h) * w * 3;
 }
 
-std::optional<torch::Tensor> read_disk_cache(const std::string& image_path, int imgsz, ops::Fit fit) {
+std::optional<torch::Tensor> read_disk_cache(const std::string& image_path, int imgsz, ops::Fit fit,
+                                             bool reduced_decode) {
   int64_t size = 0, mtime = 0;
   if (!source_stamp(image_path, &size, &mtime)) return std::nullopt;
-  const std::string path = disk_cache_path(image_path, imgsz, fit);
+  const std::string path = disk_cache_path(image_path, imgsz, fit, reduced_decode);
   std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
   Header h{};
   if (!in.read(reinterpret_cast<char*>(&h), sizeof h)) return std::nullopt;
   if (std::memcmp(h.magic, kMagic, sizeof kMagic) != 0 || h.src_size != size || h.src_mtime != mtime ||
-      h.imgsz != imgsz || h.fit != fit_code(fit) || h.h < 1 || h.w < 1 || h.h > imgsz || h.w > imgsz)
+      h.imgsz != imgsz || h.fit != fit_code(fit, reduced_decode) || h.h < 1 || h.w < 1 || h.h > imgsz || h.w > imgsz)
     return std::nullopt;
   std::error_code ec;
   if (static_cast<int64_t>(fs::file_size(path, ec)) != disk_cache_entry_bytes(h.h, h.w) || ec) return std::nullopt;
@@ -71,7 +75,8 @@ std::optional<torch::Tensor> read_disk_cache(const std::string& image_path, int 
   return img;
 }
 
-bool write_disk_cache(const std::string& image_path, int imgsz, const torch::Tensor& hwc, ops::Fit fit) {
+bool write_disk_cache(const std::string& image_path, int imgsz, const torch::Tensor& hwc, ops::Fit fit,
+                      bool reduced_decode) {
   if (!hwc.defined() || hwc.dim() != 3 || hwc.size(2) != 3 || hwc.scalar_type() != torch::kUInt8) return false;
   Header h{};
   std::memcpy(h.magic, kMagic, sizeof kMagic);
@@ -79,8 +84,8 @@ bool write_disk_cache(const std::string& image_path, int imgsz, const torch::Ten
   h.h = static_cast<int32_t>(hwc.size(0));
   h.w = static_cast<int32_t>(hwc.size(1));
   h.imgsz = imgsz;
-  h.fit = fit_code(fit);
-  const fs::path path = disk_cache_path(image_path, imgsz, fit);
+  h.fit = fit_code(fit, reduced_decode);
+  const fs::path path = disk_cache_path(image_path, imgsz, fit, reduced_decode);
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   if (ec) return false;

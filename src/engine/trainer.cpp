@@ -333,6 +333,7 @@ void Trainer::setup_data() {
   dopt.imgsz = cfg_.imgsz;
   dopt.fit = lm_.family->input.fit;
   dopt.num_classes = spec.nc;
+  dopt.reduced_decode = cfg_.reduced_decode;
   dopt.cache = cfg_.cache == "disk" ? data::CacheMode::Disk
                : (cfg_.cache == "ram" || cfg_.cache == "true" || cfg_.cache == "1" || cfg_.cache == "yes")
                    ? data::CacheMode::Ram
