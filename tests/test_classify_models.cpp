@@ -161,7 +161,7 @@ TEST(ClassifyResnet, FamilyRecipeAndNames) {
   EXPECT_EQ(f.default_size, "50");
   EXPECT_EQ(f.default_num_classes, 1000);
   EXPECT_TRUE(f.default_amp);
-  EXPECT_FALSE(f.capture_train_step);
+  EXPECT_TRUE(f.capture_train_step);
   EXPECT_FALSE(f.capture_inference);
   EXPECT_EQ(f.input_size("101"), 224);
   EXPECT_DOUBLE_EQ(f.crop_pct("18"), 0.95);
