@@ -284,3 +284,38 @@ TEST(RtdetrMatcher, MatchesOfThisNetworksTrainingForward) {
   EXPECT_EQ(pairs, 4 * 10);
   std::printf("  4 levels x 2 images: %d matched pairs, all equal to scipy's\n", pairs);
 }
+
+TEST(RtdetrMatcher, LevelsMatchedTogetherEqualLevelByLevel) {
+  // Several levels at once (one copy to the host) give each level's own matches: levels of
+  // different query counts, one against relabelled targets, one batch without any GT, and
+  // images without boxes.
+  torch::manual_seed(11);
+  const int64_t b = 3, nc = 5;
+  std::vector<rtdetr::ImageTargets> gts;
+  for (int64_t n : {4, 0, 2}) {
+    const auto cxcy = torch::rand({n, 2}) * 0.6 + 0.2, wh = torch::rand({n, 2}) * 0.3 + 0.05;
+    gts.push_back({torch::randint(0, nc, {n}, torch::kLong), torch::cat({cxcy, wh}, 1)});
+  }
+  std::vector<rtdetr::ImageTargets> one_class = gts, none;
+  for (auto& g : one_class) g.labels = torch::zeros_like(g.labels);
+  for (int64_t i = 0; i < b; ++i) none.push_back({torch::zeros({0}, torch::kLong), torch::zeros({0, 4})});
+  const auto level = [&](int64_t q, int64_t classes) {
+    return rtdetr::OutputLevel{torch::randn({b, q, classes}), torch::rand({b, q, 4}) * 0.5 + 0.25};
+  };
+  const std::vector<rtdetr::OutputLevel> levels = {level(12, nc), level(12, nc), level(9, 1), level(12, nc)};
+  const std::vector<const std::vector<rtdetr::ImageTargets>*> targets = {&gts, &gts, &one_class, &none};
+  const auto together = rtdetr::hungarian_match_levels(levels, targets);
+  ASSERT_EQ(together.size(), levels.size());
+  int64_t pairs = 0;
+  for (size_t l = 0; l < levels.size(); ++l) {
+    const auto alone = rtdetr::hungarian_match(levels[l].logits, levels[l].boxes, *targets[l]);
+    ASSERT_EQ(together[l].size(), alone.size()) << l;
+    for (size_t i = 0; i < alone.size(); ++i) {
+      EXPECT_TRUE(torch::equal(together[l][i].query, alone[i].query)) << l << " " << i;
+      EXPECT_TRUE(torch::equal(together[l][i].gt, alone[i].gt)) << l << " " << i;
+      pairs += alone[i].size();
+    }
+  }
+  EXPECT_EQ(pairs, 3 * 6) << "three levels with six boxes each are matched in full, the fourth has none";
+  EXPECT_THROW(rtdetr::hungarian_match_levels(levels, {&gts}), libreyolo::UsageError);
+}

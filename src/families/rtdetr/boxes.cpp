@@ -35,17 +35,30 @@ std::vector<ImageTargets> split_targets(const torch::Tensor& targets) {
   if (targets.dim() != 3 || targets.size(2) != 5)
     throw UsageError("RT-DETR targets must be [B, T, 5] (class, x1, y1, x2, y2), got " + c10::str(targets.sizes()));
   const auto t = targets.detach().to(torch::kFloat);
+  const int64_t b = t.size(0), n = t.size(1);
   const auto keep =
       (t.select(2, 0) >= 0) & (t.select(2, 3) > t.select(2, 1)) & (t.select(2, 4) > t.select(2, 2));  // [B, T]
+  // The mask reaches the host once; the kept rows of every image are gathered in one operation
+  // and each image's entry is a slice of them.
+  const auto mask = keep.to(torch::kCPU).contiguous();
+  const bool* k = mask.data_ptr<bool>();
+  std::vector<int64_t> kept, counts(static_cast<size_t>(b), 0);
+  for (int64_t i = 0; i < b * n; ++i)
+    if (k[i]) {
+      kept.push_back(i);
+      ++counts[static_cast<size_t>(i / n)];
+    }
+  const auto rows = t.reshape({b * n, 5}).index_select(0, torch::tensor(kept, torch::kLong).to(t.device()));
+  const auto xyxy = rows.narrow(1, 1, 4);
+  const auto wh = xyxy.narrow(1, 2, 2) - xyxy.narrow(1, 0, 2);
+  const auto labels = rows.select(1, 0).to(torch::kLong);
+  const auto boxes = torch::cat({xyxy.narrow(1, 0, 2) + wh / 2, wh}, 1);
   std::vector<ImageTargets> out;
-  for (int64_t b = 0; b < t.size(0); ++b) {
-    const auto rows = t[b].index({keep[b]});
-    const auto xyxy = rows.narrow(1, 1, 4);
-    const auto wh = xyxy.narrow(1, 2, 2) - xyxy.narrow(1, 0, 2);
-    ImageTargets it;
-    it.labels = rows.select(1, 0).to(torch::kLong);
-    it.boxes = torch::cat({xyxy.narrow(1, 0, 2) + wh / 2, wh}, 1);
-    out.push_back(std::move(it));
+  int64_t start = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t c = counts[static_cast<size_t>(i)];
+    out.push_back({labels.narrow(0, start, c), boxes.narrow(0, start, c)});
+    start += c;
   }
   return out;
 }

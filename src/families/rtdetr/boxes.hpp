@@ -27,7 +27,7 @@ struct ImageTargets {
 
 // The loader's [B, T, 5] rows (class, x1, y1, x2, y2), normalised, to one entry per image: rows
 // with class >= 0 and a box of positive width and height, in their order, on the targets'
-// device. Synchronises with the host (per-image counts).
+// device. Synchronises with the host once (the mask of kept rows).
 std::vector<ImageTargets> split_targets(const torch::Tensor& targets);
 
 }  // namespace libreyolo::models::rtdetr

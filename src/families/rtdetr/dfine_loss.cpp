@@ -180,7 +180,10 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   for (size_t l = 0; l + 1 < layers; ++l) matched.push_back(level_of(m, l));
   matched.push_back({f32(m.pre_logits), f32(m.pre_boxes), {}, {}});
   matched.push_back({f32(out.enc_topk_logits), f32(out.enc_topk_boxes), {}, {}});
-  for (const auto& lv : matched) t.matches.push_back(rt::hungarian_match(lv.logits, lv.boxes, gts, w_.matcher));
+  std::vector<rt::OutputLevel> levels;
+  for (const auto& lv : matched) levels.push_back({lv.logits, lv.boxes});
+  t.matches = rt::hungarian_match_levels(levels, std::vector<const std::vector<rt::ImageTargets>*>(levels.size(), &gts),
+                                         w_.matcher);
   t.go = union_matches(t.matches);
   int64_t go_count = 0;
   for (const auto& g : t.go) go_count += g.size();

@@ -36,19 +36,31 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
   const int64_t b = logits.size(0), n = logits.size(1);
   if (static_cast<int64_t>(matches.size()) != b || static_cast<int64_t>(gts.size()) != b)
     throw UsageError("RT-DETR loss: matches or targets for another batch size");
-  std::vector<torch::Tensor> images, queries, labels, targets;
+  // The pairs of every image as rows (image, query, GT row of the batch's concatenated targets),
+  // made on the host and copied once: a fixed number of device operations whatever the batch.
+  std::vector<int64_t> rows;
+  int64_t first_gt = 0;
   for (int64_t i = 0; i < b; ++i) {
-    const auto& m = matches[i];
-    images.push_back(torch::full({m.size()}, i, torch::kLong));
-    queries.push_back(m.query);
-    const auto gt = m.gt.to(gts[i].labels.device());
-    labels.push_back(gts[i].labels.index_select(0, gt));
-    targets.push_back(gts[i].boxes.index_select(0, gt));
+    const auto& m = matches[static_cast<size_t>(i)];
+    const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
+    const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
+    for (int64_t k = 0; k < m.size(); ++k) {
+      rows.push_back(i);
+      rows.push_back(q.data_ptr<int64_t>()[k]);
+      rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
+    }
+    first_gt += gts[static_cast<size_t>(i)].size();
   }
-  const auto img = torch::cat(images).to(device), qry = torch::cat(queries).to(device);
-  const auto gt_labels = torch::cat(labels).to(device);
-  const auto gt_boxes = torch::cat(targets).to(device, torch::kFloat);
-  const int64_t pairs = img.numel();
+  const int64_t pairs = static_cast<int64_t>(rows.size()) / 3;
+  const auto index = torch::from_blob(rows.data(), {pairs, 3}, torch::kLong).t().contiguous().to(device);  // [3, P]
+  const auto img = index[0], qry = index[1];
+  std::vector<torch::Tensor> all_labels, all_boxes;
+  for (const auto& g : gts) {
+    all_labels.push_back(g.labels);
+    all_boxes.push_back(g.boxes);
+  }
+  const auto gt_labels = torch::cat(all_labels).to(device).index_select(0, index[2]);
+  const auto gt_boxes = torch::cat(all_boxes).to(device, torch::kFloat).index_select(0, index[2]);
   const auto src = boxes.index({img, qry});  // [P, 4]
   rt::Overlap overlap;
   if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
@@ -100,12 +112,31 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
       t.values.push_back(v[k]);
     }
   };
-  std::vector<const rt::OutputLevel*> matched = {&in.last};
-  for (const auto& a : in.aux) matched.push_back(&a);
-  for (size_t l = 0; l < matched.size(); ++l) {
-    t.matches.push_back(rt::hungarian_match(matched[l]->logits, matched[l]->boxes, gts, w_.matcher));
-    add(l == 0 ? "" : "_aux_" + std::to_string(l - 1), level_terms(*matched[l], gts, t.matches.back(), t.num_boxes));
+  // The encoder top-k as its own level (RT-DETRv2): matched and scored like an auxiliary level,
+  // against GT relabelled to one class when its score head is class-agnostic.
+  std::vector<std::vector<rt::ImageTargets>> enc_gts;
+  for (const auto& level : in.enc) {
+    const int nc = static_cast<int>(level.logits.size(-1));
+    enc_gts.push_back(gts);
+    if (nc == 1 && nc_ != 1)
+      for (auto& g : enc_gts.back()) g.labels = torch::zeros_like(g.labels);
+    else if (nc != nc_)
+      throw UsageError("RT-DETR loss: encoder logits of " + std::to_string(nc) + " classes, the loss has " +
+                       std::to_string(nc_));
   }
+  // Every matched level at once (one wait for the device): the decoder's last layer, its
+  // auxiliary layers, then the encoder levels.
+  std::vector<rt::OutputLevel> levels = {in.last};
+  levels.insert(levels.end(), in.aux.begin(), in.aux.end());
+  std::vector<const std::vector<rt::ImageTargets>*> level_gts(levels.size(), &gts);
+  for (size_t l = 0; l < in.enc.size(); ++l) {
+    levels.push_back(in.enc[l]);
+    level_gts.push_back(&enc_gts[l]);
+  }
+  t.matches = rt::hungarian_match_levels(levels, level_gts, w_.matcher);
+  const size_t decoder_levels = 1 + in.aux.size();
+  for (size_t l = 0; l < decoder_levels; ++l)
+    add(l == 0 ? "" : "_aux_" + std::to_string(l - 1), level_terms(levels[l], gts, t.matches[l], t.num_boxes));
 
   if (!in.dn.empty()) {
     const auto pairs = in.dn_pairs.to(torch::kCPU, torch::kLong);
@@ -118,20 +149,9 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
     for (size_t l = 0; l < in.dn.size(); ++l)
       add("_dn_" + std::to_string(l), level_terms(in.dn[l], gts, t.dn_matches, num_boxes_dn));
   }
-  // The encoder top-k as its own level (RT-DETRv2): matched and scored like an auxiliary level,
-  // against GT relabelled to one class when its score head is class-agnostic.
-  for (size_t l = 0; l < in.enc.size(); ++l) {
-    const auto& level = in.enc[l];
-    const int nc = static_cast<int>(level.logits.size(-1));
-    std::vector<rt::ImageTargets> enc_gts = gts;
-    if (nc == 1 && nc_ != 1)
-      for (auto& g : enc_gts) g.labels = torch::zeros_like(g.labels);
-    else if (nc != nc_)
-      throw UsageError("RT-DETR loss: encoder logits of " + std::to_string(nc) + " classes, the loss has " +
-                       std::to_string(nc_));
-    t.matches.push_back(rt::hungarian_match(level.logits, level.boxes, enc_gts, w_.matcher));
-    add("_enc_" + std::to_string(l), level_terms(level, enc_gts, t.matches.back(), t.num_boxes, nc));
-  }
+  for (size_t l = 0; l < in.enc.size(); ++l)
+    add("_enc_" + std::to_string(l), level_terms(in.enc[l], enc_gts[l], t.matches[decoder_levels + l], t.num_boxes,
+                                                 static_cast<int>(in.enc[l].logits.size(-1))));
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];
   return t;

@@ -59,4 +59,31 @@ std::vector<ImageMatch> hungarian_match(const torch::Tensor& logits, const torch
   return solve_matches(matching_cost(logits, boxes, gts, w), gts);
 }
 
+std::vector<std::vector<ImageMatch>> hungarian_match_levels(const std::vector<OutputLevel>& levels,
+                                                            const std::vector<const std::vector<ImageTargets>*>& gts,
+                                                            const MatcherWeights& w) {
+  if (gts.size() != levels.size())
+    throw UsageError("matcher: " + std::to_string(gts.size()) + " target sets for " + std::to_string(levels.size()) +
+                     " levels");
+  std::vector<torch::Tensor> costs, flat;
+  for (size_t l = 0; l < levels.size(); ++l) {
+    costs.push_back(matching_cost(levels[l].logits, levels[l].boxes, *gts[l], w));
+    if (costs.back().defined()) flat.push_back(costs.back().reshape({-1}));
+  }
+  // One copy of every level's cost, then each level's block as a view of it.
+  torch::Tensor host;
+  if (!flat.empty()) host = (flat.size() == 1 ? flat[0] : torch::cat(flat)).to(torch::kCPU);
+  std::vector<std::vector<ImageMatch>> out;
+  int64_t at = 0;
+  for (size_t l = 0; l < levels.size(); ++l) {
+    torch::Tensor cost;
+    if (costs[l].defined()) {
+      cost = host.narrow(0, at, costs[l].numel()).view(costs[l].sizes());
+      at += costs[l].numel();
+    }
+    out.push_back(solve_matches(cost, *gts[l]));
+  }
+  return out;
+}
+
 }  // namespace libreyolo::models::rtdetr

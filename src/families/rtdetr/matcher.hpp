@@ -38,5 +38,11 @@ std::vector<ImageMatch> solve_matches(const torch::Tensor& cost, const std::vect
 // Both: the matches of one output level.
 std::vector<ImageMatch> hungarian_match(const torch::Tensor& logits, const torch::Tensor& boxes,
                                         const std::vector<ImageTargets>& gts, const MatcherWeights& w = {});
+// The matches of several output levels, level l against *gts[l] (an encoder level may match
+// relabelled targets): the same as hungarian_match level by level, but the costs of every level
+// reach the host in one copy, so a step waits for the device once instead of once a level.
+std::vector<std::vector<ImageMatch>> hungarian_match_levels(const std::vector<OutputLevel>& levels,
+                                                            const std::vector<const std::vector<ImageTargets>*>& gts,
+                                                            const MatcherWeights& w = {});
 
 }  // namespace libreyolo::models::rtdetr
