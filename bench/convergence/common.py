@@ -168,6 +168,9 @@ def add_run_arguments(ap, impl: str, opt_help: str) -> None:
     ap.add_argument("--concurrent", type=int, default=1,
                     help="runs sharing the GPU at the same time (recorded: their wall times are not comparable)")
     ap.add_argument("--opt", action="append", default=[], metavar="KEY=VALUE", help=opt_help)
+    ap.add_argument("--init", default=None, metavar="FILE",
+                    help="start from these weights (make_init.py) instead of a fresh initialisation, so that both "
+                         "implementations start from the same network")
 
 
 def run_record(impl: str, a, data: str, extra_options) -> dict:
@@ -186,4 +189,5 @@ def run_record(impl: str, a, data: str, extra_options) -> dict:
         "eval_interval": a.eval_interval,
         "concurrent": a.concurrent,
         "extra_options": extra_options,
+        "init": str(Path(a.init).resolve()) if a.init else None,
     }

@@ -32,6 +32,8 @@
 #   WORK=/tmp/convergence   DATA_SEED=0   TRAIN_IMAGES=512   VAL_IMAGES=128
 #   OURS_OPTS="key=value ..."  REF_OPTS="key=value ..."   extra options of every ours / ref run
 #   NO_AUG_EPOCHS=15   the no-aug length compare.py checks the loss jump at (both defaults: 15)
+#   SAME_INIT=1    both implementations start each (set, model, seed) from one set of weights:
+#                  the reference's fresh network for that seed (make_init.py, run_*.py --init)
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$ROOT" || exit 1
@@ -60,6 +62,7 @@ VAL_IMAGES=${VAL_IMAGES:-128}
 OURS_OPTS=${OURS_OPTS:-}
 REF_OPTS=${REF_OPTS:-}
 NO_AUG_EPOCHS=${NO_AUG_EPOCHS:-15}
+SAME_INIT=${SAME_INIT:-0}
 FINAL=${OUT:-$ROOT/out/convergence}
 
 mkdir -p "$FINAL" "$WORK"/{data,runs,json,logs}
@@ -129,6 +132,7 @@ run_one() {  # impl set model seed
     --epochs "$EPOCHS" --batch "$BATCH" --imgsz "$IMGSZ" --workers "$WORKERS" --seed "$seed"
     --device "$DEVICE" --project "$WORK/runs" --name "$name" --set "$s" --concurrent "$PARALLEL")
   local opts=() o
+  [ "$SAME_INIT" = 1 ] && opts+=(--init "$WORK/init/${s}_${m}_s${seed}.pt")
   if [ "$impl" = ours ]; then
     for o in $OURS_OPTS; do opts+=(--opt "$o"); done
     cmd=("$PY" "$HERE/run_ours.py" --bin "$LIBREYOLO_BIN" "${common_args[@]}" "${opts[@]}")
@@ -146,6 +150,15 @@ run_one() {  # impl set model seed
   rc=$?
   say "$name: rc=$rc $(( $(date +%s) - t )) s (at $(elapsed) s) $(tail -1 "$WORK/logs/$name.log" | cut -c1-200)"
 }
+
+if [ "$SAME_INIT" = 1 ]; then  # the starting weights, before any run
+  mkdir -p "$WORK/init"
+  for s in $SETS; do for m in $MODELS; do for seed in $SEEDS; do
+    "$PY" "$HERE/make_init.py" --model "$m" --data "$WORK/data/$s/data.yaml" --seed "$seed" \
+      --out "$WORK/init/${s}_${m}_s${seed}.pt" >> "$WORK/logs/init.txt" 2>&1 || { say "init $s $m $seed: FAILED"; exit 1; }
+  done; done; done
+  say "init: $(grep -c -- '->' "$WORK/logs/init.txt") weight files (SAME_INIT=1)"
+fi
 
 running=0
 for job in "${JOBS[@]}"; do

@@ -58,7 +58,10 @@ def main(argv=None) -> int:
     for o in a.opt:
         if "=" not in o:
             raise SystemExit(f"--opt takes key=value, got '{o}'")
-    cmd = [binary, "train", f"model={a.model}", f"data={data}", f"epochs={a.epochs}", f"batch={a.batch}",
+    # --init: the weights file is the model (its family and size come from it; pretrained=true,
+    # our default, keeps its weights).
+    model = str(Path(a.init).resolve()) if a.init else a.model
+    cmd = [binary, "train", f"model={model}", f"data={data}", f"epochs={a.epochs}", f"batch={a.batch}",
            f"imgsz={a.imgsz}", f"workers={a.workers}", f"seed={a.seed}", f"device={a.device}",
            f"project={project}", f"name={name}", "exist_ok=true", f"eval_interval={a.eval_interval}",
            *a.opt, "--json"]

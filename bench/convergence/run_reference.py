@@ -134,7 +134,10 @@ def main(argv=None) -> int:
 
         names = common.data_names(data)
         t_build = time.perf_counter()
-        if family in ("rtdetr", "rtdetrv2"):
+        if a.init:
+            # The given weights, kept: pretrained=True below (no re-initialisation).
+            model = cls(str(Path(a.init).resolve()), size=size, nb_classes=len(names), device=a.device)
+        elif family in ("rtdetr", "rtdetrv2"):
             # Its from-scratch build: no ImageNet backbone download, every backbone norm trained
             # (what ours builds from a model name).
             model = cls._from_scratch(size=size, nb_classes=len(names), device=a.device, seed=a.seed)
@@ -151,12 +154,12 @@ def main(argv=None) -> int:
             project=str(Path(a.project).resolve()),
             name=name,
             exist_ok=True,
-            pretrained=False,
+            pretrained=bool(a.init),
             eval_interval=a.eval_interval,
         )
         kwargs.update(record["extra_options"])
         record["train_kwargs"] = {k: v for k, v in kwargs.items()}
-        print(f"[run_reference] {cls.__name__}(None, size={size!r}, nb_classes={len(names)}).train({kwargs})",
+        print(f"[run_reference] {cls.__name__}({a.init!r}, size={size!r}, nb_classes={len(names)}).train({kwargs})",
               file=sys.stderr, flush=True)
 
         t_train = time.perf_counter()
