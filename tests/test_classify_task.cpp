@@ -271,3 +271,36 @@ TEST(ClassifyTrain, MobilenetAndEfficientnetTrainAndReload) {
   LibreYOLO m(std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/mobilenetv4n_reference.pt", "cpu");
   EXPECT_THROW(m.train({{"data", data}, {"epochs", "1"}, {"batch", "1"}, {"project", project}}), UsageError);
 }
+
+TEST(ClassifyTrain, WhatTheLoopCannotDoYetIsRefusedByNameInTheDryRunToo) {
+  // Options the detection trainer honours and the classify loop does not are errors naming the
+  // option, from the check (dry_run) as from train itself, before any run directory is made.
+  const std::string data = make_dataset("cls_refused", 2);
+  const std::string project = test::temp_dir("cls_refused_runs");
+  LibreYOLO model(std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/mobilenetv4n_reference.pt", "cpu");
+  const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
+      {{"profile", "true"}, "profile"},
+      {{"loader", "gpu"}, "loader=gpu"},
+      {{"cache", "ram"}, "cache=ram"},
+      {{"resume", "true"}, "resume"},
+  };
+  for (const auto& [option, named] : cases) {
+    const Kwargs kw = {{"data", data}, {"epochs", "1"}, {"batch", "2"}, {"imgsz", "32"}, {"project", project},
+                       {"name", "refused"}, option};
+    for (const bool dry : {true, false}) {
+      try {
+        if (dry)
+          model.check_train(kw);
+        else
+          (void)model.train(kw);
+        ADD_FAILURE() << option.first << "=" << option.second << " was accepted (dry " << dry << ")";
+      } catch (const UsageError& e) {
+        EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("classify"), std::string::npos) << e.what();
+      }
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(project + "/refused"));
+  // Accepted as before: no cache, and the CPU loader by name.
+  EXPECT_NO_THROW(model.check_train({{"data", data}, {"batch", "2"}, {"cache", "false"}, {"loader", "cpu"}}));
+}
