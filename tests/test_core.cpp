@@ -173,6 +173,10 @@ TEST(Options, AppliesKeyValuesWithTypes) {
                                   "train");
   EXPECT_EQ(c.epochs, 7);
   EXPECT_FALSE(c.reduced_decode);
+  libreyolo::ValConfig v;
+  EXPECT_TRUE(v.reduced_decode);
+  libreyolo::val_schema().apply(v, {{"reduced_decode", "false"}}, "val");
+  EXPECT_FALSE(v.reduced_decode);
   EXPECT_DOUBLE_EQ(c.lr0, 0.02);
   EXPECT_FALSE(c.amp);
   EXPECT_DOUBLE_EQ(c.mosaic_prob, 0.5);

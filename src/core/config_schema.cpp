@@ -117,6 +117,8 @@ const OptionSchema<ValConfig>& val_schema() {
         .add("half", &C::half, "float16 (autocast) inference on CUDA")
         .add("cuda_graph", &C::cuda_graph, "false, true or auto: replay the forward from CUDA graphs per input shape")
         .add("workers", &C::workers, "data loader threads")
+        .add("reduced_decode", &C::reduced_decode,
+             "decode JPEGs at the reduced DCT scale covering imgsz (faster); false: full decodes, the reference's pixels")
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
         .add("project", &C::project, "parent folder of run directories")
         .add("name", &C::name, "run directory name")

@@ -235,6 +235,7 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) 
   dopt.imgsz = cfg.imgsz;
   dopt.fit = impl.family->input.fit;
   dopt.num_classes = impl.model->num_classes();
+  dopt.reduced_decode = cfg.reduced_decode;
   // A model that was never trained has no classes of its own to compare (its metrics say nothing
   // either way): a warning then.
   const bool fresh = impl.weights.empty() && !impl.checkpoint;
