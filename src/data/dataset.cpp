@@ -49,6 +49,12 @@ void report_problems(const std::vector<std::string>& problems, const char* what)
 
 }  // namespace
 
+CacheMode cache_mode(const std::string& option) {
+  if (option == "disk") return CacheMode::Disk;
+  if (option == "ram" || option == "true" || option == "1" || option == "yes") return CacheMode::Ram;
+  return CacheMode::None;
+}
+
 std::string label_path_for(const std::string& image_path) {
   const fs::path p(image_path);
   std::string dir = p.parent_path().string();

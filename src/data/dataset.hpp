@@ -40,6 +40,9 @@ struct Tile {
 // Ram: resized images held in memory; Disk: stored beside the images once (data/disk_cache.hpp)
 // and read back instead of decoding.
 enum class CacheMode { None, Ram, Disk };
+// The training option `cache` as a mode: disk; ram, true, 1, yes: Ram; anything else (false, 0,
+// no, empty): None.
+CacheMode cache_mode(const std::string& option);
 
 struct DatasetOptions {
   int imgsz = 640;

@@ -17,6 +17,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "core/strings.hpp"
+#include "data/dataset.hpp"
 #include "engine/amp.hpp"
 #include "engine/ema.hpp"
 #include "engine/optimizer.hpp"
@@ -336,7 +337,7 @@ TrainConfig check_classify_training(models::LoadedModel& lm, const TrainConfig& 
   if (wants_distributed(cfg.device)) not_yet("training on several devices", "Pass one device, e.g. device=0.");
   if (cfg.profile) not_yet("the training profiler (profile=true)", "Leave profile unset for a classifier.");
   if (cfg.loader == "gpu") not_yet("loader=gpu", "Use loader=auto (the CPU loader).");
-  if (cfg.cache == "ram" || cfg.cache == "disk" || cfg.cache == "true" || cfg.cache == "1" || cfg.cache == "yes")
+  if (data::cache_mode(cfg.cache) != data::CacheMode::None)
     not_yet("cache=" + cfg.cache, "Leave cache unset: images are decoded every epoch.");
   return cfg;
 }

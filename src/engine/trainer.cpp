@@ -334,10 +334,7 @@ void Trainer::setup_data() {
   dopt.fit = lm_.family->input.fit;
   dopt.num_classes = spec.nc;
   dopt.reduced_decode = cfg_.reduced_decode;
-  dopt.cache = cfg_.cache == "disk" ? data::CacheMode::Disk
-               : (cfg_.cache == "ram" || cfg_.cache == "true" || cfg_.cache == "1" || cfg_.cache == "yes")
-                   ? data::CacheMode::Ram
-                   : data::CacheMode::None;
+  dopt.cache = data::cache_mode(cfg_.cache);
   train_set_ = std::make_shared<data::YoloDataset>(data::list_split_images(spec, "train"), dopt);
   if (cfg_.val && spec.has_split("val")) {
     data::DatasetOptions vopt = dopt;

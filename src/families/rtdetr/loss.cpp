@@ -24,17 +24,32 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
                                                      const std::vector<rt::ImageTargets>& gts,
                                                      const std::vector<rt::ImageMatch>& matches,
                                                      const torch::Tensor& num_boxes) const {
-  return level_terms(level, gts, matches, num_boxes, nc_);
+  return level_terms(level, concatenate(gts, level.logits.device()), matches, num_boxes, nc_);
 }
 
-std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& level,
-                                                     const std::vector<rt::ImageTargets>& gts,
+RtdetrLoss::BatchTargets RtdetrLoss::concatenate(const std::vector<rt::ImageTargets>& gts,
+                                                 const torch::Device& device) {
+  BatchTargets t;
+  std::vector<torch::Tensor> labels, boxes;
+  for (const auto& g : gts) {
+    labels.push_back(g.labels);
+    boxes.push_back(g.boxes);
+    t.counts.push_back(g.size());
+  }
+  if (!gts.empty()) {
+    t.labels = torch::cat(labels).to(device);
+    t.boxes = torch::cat(boxes).to(device, torch::kFloat);
+  }
+  return t;
+}
+
+std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& level, const BatchTargets& gts,
                                                      const std::vector<rt::ImageMatch>& matches,
                                                      const torch::Tensor& num_boxes, int nc) const {
   const auto logits = level.logits.to(torch::kFloat), boxes = level.boxes.to(torch::kFloat);
   const auto device = logits.device();
   const int64_t b = logits.size(0), n = logits.size(1);
-  if (static_cast<int64_t>(matches.size()) != b || static_cast<int64_t>(gts.size()) != b)
+  if (static_cast<int64_t>(matches.size()) != b || static_cast<int64_t>(gts.counts.size()) != b)
     throw UsageError("RT-DETR loss: matches or targets for another batch size");
   // The pairs of every image as rows (image, query, GT row of the batch's concatenated targets),
   // made on the host and copied once: a fixed number of device operations whatever the batch.
@@ -49,18 +64,13 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
       rows.push_back(q.data_ptr<int64_t>()[k]);
       rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
     }
-    first_gt += gts[static_cast<size_t>(i)].size();
+    first_gt += gts.counts[static_cast<size_t>(i)];
   }
   const int64_t pairs = static_cast<int64_t>(rows.size()) / 3;
   const auto index = torch::from_blob(rows.data(), {pairs, 3}, torch::kLong).t().contiguous().to(device);  // [3, P]
   const auto img = index[0], qry = index[1];
-  std::vector<torch::Tensor> all_labels, all_boxes;
-  for (const auto& g : gts) {
-    all_labels.push_back(g.labels);
-    all_boxes.push_back(g.boxes);
-  }
-  const auto gt_labels = torch::cat(all_labels).to(device).index_select(0, index[2]);
-  const auto gt_boxes = torch::cat(all_boxes).to(device, torch::kFloat).index_select(0, index[2]);
+  const auto gt_labels = gts.labels.index_select(0, index[2]);
+  const auto gt_boxes = gts.boxes.index_select(0, index[2]);
   const auto src = boxes.index({img, qry});  // [P, 4]
   rt::Overlap overlap;
   if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
@@ -135,8 +145,9 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
   }
   t.matches = rt::hungarian_match_levels(levels, level_gts, w_.matcher);
   const size_t decoder_levels = 1 + in.aux.size();
+  const BatchTargets gt_rows = concatenate(gts, device);
   for (size_t l = 0; l < decoder_levels; ++l)
-    add(l == 0 ? "" : "_aux_" + std::to_string(l - 1), level_terms(levels[l], gts, t.matches[l], t.num_boxes));
+    add(l == 0 ? "" : "_aux_" + std::to_string(l - 1), level_terms(levels[l], gt_rows, t.matches[l], t.num_boxes, nc_));
 
   if (!in.dn.empty()) {
     const auto pairs = in.dn_pairs.to(torch::kCPU, torch::kLong);
@@ -147,10 +158,11 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
     }
     const auto num_boxes_dn = t.num_boxes * static_cast<double>(in.dn_groups);
     for (size_t l = 0; l < in.dn.size(); ++l)
-      add("_dn_" + std::to_string(l), level_terms(in.dn[l], gts, t.dn_matches, num_boxes_dn));
+      add("_dn_" + std::to_string(l), level_terms(in.dn[l], gt_rows, t.dn_matches, num_boxes_dn, nc_));
   }
   for (size_t l = 0; l < in.enc.size(); ++l)
-    add("_enc_" + std::to_string(l), level_terms(in.enc[l], enc_gts[l], t.matches[decoder_levels + l], t.num_boxes,
+    add("_enc_" + std::to_string(l), level_terms(in.enc[l], concatenate(enc_gts[l], device),
+                                                 t.matches[decoder_levels + l], t.num_boxes,
                                                  static_cast<int>(in.enc[l].logits.size(-1))));
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];

@@ -72,9 +72,15 @@ class RtdetrLoss : public TrainingLoss {
   const RtdetrLossWeights& weights() const { return w_; }
 
  private:
+  // A target set's rows, every image's after the one before, on the outputs' device: made once
+  // per step for each set and read by every level matched against it.
+  struct BatchTargets {
+    torch::Tensor labels, boxes;  // [S] int64, [S, 4] float32 cxcywh
+    std::vector<int64_t> counts;  // per image
+  };
+  static BatchTargets concatenate(const std::vector<models::rtdetr::ImageTargets>& gts, const torch::Device& device);
   // With the class count of the level's logits (1: a class-agnostic encoder level).
-  std::array<torch::Tensor, 3> level_terms(const models::rtdetr::OutputLevel& level,
-                                           const std::vector<models::rtdetr::ImageTargets>& gts,
+  std::array<torch::Tensor, 3> level_terms(const models::rtdetr::OutputLevel& level, const BatchTargets& gts,
                                            const std::vector<models::rtdetr::ImageMatch>& matches,
                                            const torch::Tensor& num_boxes, int nc) const;
   int nc_;
