@@ -6,7 +6,8 @@
 // first call), which is a cold start when the cuDNN plan cache (LIBREYOLO_CUDNN_PLAN_CACHE) is empty;
 // --plans background (the library's default) or wait (this program's: every plan in place before the
 // steady-state figures) says how fused convolution plans missing from the cache are built.
-//   bench_predict --device cuda [--model yolo9t] [--iters 100] [--warmup 10] [--imgsz 640] [--half]
+// --imgsz: default the model's own input size (640 for the detectors).
+//   bench_predict --device cuda [--model yolo9t] [--iters 100] [--warmup 10] [--imgsz N] [--half]
 //                 [--cuda-graph off|on|auto] [--plans wait|background] [--folder N --batch B]
 #include <torch/torch.h>
 
@@ -25,7 +26,7 @@
 
 int main(int argc, char** argv) {
   std::string device = "cpu", model = "yolo9t";
-  int iters = 100, warmup = 10, imgsz = 640;
+  int iters = 100, warmup = 10, imgsz = 0;  // 0: the model's
   bool half = false;
   std::string graph = "off";
   int folder = 0, batch = 1;
@@ -66,7 +67,8 @@ int main(int argc, char** argv) {
   const auto t_load = Clock::now();
   libreyolo::LibreYOLO m(model, device);
   const double load_ms = ms_since(t_load);
-  libreyolo::Kwargs kw = {{"imgsz", std::to_string(imgsz)}, {"device", device}, {"half", half ? "true" : "false"}};
+  libreyolo::Kwargs kw = {{"device", device}, {"half", half ? "true" : "false"}};
+  if (imgsz > 0) kw.push_back({"imgsz", std::to_string(imgsz)});
   if (graph != "off") kw.push_back({"cuda_graph", graph});
   if (folder > 0) {
     const auto dir = std::filesystem::temp_directory_path() / ("libreyolo_bench_folder_" + std::to_string(folder));

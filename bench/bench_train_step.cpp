@@ -1,7 +1,7 @@
 // Training-step benchmark: one real-looking batch replayed (no data loader), as the reference's
 // (LibreYOLO 1.6.0's) step figures were taken: forward + loss + backward + SGD step, 640 px.
-//   bench_train_step --device cuda [--family yolo9|yolox] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
-//                    [--steps 24] [--warmup 6] [--imgsz 640] [--memory-format auto|channels_last|contiguous]
+//   bench_train_step --device cuda [--family yolo9|yolox|...|resnet] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
+//                    [--steps 24] [--warmup 6] [--imgsz N] [--nc N] [--memory-format auto|channels_last|contiguous]
 //                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]
 //                    [--cuda-graph off|on|off,on] [--graph-scope auto|step|head]
 //   --cuda-graph: the whole step replayed from CUDA graphs (StepRunner::enable_cuda_graphs), each
@@ -10,6 +10,9 @@
 //   with capture_train_step, else its training head and the update); step or head ask for that
 //   scope whatever the family declares, to measure a capture before the family turns it on.
 //   --fused: the fused Conv+BN+SiLU training node (layers/conv_bn_act.hpp), default on.
+//   --imgsz: default the family's input size for the size (640 where it has none).
+//   --nc: the class count (default 80 for detectors, 5 for classifiers). A classifier (a family of
+//   the classify task) trains on class ids with its cross-entropy, a detector on boxes.
 // Prints one JSON object: per configuration min/median step ms, img/s, kernels per step, peak memory
 // (of the timed window, and reserved memory over the whole configuration: with graphs, their pool).
 #include <torch/torch.h>
@@ -58,6 +61,12 @@ std::pair<torch::Tensor, torch::Tensor> make_batch(int64_t b, int64_t s, int nc)
     }
   }
   return {images, targets};
+}
+
+// A classification batch: random images and a class id per image.
+std::pair<torch::Tensor, torch::Tensor> make_label_batch(int64_t b, int64_t s, int nc) {
+  torch::manual_seed(0);
+  return {torch::randint(0, 256, {b, s, s, 3}, torch::kUInt8), torch::randint(0, nc, {b}, torch::kLong)};
 }
 
 #ifdef LIBREYOLO_CUDA
@@ -171,7 +180,8 @@ int64_t count_kernels(const std::function<void()>& step) {
 struct Options {
   std::string device = "cpu", family = "yolo9", sizes = "t", batches = "8", dtypes = "fp32", memfmt = "auto",
               fused = "on", graphs = "off", scope = "auto";
-  int steps = 24, warmup = 15, imgsz = 640;  // warm-up also lets cuDNN autotune and GPU clocks rise
+  int steps = 24, warmup = 15;  // warm-up also lets cuDNN autotune and GPU clocks rise
+  int imgsz = 0, nc = 0;        // 0: the family's input size (else 640); 80 (a classifier: 5)
   bool ema = false, kernels = true, diagnose = false, cudnn_benchmark = false;
 };
 
@@ -199,6 +209,7 @@ bool parse_args(int argc, char** argv, Options& o) {
     else if (a == "--steps") o.steps = std::stoi(val());
     else if (a == "--warmup") o.warmup = std::stoi(val());
     else if (a == "--imgsz") o.imgsz = std::stoi(val());
+    else if (a == "--nc") o.nc = std::stoi(val());
     else if (a == "--memory-format") o.memfmt = val();
     else if (a == "--ema") o.ema = true;
     else if (a == "--no-kernels") o.kernels = false;
@@ -218,6 +229,7 @@ bool parse_args(int argc, char** argv, Options& o) {
 // One measured configuration.
 struct Config {
   std::string size, dtype;
+  int imgsz, nc;
   int64_t batch;
   bool fused;
   bool graph = false;
@@ -241,7 +253,7 @@ struct Bench {
 std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, const torch::Device& dev,
                                   const Config& c) {
   auto b = std::make_unique<Bench>();
-  b->model = fam.build(c.size, 80);
+  b->model = fam.build(c.size, c.nc);
   b->model->to(dev);
   b->model->train();
   b->sc.device = dev;
@@ -249,7 +261,7 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
   b->sc.channels_last = o.memfmt == "channels_last" || (o.memfmt == "auto" && dev.is_cuda());
   if (b->sc.channels_last) engine::to_channels_last(*b->model);
   if (o.ema) {
-    b->ema_model = fam.build_like(models::state_dict(*b->model), 80);
+    b->ema_model = fam.build_like(models::state_dict(*b->model), c.nc);
     b->ema_model->to(dev);
     if (b->sc.channels_last) engine::to_channels_last(*b->ema_model);
     b->ema = std::make_unique<engine::ModelEMA>(b->ema_model, *b->model);
@@ -270,7 +282,8 @@ std::unique_ptr<Bench> make_bench(const Options& o, const models::Family& fam, c
     const std::string why = b->runner->enable_cuda_graphs(3, graph_scope(o, fam));
     if (!why.empty()) throw std::runtime_error("--cuda-graph on: " + why);
   }
-  auto [images, targets] = make_batch(c.batch, o.imgsz, 80);
+  auto [images, targets] =
+      fam.task == "classify" ? make_label_batch(c.batch, c.imgsz, c.nc) : make_batch(c.batch, c.imgsz, c.nc);
   b->images = images.to(dev);
   b->targets = targets.to(dev);
   return b;
@@ -363,7 +376,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
   auto b = make_bench(o, fam, dev, c);
   json diag;
 #ifdef LIBREYOLO_CUDA
-  if (o.diagnose && dev.is_cuda() && !c.graph) diag = diagnose(*b, fam, dev, o.imgsz);
+  if (o.diagnose && dev.is_cuda() && !c.graph) diag = diagnose(*b, fam, dev, c.imgsz);
 #endif
   const std::vector<double> ms = time_steps(*b, dev, o.warmup, o.steps, [&] {
 #ifdef LIBREYOLO_CUDA
@@ -372,7 +385,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
 #endif
   });
   const int64_t B = c.batch;
-  json r = {{"model", fam.name + c.size}, {"batch", B}, {"dtype", c.dtype}, {"channels_last", b->sc.channels_last},
+  json r = {{"model", fam.name + c.size}, {"imgsz", c.imgsz}, {"nc", c.nc}, {"batch", B}, {"dtype", c.dtype}, {"channels_last", b->sc.channels_last},
             {"fused_conv", c.fused}, {"cudnn_benchmark", o.cudnn_benchmark}, {"cuda_graph", c.graph},
             {"min_ms", ms.front()}, {"median_ms", ms[ms.size() / 2]},
             {"img_per_s_at_min", 1000.0 * B / ms.front()}, {"img_per_s_at_median", 1000.0 * B / ms[ms.size() / 2]}};
@@ -435,16 +448,18 @@ int main(int argc, char** argv) {
     return 2;
   }
   for (const std::string& line : configure_cudnn(o.cudnn_benchmark)) std::fprintf(stderr, "%s\n", line.c_str());
-  json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"imgsz", o.imgsz}, {"steps", o.steps},
+  json out = {{"benchmark", "train_step"}, {"device", dev.str()}, {"steps", o.steps},
               {"warmup", o.warmup}, {"ema", o.ema}, {"results", json::array()}};
   const std::vector<bool> fused_modes =
       o.fused == "both" ? std::vector<bool>{true, false} : std::vector<bool>{o.fused != "off"};
+  const int nc = o.nc > 0 ? o.nc : fam->task == "classify" ? 5 : 80;
   for (const auto& size : split(o.sizes)) {
+    const int imgsz = o.imgsz > 0 ? o.imgsz : fam->input_size ? fam->input_size(size) : 640;
     for (const auto& bs : split(o.batches)) {
       for (const auto& dt : split(o.dtypes)) {
         for (bool fused_on : fused_modes) {
           for (const auto& gm : split(o.graphs)) {
-            json r = run_config(o, *fam, dev, Config{size, dt, std::stoll(bs), fused_on, gm == "on"});
+            json r = run_config(o, *fam, dev, Config{size, dt, imgsz, nc, std::stoll(bs), fused_on, gm == "on"});
             out["results"].push_back(r);
             std::cerr << r.dump() << "\n";
           }

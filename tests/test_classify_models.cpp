@@ -163,6 +163,8 @@ TEST(ClassifyResnet, FamilyRecipeAndNames) {
   EXPECT_TRUE(f.default_amp);
   EXPECT_TRUE(f.capture_train_step);
   EXPECT_FALSE(f.capture_inference);
+  ASSERT_TRUE(f.make_loss);
+  EXPECT_EQ(f.make_loss(*f.build("18", 3))->term_names(), (std::vector<std::string>{"ce"}));
   EXPECT_EQ(f.input_size("101"), 224);
   EXPECT_DOUBLE_EQ(f.crop_pct("18"), 0.95);
   EXPECT_DOUBLE_EQ(f.input.divisor, 255.0);

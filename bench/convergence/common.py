@@ -16,8 +16,8 @@ A run's JSON (written by run_reference.py and run_ours.py, read by compare.py):
       "ok": true,                   # false: the run failed (exit status / exception in "error")
       "per_epoch": [
         {"epoch": 1, "loss": 5.1, "loss_terms": {"box": 1.2, "cls": 2.0, "dfl": 1.9},
-         "map50": 0.01, "map50_95": 0.003, "validated": true, "epoch_s": 3.2}, ...
-      ],
+         "map50": 0.01, "map50_95": 0.003, "top1": null, "validated": true, "epoch_s": 3.2}, ...
+      ],                            # a classification run: "top1" (accuracy), mAPs null
       ...                           # runner-specific extras (versions, command, ...)
     }
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 
 MAP50_95_KEYS = ("metrics/mAP50-95", "metrics/mAP50-95(B)")
 MAP50_KEYS = ("metrics/mAP50", "metrics/mAP50(B)")
+TOP1_KEYS = ("metrics/accuracy_top1",)
 
 
 def _num(v):
@@ -82,16 +83,25 @@ def normalise_row(row: dict) -> dict:
             terms[t] = _num(v)
     map50_95 = _first(row, MAP50_95_KEYS)
     map50 = _first(row, MAP50_KEYS)
-    validated = _truthy(row["validated"]) if "validated" in row else map50_95 is not None
+    top1 = _first(row, TOP1_KEYS)  # classification runs
+    validated = _truthy(row["validated"]) if "validated" in row else (map50_95 is not None or top1 is not None)
     return {
         "epoch": int(float(row["epoch"])),
         "loss": _num(row.get("train/loss")),
         "loss_terms": terms,
         "map50": map50 if validated else None,
         "map50_95": map50_95 if validated else None,
+        "top1": top1 if validated else None,
         "validated": bool(validated),
         "epoch_s": _num(row.get("time")),
     }
+
+
+def score_text(row: dict) -> str:
+    """'mAP50-95 0.41' or 'top-1 0.93' (a classification row) for progress lines."""
+    if row.get("map50_95") is None and row.get("top1") is not None:
+        return f"top-1 {row['top1']}"
+    return f"mAP50-95 {row.get('map50_95')}"
 
 
 def read_results_csv(path: Path) -> list[dict]:
@@ -136,7 +146,10 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def data_names(data_yaml: str) -> list[str]:
-    """Class names of a data.yaml (list or {id: name} mapping), read with PyYAML."""
+    """Class names of a data.yaml (list or {id: name} mapping), read with PyYAML; of a
+    classification folder (data=DIR), its train/ class folders in sorted order."""
+    if Path(data_yaml).is_dir():
+        return sorted(p.name for p in (Path(data_yaml) / "train").iterdir() if p.is_dir())
     import yaml
 
     with open(data_yaml) as f:

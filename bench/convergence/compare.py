@@ -6,7 +6,9 @@ seeds into one JSON, print a short table, check the acceptance criteria, and opt
         [--no-aug-epochs 15] [--from-epoch 5] [--tol-curve 0.03] [--tol-final 0.005] [--max-jump 1.3]
 
 Runs are grouped by (set, model); in each group, per epoch: each implementation's per-seed and
-seed-mean mAP50-95 (and mAP50) and train loss. The checks, for each group that has both:
+seed-mean score and train loss. The score is mAP50-95 for detection and top-1 accuracy for a
+classification group (every row with a top-1 and no mAP; the group's "metric" says which; the
+merged JSON keeps the key names map50_95* for both). The checks, for each group that has both:
 
   curve      from epoch --from-epoch on, ours' seed-mean mAP50-95 >= the reference's - 0.03
              at every epoch both validated;
@@ -70,7 +72,15 @@ def fmt(x, nd=4):
     return "-" if x is None else f"{x:.{nd}f}"
 
 
+def score_key(runs: list[dict]) -> str:
+    """'top1' when every validated row of the group is a classification row, else 'map50_95'."""
+    rows = [row for r in runs for row in r["per_epoch"] if row.get("validated")]
+    classify = bool(rows) and all(row.get("map50_95") is None and row.get("top1") is not None for row in rows)
+    return "top1" if classify else "map50_95"
+
+
 def merge_group(runs: list[dict], a) -> dict:
+    key = score_key(runs)
     by_impl = {i: sorted((r for r in runs if r["impl"] == i), key=lambda r: r["seed"]) for i in IMPLS}
     epochs = sorted({row["epoch"] for r in runs for row in r["per_epoch"]})
     n_epochs = max([r.get("epochs") or 0 for r in runs] + [max(epochs) if epochs else 0])
@@ -84,7 +94,7 @@ def merge_group(runs: list[dict], a) -> dict:
                 if row is None:
                     continue
                 s = str(r["seed"])
-                maps[s] = row.get("map50_95")
+                maps[s] = row.get(key)
                 maps50[s] = row.get("map50")
                 losses[s] = row.get("loss")
             # A seed mean only where every seed reached the epoch: the mean of a subset is
@@ -108,6 +118,7 @@ def merge_group(runs: list[dict], a) -> dict:
     g = {
         "set": runs[0].get("set"),
         "model": runs[0].get("model"),
+        "metric": "top-1 accuracy" if key == "top1" else "mAP50-95",
         "epochs": n_epochs,
         "seeds": {impl: [r["seed"] for r in by_impl[impl]] for impl in IMPLS},
         "settings": {k: runs[0].get(k) for k in ("batch", "imgsz", "workers", "device")},
@@ -185,7 +196,7 @@ def no_aug_check(g: dict, by_impl: dict, a) -> dict:
 def print_table(g: dict, out=sys.stdout) -> None:
     p = lambda *s: print(*s, file=out)  # noqa: E731
     seeds = g["seeds"]
-    p(f"\n== {g['set']} / {g['model']}: {g['epochs']} epochs, seeds ours {seeds['ours']} ref {seeds['ref']}, "
+    p(f"\n== {g['set']} / {g['model']} ({g['metric']}): {g['epochs']} epochs, seeds ours {seeds['ours']} ref {seeds['ref']}, "
       f"{g['settings']}")
     p(f"{'epoch':>5} {'ours':>8} {'ref':>8} {'diff':>8} {'loss_o':>8} {'loss_r':>8}")
     for e in g["per_epoch"]:
@@ -246,7 +257,7 @@ def plot(groups: list[dict], path: str, no_aug_epochs: int) -> None:
         verdict = {True: "checks pass", False: "a check fails", None: ""}[g.get("pass")]
         ax.set_title(f"{g['set']} / {g['model']} {('- ' + verdict) if verdict else ''}{sub}", fontsize=10)
         ax.set_xlabel("epoch")
-        ax.set_ylabel("mAP50-95 (val)")
+        ax.set_ylabel(f"{g.get('metric', 'mAP50-95')} (val)")
         ax.set_xlim(1, max(g["epochs"], 2))
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(bottom=0)

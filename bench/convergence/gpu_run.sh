@@ -19,6 +19,7 @@
 #
 # Knobs (environment):
 #   SETS="colour hard"  MODELS="yolo9t" (also yolox-s, rtdetr-r18)  SEEDS="0 1"  WHICH="ours ref"
+#                  (classifiers: SETS=shapes MODELS="resnet18 mobilenetv4s" IMGSZ=224 NO_AUG_EPOCHS=0)
 #   EPOCHS=30  BATCH=16  IMGSZ=320  WORKERS=8  DEVICE=0
 #   PARALLEL=1     runs at a time on the one GPU. Device time is scarce, so several runs may share
 #                  the GPU; their wall times then measure contention, not speed: compare.py marks
@@ -107,11 +108,12 @@ if [[ " $WHICH " == *" ours "* ]]; then
   say "ours: $("$LIBREYOLO_BIN" --version 2>&1 | tail -1) ($LIBREYOLO_BIN)"
 fi
 
-# --- data
+# --- data (DATA[set]: what a run's data= is, the set's data.yaml, or a classification set's folder)
+declare -A DATA
 for s in $SETS; do
   t=$(date +%s)
-  "$PY" "$HERE/make_data.py" --set "$s" --out "$WORK/data/$s" --seed "$DATA_SEED" \
-    --train "$TRAIN_IMAGES" --val "$VAL_IMAGES" > /dev/null 2> "$WORK/logs/data_$s.txt" || { say "data $s: FAILED"; cat "$WORK/logs/data_$s.txt" >&2; exit 1; }
+  DATA[$s]=$("$PY" "$HERE/make_data.py" --set "$s" --out "$WORK/data/$s" --seed "$DATA_SEED" \
+    --train "$TRAIN_IMAGES" --val "$VAL_IMAGES" 2> "$WORK/logs/data_$s.txt") || { say "data $s: FAILED"; cat "$WORK/logs/data_$s.txt" >&2; exit 1; }
   say "data $s: $(tr '\n' ';' < "$WORK/logs/data_$s.txt") $(( $(date +%s) - t )) s"
 done
 
@@ -128,7 +130,7 @@ run_one() {  # impl set model seed
     budget=$(( DEADLINE_S - $(elapsed) ))
     if [ "$budget" -le 5 ]; then say "$name: not started (deadline)"; return 0; fi
   fi
-  local common_args=(--data "$WORK/data/$s/data.yaml" --out "$WORK/json/$name.json" --model "$m"
+  local common_args=(--data "${DATA[$s]}" --out "$WORK/json/$name.json" --model "$m"
     --epochs "$EPOCHS" --batch "$BATCH" --imgsz "$IMGSZ" --workers "$WORKERS" --seed "$seed"
     --device "$DEVICE" --project "$WORK/runs" --name "$name" --set "$s" --concurrent "$PARALLEL")
   local opts=() o
@@ -154,7 +156,7 @@ run_one() {  # impl set model seed
 if [ "$SAME_INIT" = 1 ]; then  # the starting weights, before any run
   mkdir -p "$WORK/init"
   for s in $SETS; do for m in $MODELS; do for seed in $SEEDS; do
-    "$PY" "$HERE/make_init.py" --model "$m" --data "$WORK/data/$s/data.yaml" --seed "$seed" \
+    "$PY" "$HERE/make_init.py" --model "$m" --data "${DATA[$s]}" --seed "$seed" \
       --out "$WORK/init/${s}_${m}_s${seed}.pt" >> "$WORK/logs/init.txt" 2>&1 || { say "init $s $m $seed: FAILED"; exit 1; }
   done; done; done
   say "init: $(grep -c -- '->' "$WORK/logs/init.txt") weight files (SAME_INIT=1)"

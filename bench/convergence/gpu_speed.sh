@@ -11,6 +11,8 @@
 # predict() of one 640x480 JPEG (bench_predict, eager and graphed) and the reference's on the same
 # file (reference_predict.py). Logs and JSON in $OUT/speed.tar.gz, a summary on stdout.
 #   MODELS="rtdetr-r18"  BATCHES="4,8"  IMGSZ=640  STEPS=20  WARMUP=8
+#   classifiers (resnet-18, mobilenetv4-s, efficientnetv2-b0): both steps at CLS_IMGSZ (default 224)
+#   on the generated class-folder set (make_data.py --set shapes); predict at the model's input size
 #   WHICH="ours ref"   the sides to run;   TIMEOUT_S=240 per command
 #   GRAPH_SCOPE=auto   our graphed step's scope (bench_train_step --graph-scope): auto is what the
 #                      family declares; step or head measure a capture the family has not turned on
@@ -53,9 +55,12 @@ IMAGE=/tmp/libreyolo_bench_640x480.jpg
 for m in $MODELS; do
   family=${m%%-*}
   size=${m#*-}
+  data=/tmp/speed_data/data.yaml
+  imgsz=$IMGSZ
+  case $family in resnet | mobilenetv4 | efficientnetv2) data=/tmp/speed_shapes imgsz=${CLS_IMGSZ:-224} ;; esac
   if [[ " $WHICH " == *" ours "* ]]; then
     run "ours_step_$m" "$B/bench_train_step" --device cuda --cudnn-benchmark --ema --family "$family" --sizes "$size" \
-      --batches "$BATCHES" --dtypes bf16 --imgsz "$IMGSZ" --cuda-graph off,on --graph-scope "${GRAPH_SCOPE:-auto}" --steps "$STEPS" --warmup "$WARMUP"
+      --batches "$BATCHES" --dtypes bf16 --imgsz "$imgsz" --cuda-graph off,on --graph-scope "${GRAPH_SCOPE:-auto}" --steps "$STEPS" --warmup "$WARMUP"
     run "ours_predict_$m" "$B/bench_predict" --device cuda --model "$m" --iters 100 --warmup 10
     run "ours_predict_graph_$m" "$B/bench_predict" --device cuda --model "$m" --iters 100 --warmup 10 --cuda-graph on
   fi
@@ -63,8 +68,8 @@ for m in $MODELS; do
     [ -f "$IMAGE" ] || "$B/bench_predict" --device cpu --model "$m" --iters 1 --warmup 0 > /dev/null 2>&1
     run "ref_predict_$m" python3 bench/convergence/reference_predict.py --image "$IMAGE" --models "$m" \
       --graphs off,on --iters 50 --warmup 10
-    run "ref_step_$m" python3 bench/convergence/reference_step.py --data /tmp/speed_data/data.yaml --models "$m" \
-      --batches "$BATCHES" --graphs off,on --imgsz "$IMGSZ" --epochs 3 --project /tmp/refstep
+    run "ref_step_$m" python3 bench/convergence/reference_step.py --data "$data" --models "$m" \
+      --batches "$BATCHES" --graphs off,on --imgsz "$imgsz" --epochs 3 --project /tmp/refstep
   fi
 done
 # One line per measured configuration.

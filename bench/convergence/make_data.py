@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Deterministic synthetic detection datasets for the convergence benchmark.
+"""Deterministic synthetic datasets for the convergence benchmark: two detection sets and one
+classification set.
 
     python3 bench/convergence/make_data.py --set colour --out /tmp/conv/colour --seed 0
     python3 bench/convergence/make_data.py --set hard   --out /tmp/conv/hard   --seed 0
+    python3 bench/convergence/make_data.py --set shapes --out /tmp/conv/shapes --seed 0
 
 Both sets have 512 training and 128 validation JPEGs (quality 90) of 810x1080,
 meaning width 810 and height 1080 (portrait), the size the project's end-to-end
@@ -26,6 +28,15 @@ hard    2-12 objects per image whose class is the shape: circle, triangle,
         shape, and an object with less than 40% of its pixels visible (more
         than 60% occluded) is dropped from the labels (its visible pixels stay
         in the picture, as clutter).
+
+shapes  classification (the class-folder layout both implementations read:
+        OUT/train/<class>/NNNNN.jpg, OUT/val/<class>/NNNNN.jpg; the printed path is
+        OUT, the `data=` of a classify run): one shape per image (the five of
+        the hard set, the class), in a random colour on the noise background,
+        its box 25-85% of the image side, anywhere in the picture; images are
+        256x256 unless --width/--height say otherwise; 512 training and 128
+        validation images, the classes in turn (image i is of class i mod 5), so
+        that every class folder of a split has images.
 
 Everything comes from numpy's PCG64 seeded with (seed, split, image index), so
 a given --seed gives the same files byte for byte on any machine with the same
@@ -166,6 +177,37 @@ def hard_image(rng: np.random.Generator, w: int, h: int):
 
 
 # ------------------------------------------------------------------------------------------------
+# shapes (classification)
+
+
+def shapes_image(rng: np.random.Generator, w: int, h: int, cls: int):
+    img = noise_background(rng, w, h)
+    side = min(w, h)
+    bw = int(round(side * rng.uniform(0.25, 0.85)))
+    bh = int(np.clip(round(bw * float(np.exp(rng.uniform(np.log(0.7), np.log(1.4))))), 0.25 * side, 0.85 * side))
+    mask = shape_mask(rng, cls, bw, bh)
+    x0 = int(rng.integers(0, w - bw + 1))
+    y0 = int(rng.integers(0, h - bh + 1))
+    img[y0:y0 + bh, x0:x0 + bw][mask] = rng.integers(0, 256, size=3, dtype=np.uint8)
+    return img, cls
+
+
+def generate_classify(out: Path, seed: int, w: int, h: int, counts: dict[str, int]) -> dict:
+    stats = {"set": "shapes", "seed": seed, "width": w, "height": h, "names": SHAPE_NAMES, "splits": {}}
+    for split, count in counts.items():
+        for name in SHAPE_NAMES:
+            (out / split / name).mkdir(parents=True, exist_ok=True)
+        per_class = [0] * len(SHAPE_NAMES)
+        for i in range(count):
+            img, cls = shapes_image(image_rng(seed, split, i), w, h, i % len(SHAPE_NAMES))
+            Image.fromarray(img, "RGB").save(out / split / SHAPE_NAMES[cls] / f"{i:05d}.jpg", quality=90)
+            per_class[cls] += 1
+        stats["splits"][split] = {"images": count, "objects": count, "per_class": per_class,
+                                  "objects_max_side_le_30px": 0}
+    return stats
+
+
+# ------------------------------------------------------------------------------------------------
 
 
 def write_yaml(out: Path, names: list[str]) -> Path:
@@ -212,23 +254,29 @@ def generate(kind: str, out: Path, seed: int, w: int, h: int, counts: dict[str, 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", required=True, choices=["colour", "hard"])
+    ap.add_argument("--set", required=True, choices=["colour", "hard", "shapes"])
     ap.add_argument("--out", required=True, help="output folder (created; existing files are overwritten)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--width", type=int, default=810)
-    ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--width", type=int, default=None, help="default 810 (shapes: 256)")
+    ap.add_argument("--height", type=int, default=None, help="default 1080 (shapes: 256)")
     ap.add_argument("--train", type=int, default=SPLITS["train"], help="training images (default 512)")
     ap.add_argument("--val", type=int, default=SPLITS["val"], help="validation images (default 128)")
     a = ap.parse_args(argv)
-    if a.width < 320 or a.height < 320:
-        ap.error("width and height must be at least 320 px")
+    classify = a.set == "shapes"
+    a.width = a.width or (256 if classify else 810)
+    a.height = a.height or (256 if classify else 1080)
+    smallest = 64 if classify else 320
+    if a.width < smallest or a.height < smallest:
+        ap.error(f"width and height must be at least {smallest} px")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    stats = generate(a.set, out, a.seed, a.width, a.height, {"train": a.train, "val": a.val})
+    counts = {"train": a.train, "val": a.val}
+    stats = (generate_classify(out, a.seed, a.width, a.height, counts) if classify
+             else generate(a.set, out, a.seed, a.width, a.height, counts))
     for split, s in stats["splits"].items():
         print(f"{a.set} {split}: {s['images']} images, {s['objects']} objects, per class {s['per_class']}, "
               f"{s['objects_max_side_le_30px']} with both sides <= 30 px", file=sys.stderr)
-    print(os.path.join(str(out.resolve()), "data.yaml"))
+    print(str(out.resolve()) if classify else os.path.join(str(out.resolve()), "data.yaml"))
     return 0
 
 

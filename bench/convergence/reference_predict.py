@@ -21,6 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from reference_step import new_model  # noqa: E402
+from run_reference import parse_model  # noqa: E402
+
+CLASSIFIERS = ("resnet", "mobilenetv4", "efficientnetv2")
 
 
 def one_run(a, model_name: str, graph: bool) -> dict:
@@ -28,7 +31,8 @@ def one_run(a, model_name: str, graph: bool) -> dict:
 
     record = {"model": model_name, "cuda_graph": graph, "image": a.image, "iters": a.iters, "warmup": a.warmup}
     try:
-        model = new_model(model_name, 80, a.device)
+        # The class count of a fresh model by name in ours: 1000 for a classifier, 80 for a detector.
+        model = new_model(model_name, 1000 if parse_model(model_name)[0] in CLASSIFIERS else 80, a.device)
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         kwargs = {"conf": 0.25}
         if graph:

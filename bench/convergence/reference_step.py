@@ -20,15 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run_reference import parse_model  # noqa: E402
-
-
-def model_class(family: str):
-    import libreyolo
-
-    return {"yolo9": libreyolo.LibreYOLO9, "yolox": libreyolo.LibreYOLOX, "yolo7": libreyolo.LibreYOLO7, "rtmdet": libreyolo.LibreRTMDet,
-            "picodet": libreyolo.LibrePICODET,
-            "rtdetr": libreyolo.LibreRTDETR, "rtdetrv2": libreyolo.LibreRTDETRv2}[family]
+from run_reference import model_class, parse_model  # noqa: E402
 
 
 def new_model(model_name: str, nc: int, device: str):

@@ -147,8 +147,8 @@ def main(argv=None) -> int:
         record["error"] = f"stopped after epoch {rows[-1]['epoch']} of {a.epochs}"
     common.write_json(out, record)
     last = rows[-1] if rows else {}
-    print(f"[run_ours] {a.model} seed {a.seed}: rc {rc}, {len(rows)} epochs, final mAP50-95 "
-          f"{last.get('map50_95')}, wall {record['wall_s']:.1f} s -> {out}", file=sys.stderr)
+    print(f"[run_ours] {a.model} seed {a.seed}: rc {rc}, {len(rows)} epochs, final "
+          f"{common.score_text(last)}, wall {record['wall_s']:.1f} s -> {out}", file=sys.stderr)
     return 0 if record["ok"] else 1
 
 

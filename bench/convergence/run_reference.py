@@ -53,20 +53,36 @@ REF_VERSION = "1.6.0"
 
 
 def parse_model(name: str) -> tuple[str, str]:
-    """'yolo9t', 'yolo9-t', 'LibreYOLO9t', 'yolox-s', 'yoloxs' -> (family, size)."""
+    """'yolo9t', 'yolo9-t', 'LibreYOLO9t', 'yolox-s', 'resnet18', 'mobilenetv4s', 'efficientnetv2-b0'
+    -> (family, size)."""
     s = name.strip().lower()
     s = re.sub(r"\.pt$", "", s)
     if s.startswith("libreyolo"):
         s = "yolo" + s[len("libreyolo"):]
-    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetrv2|rtdetr|rtmdet|picodet)[-_]?([a-z0-9]*)", s)
+    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetrv2|rtdetr|rtmdet|picodet|resnet|mobilenetv4|efficientnetv2)"
+                     r"[-_]?([a-z0-9]*)", s)
     if not m:
         raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c>, yolox-<n|t|s|m|l|x>, "
                          "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x>, rtdetrv2-<r18|r34|r50|r50m|r101>, "
-                         "rtmdet-<t|s|m|l|x> or picodet-<s|m|l>")
+                         "rtmdet-<t|s|m|l|x>, picodet-<s|m|l>, resnet<18|34|50|101>, mobilenetv4<s|m|l> "
+                         "or efficientnetv2-<b0|b1|b2|b3>")
     family = m.group(1)
     size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtdetrv2": "r18",
-                            "rtmdet": "s", "picodet": "s"}[family]
+                            "rtmdet": "s", "picodet": "s", "resnet": "50", "mobilenetv4": "s",
+                            "efficientnetv2": "b0"}[family]
     return family, size
+
+
+# The reference's model class of each family (`libreyolo.<name>`).
+MODEL_CLASSES = {"yolo9": "LibreYOLO9", "yolox": "LibreYOLOX", "yolo7": "LibreYOLO7", "rtmdet": "LibreRTMDet",
+                 "picodet": "LibrePICODET", "rtdetr": "LibreRTDETR", "rtdetrv2": "LibreRTDETRv2",
+                 "resnet": "LibreResNet", "mobilenetv4": "LibreMobileNetV4", "efficientnetv2": "LibreEfficientNetV2"}
+
+
+def model_class(family: str):
+    import libreyolo
+
+    return getattr(libreyolo, MODEL_CLASSES[family])
 
 
 def parse_set(items: list[str]) -> dict:
@@ -117,21 +133,7 @@ def main(argv=None) -> int:
         if version != REF_VERSION:
             print(f"warning: libreyolo {version} imported from {libreyolo.__file__}, expected {REF_VERSION}",
                   file=sys.stderr)
-        if family == "yolo9":
-            from libreyolo import LibreYOLO9 as cls
-        elif family == "yolox":
-            from libreyolo import LibreYOLOX as cls
-        elif family == "yolo7":
-            from libreyolo import LibreYOLO7 as cls
-        elif family == "rtmdet":
-            from libreyolo import LibreRTMDet as cls
-        elif family == "picodet":
-            from libreyolo import LibrePICODET as cls
-        elif family == "rtdetrv2":
-            from libreyolo import LibreRTDETRv2 as cls
-        else:
-            from libreyolo import LibreRTDETR as cls
-
+        cls = model_class(family)
         names = common.data_names(data)
         t_build = time.perf_counter()
         if a.init:
@@ -204,7 +206,7 @@ def main(argv=None) -> int:
     common.write_json(Path(a.out), record)
     last = record["per_epoch"][-1] if record["per_epoch"] else {}
     print(f"[run_reference] {a.model} seed {a.seed}: {len(record['per_epoch'])} epochs, "
-          f"final mAP50-95 {last.get('map50_95')}, wall {record['wall_s']:.1f} s -> {a.out}", file=sys.stderr)
+          f"final {common.score_text(last)}, wall {record['wall_s']:.1f} s -> {a.out}", file=sys.stderr)
     return 0 if record["ok"] else 1
 
 

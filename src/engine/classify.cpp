@@ -20,6 +20,7 @@
 #include "data/dataset.hpp"
 #include "engine/amp.hpp"
 #include "engine/ema.hpp"
+#include "engine/inference.hpp"
 #include "engine/optimizer.hpp"
 #include "engine/predictor.hpp"
 #include "engine/schedule.hpp"
@@ -29,6 +30,7 @@
 #include "io/image.hpp"
 #include "io/sample_image.hpp"
 #include "loss/classify.hpp"
+#include "models/forward_graphs.hpp"
 #include "models/input.hpp"
 #include "ops/draw.hpp"
 #include "plots/plots.hpp"
@@ -267,6 +269,15 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
   std::string save_dir;
   std::set<std::string> used;
   if (cfg.save) save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+  // The eval crop (uint8) goes through the inference forward every family shares: the input
+  // conversion, the network and the softmax, eager or replayed from the model's graphs.
+  InferenceOptions io_opt;
+  io_opt.device = dev;
+  io_opt.amp = cfg.half;
+  io_opt.amp_dtype = torch::kHalf;
+  io_opt.graphs = lm.graphs.get();
+  io_opt.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
+  InferenceRunner runner(model, *lm.family, io_opt);
   std::vector<PredictResult> out;
   for (const auto& src : sources) {
     PredictResult r;
@@ -275,15 +286,10 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
     const auto img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
     r.height = static_cast<int>(img.size(0));
     r.width = static_cast<int>(img.size(1));
-    const auto x = classify_input(img, *lm.family, imgsz, crop, dev);
+    const auto crop_hwc = data::classify_eval_transform(img, imgsz, crop).unsqueeze(0);
     r.preprocess_ms = ms_since(t0);
     t0 = Clock::now();
-    torch::Tensor logits;
-    {
-      AutocastGuard ac(dev.type(), cfg.half && dev.is_cuda(), torch::kHalf);
-      logits = model.logits(x);
-    }
-    const auto probs = model.decode({logits}).cpu()[0].contiguous();
+    const auto probs = runner.forward(crop_hwc)[0].cpu().contiguous();
     r.inference_ms = ms_since(t0);
     t0 = Clock::now();
     r.probs.assign(probs.data_ptr<float>(), probs.data_ptr<float>() + probs.numel());
@@ -384,7 +390,7 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
     ema = std::make_unique<ModelEMA>(ema_net, model, cfg.ema_decay, cfg.ema_tau);
   }
   auto& eval_net = ema_net ? *models::as_classifier(*ema_net) : model;
-  StepSetup setup = make_step_runner(cfg, lm.model, std::make_unique<loss::ClassificationLoss>(), ema.get(), dev, amp,
+  StepSetup setup = make_step_runner(cfg, lm.model, lm.family->make_loss(*lm.model), ema.get(), dev, amp,
                                      channels_last, iters, lm.family);
   StepRunner& runner = *setup.runner;
   Optimizer& opt = runner.optimizer();

@@ -2,6 +2,8 @@
 
 #include <libreyolo/errors.hpp>
 
+#include "loss/classify.hpp"
+
 namespace libreyolo::models {
 
 Classifier::Classifier(std::string display, int nc, std::string size)
@@ -34,7 +36,8 @@ void apply_classify_recipe(Family& f) {
   // The step (forward, cross-entropy, backward, update) has fixed shapes and no host reads, and
   // graphed steps equal eager ones bit for bit for all three families
   // (GpuClassifierStepGraph/Classify.GraphedTrainingStepsEqualEagerBitForBit): capture_train_step.
-  // The eval forward's replay has no GPU test yet: no capture_inference.
+  // The eval forward (input conversion, network, softmax) is the one predict() runs, graphed or
+  // not; its replay is not yet checked on a GPU: no capture_inference.
   f.capture_train_step = true;
   f.capture_train_head = false;
   f.capture_inference = false;
@@ -43,6 +46,7 @@ void apply_classify_recipe(Family& f) {
   f.input.mean = {0.485, 0.456, 0.406};
   f.input.stddev = {0.229, 0.224, 0.225};
   f.input.fit = ops::Fit::Stretch;
+  f.make_loss = [](const Detector&) -> std::unique_ptr<TrainingLoss> { return std::make_unique<loss::ClassificationLoss>(); };
   f.train_defaults = {
       {"epochs", "100"},         {"batch", "64"},          {"workers", "8"},
       {"optimizer", "adamw"},    {"lr0", "0.001"},         {"momentum", "0.9"},
