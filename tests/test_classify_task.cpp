@@ -15,6 +15,7 @@
 #include "data/classify.hpp"
 #include "io/image.hpp"
 #include "libreyolo/errors.hpp"
+#include "libreyolo/hooks.hpp"
 #include "libreyolo/libreyolo.hpp"
 #include "ops/resample.hpp"
 #include "support.hpp"
@@ -272,6 +273,43 @@ TEST(ClassifyTrain, MobilenetAndEfficientnetTrainAndReload) {
   EXPECT_THROW(m.train({{"data", data}, {"epochs", "1"}, {"batch", "1"}, {"project", project}}), UsageError);
 }
 
+// The classify task runs on the train loop every task shares: the profiler's window over its real
+// steps (profile_then_stop ends the run there), and the caller's hooks around epochs and steps.
+TEST(ClassifyTrain, ProfilerAndCallerHooksRunOnAClassifier) {
+  struct Counter : TrainHook {
+    int epochs = 0, steps = 0, ended = 0;
+    void after_step(TrainState&) override { ++steps; }
+    void after_epoch(TrainState&, EpochSummary& e) override {
+      ++epochs;
+      EXPECT_TRUE(e.validated) << "the task's validation runs before the caller's hooks see the epoch";
+    }
+    void after_train(TrainState&, TrainResult&) override { ++ended; }
+  };
+  const std::string data = make_dataset("cls_hooks", 8);
+  const std::string project = test::temp_dir("cls_hooks_runs");
+  LibreYOLO model(kNarrow, "cpu");
+  auto counter = std::make_shared<Counter>();
+  const Kwargs base = {{"data", data}, {"imgsz", "32"}, {"batch", "2"}, {"workers", "0"},
+                       {"project", project}, {"verbose", "false"}};
+  Kwargs kw = base;
+  kw.insert(kw.end(), {{"epochs", "2"}, {"name", "hooks"}});
+  const TrainResult r = model.train(kw, {}, {counter});
+  EXPECT_EQ(counter->epochs, 2);
+  EXPECT_EQ(counter->steps, 16);  // 2 epochs of 16 images at batch 2
+  EXPECT_EQ(counter->ended, 1);
+  EXPECT_EQ(r.epochs.size(), 2u);
+
+  kw = base;
+  kw.insert(kw.end(), {{"epochs", "3"}, {"name", "prof"}, {"profile", "true"}, {"profile_warmup", "1"},
+                       {"profile_steps", "4"}, {"profile_then_stop", "true"}, {"profile_trace", "false"}});
+  const TrainResult p = model.train(kw);
+  ASSERT_TRUE(fs::exists(fs::path(p.save_dir) / "profile_summary.json"));
+  EXPECT_TRUE(p.epochs.empty()) << "the run stops after the window, inside its first epoch";
+  std::ifstream in(fs::path(p.save_dir) / "profile_summary.json");
+  const auto summary = nlohmann::json::parse(in);
+  EXPECT_GT(summary["real"]["step_ms"].get<double>(), 0.0) << summary.dump();
+}
+
 TEST(ClassifyTrain, WhatTheLoopCannotDoYetIsRefusedByNameInTheDryRunToo) {
   // Options the detection trainer honours and the classify loop does not are errors naming the
   // option, from the check (dry_run) as from train itself, before any run directory is made.
@@ -279,7 +317,6 @@ TEST(ClassifyTrain, WhatTheLoopCannotDoYetIsRefusedByNameInTheDryRunToo) {
   const std::string project = test::temp_dir("cls_refused_runs");
   LibreYOLO model(std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/mobilenetv4n_reference.pt", "cpu");
   const std::vector<std::pair<std::pair<std::string, std::string>, std::string>> cases = {
-      {{"profile", "true"}, "profile"},
       {{"loader", "gpu"}, "loader=gpu"},
       {{"cache", "ram"}, "cache=ram"},
       {{"resume", "true"}, "resume"},

@@ -25,6 +25,8 @@
 #include "engine/predictor.hpp"
 #include "engine/schedule.hpp"
 #include "engine/step.hpp"
+#include "engine/train_hooks.hpp"
+#include "engine/train_loop.hpp"
 #include "eval/confusion.hpp"
 #include "io/checkpoint.hpp"
 #include "io/image.hpp"
@@ -341,185 +343,269 @@ TrainConfig check_classify_training(models::LoadedModel& lm, const TrainConfig& 
   if (!cfg.resume.empty() && cfg.resume != "false" && cfg.resume != "False")
     not_yet("resume", "Start a new run from the checkpoint instead: model=<run>/weights/last.pt.");
   if (wants_distributed(cfg.device)) not_yet("training on several devices", "Pass one device, e.g. device=0.");
-  if (cfg.profile) not_yet("the training profiler (profile=true)", "Leave profile unset for a classifier.");
   if (cfg.loader == "gpu") not_yet("loader=gpu", "Use loader=auto (the CPU loader).");
   if (data::cache_mode(cfg.cache) != data::CacheMode::None)
     not_yet("cache=" + cfg.cache, "Leave cache unset: images are decoded every epoch.");
   return cfg;
 }
 
+namespace {
+
+// A classify run's set-up and steps, driven by the train loop every task shares
+// (engine/train_loop.hpp): the steps of an epoch here; what follows an epoch (validation, best and
+// patience, checkpoints, results.csv and plots, the epoch line) in ClassifyEpochHook; the
+// profiler, the caller's callbacks and hooks as in detection training.
+class ClassifyRun final : public EpochSteps {
+ public:
+  ClassifyRun(models::LoadedModel& lm, const TrainConfig& cfg) : lm_(lm), cfg_(cfg), ds_(data::load_classify_dataset(cfg.data)) {
+    nc_ = static_cast<int>(ds_.names.size());
+    torch::manual_seed(static_cast<uint64_t>(cfg.seed));
+    if (!cfg.pretrained) lm.model = lm.family->build_like(models::state_dict(*lm.model), lm.model->num_classes());
+    if (lm.model->num_classes() != nc_) {
+      log_info(strfmt("Classifier head reset: %d -> %d classes (the dataset's)", lm.model->num_classes(), nc_));
+      lm.model->reset_num_classes(nc_);
+    }
+    lm.names = ds_.names;
+    lm.imgsz = cfg.imgsz;
+    if (lm.graphs) lm.graphs->release("training");
+    dev_ = resolve_device(cfg.device);
+    lm.to(dev_);
+    auto& model = classifier_of(lm);
+    n_ = static_cast<int64_t>(ds_.train.samples.size());
+    iters_ = std::max<int64_t>(1, n_ / cfg.batch);  // drop_last when there is a full batch
+    // The same step as detection training (engine/step.hpp): the family's optimizer groups, the
+    // schedule, AMP and its scaler, clipping, accumulation, the EMA and, with cuda_graph=true, the
+    // whole step captured where the family declares it.
+    amp_ = plan_amp(cfg.amp, cfg.amp_dtype, dev_);
+    const bool channels_last = trains_channels_last(cfg.memory_format, dev_);
+    if (channels_last) to_channels_last(model);
+    if (cfg.ema) {
+      ema_net_ = lm.family->build_like(models::state_dict(model), nc_);
+      models::load_state_dict(*ema_net_, models::state_dict(model), true);
+      ema_net_->to(dev_);
+      if (channels_last) to_channels_last(*ema_net_);
+      ema_ = std::make_unique<ModelEMA>(ema_net_, model, cfg.ema_decay, cfg.ema_tau);
+    }
+    StepSetup setup = make_step_runner(cfg, lm.model, lm.family->make_loss(*lm.model), ema_.get(), dev_, amp_,
+                                       channels_last, iters_, lm.family);
+    runner_ = std::move(setup.runner);
+    accumulate_ = setup.accumulate;
+    if (cfg.cuda_graph) enable_declared_cuda_graphs(*runner_, *lm.family, cfg.cuda_graph_scope, false);
+
+    result_.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+    const fs::path wdir = fs::path(result_.save_dir) / "weights";
+    fs::create_directories(wdir);
+    result_.last_checkpoint = (wdir / "last.pt").string();
+    result_.best_checkpoint = (wdir / "best.pt").string();
+    state_.config = &cfg_;
+    state_.save_dir = result_.save_dir;
+    state_.epochs = cfg.epochs;
+    state_.batches_per_epoch = iters_;
+    if (cfg.verbose)
+      log_info(strfmt("Training %s-%s (classify, %d classes) on %lld images, %lld batches an epoch, %s%s",
+                      lm.family->name.c_str(), model.size().c_str(), nc_, static_cast<long long>(n_),
+                      static_cast<long long>(iters_), amp_.describe().c_str(), channels_last ? ", channels_last" : ""));
+    if (accumulate_ > 1) log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", accumulate_, cfg.nbs));
+  }
+
+  TrainResult run(std::vector<std::shared_ptr<TrainHook>> hooks, Clock::time_point started) {
+    for (auto& h : hooks) loop_.add_hook(std::move(h));
+    loop_.run(*this, result_, started);
+    return result_;
+  }
+
+  // For the hooks.
+  models::LoadedModel& loaded() { return lm_; }
+  models::Classifier& model() { return classifier_of(lm_); }
+  models::Classifier& eval_net() { return ema_net_ ? *models::as_classifier(*ema_net_) : model(); }
+  models::Detector* ema_net() { return ema_net_.get(); }
+  const data::ClassifyDataset& dataset() const { return ds_; }
+  int nc() const { return nc_; }
+  const torch::Device& device() const { return dev_; }
+  const AmpPlan& amp() const { return amp_; }
+  int accumulate() const { return accumulate_; }
+  Optimizer& optimizer() { return runner_->optimizer(); }
+  TrainResult& result() { return result_; }
+
+  // EpochSteps
+  void begin_epoch(TrainState& s) override {
+    epoch_start_ = Clock::now();
+    model().train();
+    order_.resize(static_cast<size_t>(n_));
+    std::iota(order_.begin(), order_.end(), 0);
+    data::Rng shuffle(static_cast<uint64_t>(cfg_.seed) * 1000003ull + static_cast<uint64_t>(s.epoch));
+    for (int64_t i = n_ - 1; i > 0; --i)
+      std::swap(order_[static_cast<size_t>(i)], order_[static_cast<size_t>(shuffle.randint(0, i))]);
+    // Summed on the device: read once at the end of the epoch (no synchronisation per step).
+    loss_sum_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(dev_));
+    s.batch_index = -1;
+  }
+  bool has_next(const TrainState& s) const override { return s.batch_index + 1 < iters_; }
+  bool next_batch(TrainState& s) override {
+    const int64_t it = s.batch_index + 1;
+    const int64_t first = it * cfg_.batch, end = std::min(n_, first + cfg_.batch);
+    std::vector<std::string> paths;
+    std::vector<int64_t> labels;
+    for (int64_t i = first; i < end; ++i) {
+      const auto& smp = ds_.train.samples[static_cast<size_t>(order_[static_cast<size_t>(i)])];
+      paths.push_back(smp.path);
+      labels.push_back(smp.label);
+    }
+    images_ = load_batch(paths, cfg_.workers, [&](int64_t i, const torch::Tensor& img) {
+      auto rng = data::Rng::for_sample(static_cast<uint64_t>(cfg_.seed), s.epoch, first + i, 0);
+      return data::classify_train_transform(img, cfg_.imgsz, cfg_.flip_prob, rng);
+    });
+    labels_ = torch::tensor(labels, torch::kLong);
+    s.batch_index = it;
+    s.batch_images = end - first;
+    s.optimizer_step = accumulation_window(it, iters_, accumulate_).optimizer_step;
+    s.global_step = runner_->global_step();
+    // A hook that observes phases (the profiler) may have joined or left since the last step.
+    runner_->set_phase_observer(loop_.observing_phases() ? &loop_ : nullptr);
+    return true;
+  }
+  void run_step(TrainState& s) override {
+    const AccumulationWindow window = accumulation_window(s.batch_index, iters_, accumulate_);
+    const LossOutput out = runner_->forward_backward(images_, labels_, static_cast<double>(window.size));
+    loss_sum_ += out.total.to(torch::kFloat);
+    if (window.optimizer_step) runner_->optimizer_step();
+  }
+  EpochSummary end_epoch(TrainState& s) override {
+    EpochSummary es;
+    es.epoch = s.epoch + 1;
+    es.loss = loss_sum_.item<double>() / static_cast<double>(iters_);
+    es.losses = {{"ce", es.loss}};
+    const Optimizer& opt = runner_->optimizer();
+    for (size_t g = 0; g < opt.groups().size(); ++g) es.lrs.push_back(opt.lr() * opt.groups()[g].lr_ratio);
+    es.seconds = ms_since(epoch_start_) / 1000.0;
+    if (!std::isfinite(es.loss))
+      throw RuntimeError(strfmt("Training diverged: the loss of epoch %d is %g", es.epoch, es.loss),
+                         "Lower lr0, or use amp_dtype=bfloat16.", "training_diverged");
+    return es;
+  }
+
+ private:
+  models::LoadedModel& lm_;
+  const TrainConfig& cfg_;
+  const data::ClassifyDataset ds_;
+  int nc_ = 0;
+  torch::Device dev_{torch::kCPU};
+  int64_t n_ = 0, iters_ = 1;
+  AmpPlan amp_;
+  std::shared_ptr<models::Detector> ema_net_;
+  std::unique_ptr<ModelEMA> ema_;
+  std::unique_ptr<StepRunner> runner_;
+  int accumulate_ = 1;
+  TrainState state_;
+  TrainLoop loop_{state_};
+  TrainResult result_;
+  std::vector<int64_t> order_;
+  torch::Tensor images_, labels_, loss_sum_;
+  Clock::time_point epoch_start_;
+};
+
+// After each epoch of a classify run: validation (the EMA's weights), best and patience, last.pt /
+// best.pt / epoch_N.pt, results.csv and results.png, the epoch line; at the end the confusion
+// matrix of the best validation and the evaluated weights into the caller's model.
+class ClassifyEpochHook final : public TrainHook {
+ public:
+  explicit ClassifyEpochHook(ClassifyRun& run) : r_(run) {}
+  std::string name() const override { return "classify_epoch"; }
+
+  void after_epoch(TrainState& s, EpochSummary& es) override {
+    const TrainConfig& cfg = *s.config;
+    auto& lm = r_.loaded();
+    TrainResult& result = r_.result();
+    const bool last = es.epoch == cfg.epochs;
+    if (cfg.val && (es.epoch % std::max(1, cfg.eval_interval) == 0 || last)) {
+      const auto m = evaluate_classifier(r_.eval_net(), *lm.family, r_.dataset().val, r_.nc(), cfg.imgsz,
+                                         classify_crop_pct(lm), cfg.batch, r_.device(), r_.amp().enabled, cfg.workers);
+      es.validated = true;
+      es.metrics = m.as_list();
+      es.map50 = es.map50_95 = m.top1;
+      if (m.top1 > best_) {
+        best_ = m.top1;
+        best_metrics_ = m;
+        es.is_best = true;
+        result.best_epoch = es.epoch;
+        result.best_mAP50 = result.best_mAP50_95 = m.top1;
+        since_best_ = 0;
+      } else {
+        ++since_best_;
+      }
+    }
+    ClassifyCheckpointExtras x{es.epoch, std::max(best_, 0.0), result.best_epoch, r_.ema_net() != nullptr};
+    torch::nn::Module& saved = r_.ema_net() ? static_cast<torch::nn::Module&>(*r_.ema_net()) : r_.model();
+    // The checkpoints hold the evaluated weights (the EMA's) under "model", in the model's metadata.
+    save_classify_checkpoint(result.last_checkpoint, lm, saved, r_.ema_net() ? &r_.model() : nullptr, &r_.optimizer(), x);
+    if (es.is_best) fs::copy_file(result.last_checkpoint, result.best_checkpoint, fs::copy_options::overwrite_existing);
+    if (cfg.save_period > 0 && es.epoch % cfg.save_period == 0)
+      fs::copy_file(result.last_checkpoint,
+                    fs::path(result.last_checkpoint).parent_path() / ("epoch_" + std::to_string(es.epoch) + ".pt"),
+                    fs::copy_options::overwrite_existing);
+    const auto metric = [&](const std::string& key) {
+      for (const auto& [k, v] : es.metrics)
+        if (k == key) return fmt(v);
+      return std::string();
+    };
+    std::vector<std::pair<std::string, std::string>> row = {
+        {"epoch", std::to_string(es.epoch)}, {"time", fmt(es.seconds)}, {"train/loss", fmt(es.loss)}};
+    for (const auto& [term, v] : es.losses) row.emplace_back(loss_column(term), fmt(v));
+    for (const char* key : {"metrics/accuracy_top1", "metrics/accuracy_top5", "metrics/precision", "metrics/recall",
+                            "metrics/f1"})
+      row.emplace_back(key, metric(key));
+    for (size_t g = 0; g < es.lrs.size(); ++g) row.emplace_back("lr/group" + std::to_string(g), fmt(es.lrs[g]));
+    rows_.push_back(row);
+    const std::string csv = (fs::path(s.save_dir) / "results.csv").string();
+    write_results_csv(csv, rows_);
+    try {
+      plots::plot_results_csv(csv, (fs::path(s.save_dir) / "results.png").string());
+    } catch (const std::exception& ex) {
+      log_warn(std::string("results.png not drawn: ") + ex.what());
+    }
+    if (cfg.verbose)
+      log_info(strfmt("epoch %d/%d  ce %.4f  top1 %s  top5 %s  %.1fs", es.epoch, cfg.epochs, es.loss,
+                      metric("metrics/accuracy_top1").c_str(), metric("metrics/accuracy_top5").c_str(), es.seconds));
+    if (cfg.patience > 0 && since_best_ >= cfg.patience) {
+      s.stop = true;
+      s.stop_reason = strfmt("Stopping early: no better top-1 accuracy for %d validations", since_best_);
+    }
+  }
+
+  void after_train(TrainState& s, TrainResult& result) override {
+    auto& lm = r_.loaded();
+    if (best_metrics_.samples > 0)
+      plot_confusion(best_metrics_, r_.dataset().names, (fs::path(s.save_dir) / "confusion_matrix.png").string());
+    // The facade's model becomes the evaluated weights (the EMA's), as after LibreYOLO's training.
+    if (r_.ema_net()) models::load_state_dict(r_.model(), models::state_dict(*r_.ema_net()), true);
+    r_.model().eval();
+    lm.weights = fs::exists(result.best_checkpoint) ? result.best_checkpoint : result.last_checkpoint;
+  }
+
+ private:
+  ClassifyRun& r_;
+  std::vector<std::vector<std::pair<std::string, std::string>>> rows_;
+  double best_ = -1;
+  ClassifyMetrics best_metrics_;
+  int since_best_ = 0;
+};
+
+}  // namespace
+
 TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cfg, const TrainCallbacks& callbacks,
                                   const std::vector<std::shared_ptr<TrainHook>>& hooks) {
   InterruptGuard interrupts;
-  if (!hooks.empty())
-    throw UsageError("training hooks are not available for the classify task", "Use TrainCallbacks instead.",
-                     "config_range_error");
   check_classify_training(lm, cfg);
-  const auto t_start = Clock::now();
-  const data::ClassifyDataset ds = data::load_classify_dataset(cfg.data);
-  const int nc = static_cast<int>(ds.names.size());
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed));
-  if (!cfg.pretrained) lm.model = lm.family->build_like(models::state_dict(*lm.model), lm.model->num_classes());
-  if (lm.model->num_classes() != nc) {
-    log_info(strfmt("Classifier head reset: %d -> %d classes (the dataset's)", lm.model->num_classes(), nc));
-    lm.model->reset_num_classes(nc);
-  }
-  lm.names = ds.names;
-  lm.imgsz = cfg.imgsz;
-  if (lm.graphs) lm.graphs->release("training");
-  const torch::Device dev = resolve_device(cfg.device);
-  lm.to(dev);
-  auto& model = classifier_of(lm);
-
-  const int64_t n = static_cast<int64_t>(ds.train.samples.size());
-  const int batch = cfg.batch;
-  const int64_t iters = std::max<int64_t>(1, n / batch);  // drop_last when there is a full batch
-  // The same step as detection training (engine/step.hpp): the family's optimizer groups, the
-  // schedule, AMP and its scaler, clipping, accumulation, the EMA and, with cuda_graph=true, the
-  // whole step captured where the family declares it.
-  const AmpPlan amp = plan_amp(cfg.amp, cfg.amp_dtype, dev);
-  const bool channels_last = trains_channels_last(cfg.memory_format, dev);
-  if (channels_last) to_channels_last(model);
-  std::shared_ptr<models::Detector> ema_net;
-  std::unique_ptr<ModelEMA> ema;
-  if (cfg.ema) {
-    ema_net = lm.family->build_like(models::state_dict(model), nc);
-    models::load_state_dict(*ema_net, models::state_dict(model), true);
-    ema_net->to(dev);
-    if (channels_last) to_channels_last(*ema_net);
-    ema = std::make_unique<ModelEMA>(ema_net, model, cfg.ema_decay, cfg.ema_tau);
-  }
-  auto& eval_net = ema_net ? *models::as_classifier(*ema_net) : model;
-  StepSetup setup = make_step_runner(cfg, lm.model, lm.family->make_loss(*lm.model), ema.get(), dev, amp,
-                                     channels_last, iters, lm.family);
-  StepRunner& runner = *setup.runner;
-  Optimizer& opt = runner.optimizer();
-  if (cfg.cuda_graph) enable_declared_cuda_graphs(runner, *lm.family, cfg.cuda_graph_scope, false);
-
-  TrainResult result;
-  result.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
-  const fs::path wdir = fs::path(result.save_dir) / "weights";
-  fs::create_directories(wdir);
-  result.last_checkpoint = (wdir / "last.pt").string();
-  result.best_checkpoint = (wdir / "best.pt").string();
-  if (callbacks.on_train_start) callbacks.on_train_start(cfg, result.save_dir);
-  if (cfg.verbose)
-    log_info(strfmt("Training %s-%s (classify, %d classes) on %lld images, %lld batches an epoch, %s%s",
-                    lm.family->name.c_str(), model.size().c_str(), nc, static_cast<long long>(n),
-                    static_cast<long long>(iters), amp.describe().c_str(), channels_last ? ", channels_last" : ""));
-  if (setup.accumulate > 1)
-    log_info(strfmt("Accumulating gradients over %d batches (nbs=%d)", setup.accumulate, cfg.nbs));
-
-  std::vector<std::vector<std::pair<std::string, std::string>>> rows;
-  double best = -1;
-  ClassifyMetrics best_metrics;
-  int since_best = 0;
-  try {
-    for (int epoch = 0; epoch < cfg.epochs; ++epoch) {
-      const auto t_epoch = Clock::now();
-      model.train();
-      std::vector<int64_t> order(static_cast<size_t>(n));
-      std::iota(order.begin(), order.end(), 0);
-      data::Rng shuffle(static_cast<uint64_t>(cfg.seed) * 1000003ull + static_cast<uint64_t>(epoch));
-      for (int64_t i = n - 1; i > 0; --i) std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(shuffle.randint(0, i))]);
-      // Summed on the device: read once at the end of the epoch (no synchronisation per step).
-      torch::Tensor loss_sum = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(dev));
-      for (int64_t it = 0; it < iters; ++it) {
-        if (interrupt_requested()) throw InterruptedError("training interrupted");
-        const int64_t s = it * batch, e = std::min(n, s + batch);
-        std::vector<std::string> paths;
-        std::vector<int64_t> labels;
-        for (int64_t i = s; i < e; ++i) {
-          const auto& smp = ds.train.samples[static_cast<size_t>(order[static_cast<size_t>(i)])];
-          paths.push_back(smp.path);
-          labels.push_back(smp.label);
-        }
-        auto images = load_batch(paths, cfg.workers, [&](int64_t i, const torch::Tensor& img) {
-          auto rng = data::Rng::for_sample(static_cast<uint64_t>(cfg.seed), epoch, s + i, 0);
-          return data::classify_train_transform(img, cfg.imgsz, cfg.flip_prob, rng);
-        });
-        const AccumulationWindow window = accumulation_window(it, iters, setup.accumulate);
-        const LossOutput out = runner.forward_backward(images, torch::tensor(labels, torch::kLong),
-                                                       static_cast<double>(window.size));
-        loss_sum += out.total.to(torch::kFloat);
-        if (window.optimizer_step) runner.optimizer_step();
-      }
-      EpochSummary es;
-      es.epoch = epoch + 1;
-      es.loss = loss_sum.item<double>() / static_cast<double>(iters);
-      es.losses = {{"ce", es.loss}};
-      for (size_t g = 0; g < opt.groups().size(); ++g) es.lrs.push_back(opt.lr() * opt.groups()[g].lr_ratio);
-      const bool last = epoch + 1 == cfg.epochs;
-      if (cfg.val && ((epoch + 1) % std::max(1, cfg.eval_interval) == 0 || last)) {
-        const auto m = evaluate_classifier(eval_net, *lm.family, ds.val, nc, cfg.imgsz, classify_crop_pct(lm), batch,
-                                           dev, amp.enabled, cfg.workers);
-        es.validated = true;
-        es.metrics = m.as_list();
-        es.map50 = es.map50_95 = m.top1;
-        if (m.top1 > best) {
-          best = m.top1;
-          best_metrics = m;
-          es.is_best = true;
-          result.best_epoch = es.epoch;
-          result.best_mAP50 = result.best_mAP50_95 = m.top1;
-          since_best = 0;
-        } else {
-          ++since_best;
-        }
-      }
-      es.seconds = ms_since(t_epoch) / 1000.0;
-      ClassifyCheckpointExtras x{es.epoch, std::max(best, 0.0), result.best_epoch, ema != nullptr};
-      torch::nn::Module& saved = ema_net ? static_cast<torch::nn::Module&>(*ema_net) : model;
-      // The checkpoints hold the evaluated weights (the EMA's) under "model", in the model's metadata.
-      save_classify_checkpoint(result.last_checkpoint, lm, saved, ema ? &model : nullptr, &opt, x);
-      if (es.is_best) fs::copy_file(result.last_checkpoint, result.best_checkpoint, fs::copy_options::overwrite_existing);
-      if (cfg.save_period > 0 && es.epoch % cfg.save_period == 0)
-        fs::copy_file(result.last_checkpoint, wdir / ("epoch_" + std::to_string(es.epoch) + ".pt"),
-                      fs::copy_options::overwrite_existing);
-      std::vector<std::pair<std::string, std::string>> row = {
-          {"epoch", std::to_string(es.epoch)}, {"time", fmt(es.seconds)}, {"train/ce", fmt(es.loss)},
-          {"train/loss", fmt(es.loss)}};
-      const auto metric = [&](const std::string& key) {
-        for (const auto& [k, v] : es.metrics)
-          if (k == key) return fmt(v);
-        return std::string();
-      };
-      for (const char* key : {"metrics/accuracy_top1", "metrics/accuracy_top5", "metrics/precision", "metrics/recall",
-                              "metrics/f1"})
-        row.emplace_back(key, metric(key));
-      for (size_t g = 0; g < es.lrs.size(); ++g) row.emplace_back("lr/group" + std::to_string(g), fmt(es.lrs[g]));
-      rows.push_back(row);
-      const std::string csv = (fs::path(result.save_dir) / "results.csv").string();
-      write_results_csv(csv, rows);
-      try {
-        plots::plot_results_csv(csv, (fs::path(result.save_dir) / "results.png").string());
-      } catch (const std::exception& ex) {
-        log_warn(std::string("results.png not drawn: ") + ex.what());
-      }
-      if (cfg.verbose)
-        log_info(strfmt("epoch %d/%d  ce %.4f  top1 %s  top5 %s  %.1fs", es.epoch, cfg.epochs, es.loss,
-                        metric("metrics/accuracy_top1").c_str(), metric("metrics/accuracy_top5").c_str(), es.seconds));
-      result.epochs.push_back(es);
-      result.final_loss = es.loss;
-      if (callbacks.on_epoch_end) callbacks.on_epoch_end(es);
-      if (cfg.patience > 0 && since_best >= cfg.patience) {
-        log_info(strfmt("Stopping early: no better top-1 accuracy for %d validations", since_best));
-        break;
-      }
-    }
-  } catch (const std::exception& ex) {
-    if (callbacks.on_train_exception) callbacks.on_train_exception(ex);
-    throw;
-  }
-  if (best_metrics.samples > 0)
-    plot_confusion(best_metrics, ds.names, (fs::path(result.save_dir) / "confusion_matrix.png").string());
-  // The facade's model becomes the evaluated weights (the EMA's), as after LibreYOLO's training.
-  if (ema_net) models::load_state_dict(model, models::state_dict(*ema_net), true);
-  model.eval();
-  lm.weights = fs::exists(result.best_checkpoint) ? result.best_checkpoint : result.last_checkpoint;
-  result.total_seconds = ms_since(t_start) / 1000.0;
-  if (callbacks.on_train_end) callbacks.on_train_end(result);
-  return result;
+  const auto started = Clock::now();
+  ClassifyRun run(lm, cfg);
+  // The task's epoch work, then what every task's training has, then the caller's hooks.
+  std::vector<std::shared_ptr<TrainHook>> all = {std::make_shared<ClassifyEpochHook>(run), make_callbacks_hook(callbacks)};
+  if (cfg.profile)
+    all.push_back(make_profiler_hook(cfg, ProfiledRun{lm.family->name, run.model().size(), run.device(), run.amp(),
+                                                      cfg.workers, run.accumulate(), run.result().save_dir}));
+  for (const auto& h : hooks)
+    if (h) all.push_back(h);
+  return run.run(std::move(all), started);
 }
 
 }  // namespace libreyolo::engine

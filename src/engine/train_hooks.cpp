@@ -567,26 +567,25 @@ class RestoreBestHook : public TrainHook {
 // report, writes its files and removes itself, then training goes on (or stops: profile_then_stop).
 class ProfilerHook : public TrainHook {
  public:
-  explicit ProfilerHook(Trainer& t) : t_(t) {
-    const TrainConfig& c = t.config();
+  ProfilerHook(const TrainConfig& c, const ProfiledRun& run) {
     int warmup = c.profile_warmup, steps = c.profile_steps;
-    const std::string rounded = profile::Window::round_to_accumulation(warmup, steps, t.accumulate());
+    const std::string rounded = profile::Window::round_to_accumulation(warmup, steps, run.accumulate);
     if (!rounded.empty()) log_info(rounded);
     profile::Meta meta;
-    std::string family = t.loaded().family->name;
+    std::string family = run.family;
     if (family.rfind("yolo", 0) == 0) family = "YOLO" + family.substr(4);
-    meta.model = family + "-" + t.model().size();
-    meta.device = t.device().str();
+    meta.model = family + "-" + run.size;
+    meta.device = run.device.str();
     meta.batch = c.batch;
     meta.imgsz = {c.imgsz};
     // What the run does, not what was asked (AMP is off on the CPU).
-    meta.amp = t.amp().enabled;
-    meta.amp_dtype = !meta.amp ? "float32" : t.amp().dtype == torch::kBFloat16 ? "bfloat16" : "float16";
-    meta.workers = t.workers();
+    meta.amp = run.amp.enabled;
+    meta.amp_dtype = !meta.amp ? "float32" : run.amp.dtype == torch::kBFloat16 ? "bfloat16" : "float16";
+    meta.workers = run.workers;
     profile::WindowOptions wo;
     wo.trace = c.profile_trace;
     wo.open = c.profile_open;
-    win_ = std::make_unique<profile::Window>(warmup, steps, t.device(), meta, t.save_dir(), wo);
+    win_ = std::make_unique<profile::Window>(warmup, steps, run.device, meta, run.save_dir, wo);
     log_info(strfmt("Profiler: %d warm-up step(s), then %d measured (first half unsynced, second half synced per phase)",
                     warmup, steps));
   }
@@ -652,12 +651,19 @@ class ProfilerHook : public TrainHook {
     log_warn(strfmt("The profile window did not fill (%d warm-up + %d measured steps needed): no profile written",
                     win_->warmup(), win_->steps()));
   }
-  Trainer& t_;
   std::unique_ptr<profile::Window> win_;
   bool done_ = false;
 };
 
 }  // namespace
+
+std::shared_ptr<TrainHook> make_profiler_hook(const TrainConfig& c, const ProfiledRun& run) {
+  return std::make_shared<ProfilerHook>(c, run);
+}
+
+std::shared_ptr<TrainHook> make_callbacks_hook(const TrainCallbacks& callbacks) {
+  return std::make_shared<CallbacksHook>(callbacks);
+}
 
 std::string loss_column(const std::string& term) {
   std::string n = term;
@@ -703,12 +709,13 @@ std::vector<std::shared_ptr<TrainHook>> build_hooks(Trainer& t, const TrainCallb
       std::make_shared<EpochActionsHook>(t), std::make_shared<EvalHook>(t),      std::make_shared<CheckpointHook>(t),
       std::make_shared<ResultsCsvHook>(t),   std::make_shared<PlotsHook>(t),     std::make_shared<ProgressHook>(t),
       std::make_shared<SummaryHook>(t),
-      std::make_shared<RestoreBestHook>(t),  std::make_shared<CallbacksHook>(callbacks)};
+      std::make_shared<RestoreBestHook>(t),  make_callbacks_hook(callbacks)};
   if (t.config().profile) {
     if (t.state().world_size > 1)
       log_warn("profile=true is ignored under distributed training.");
     else
-      hooks.push_back(std::make_shared<ProfilerHook>(t));
+      hooks.push_back(make_profiler_hook(t.config(), ProfiledRun{t.loaded().family->name, t.model().size(), t.device(),
+                                                                 t.amp(), t.workers(), t.accumulate(), t.save_dir()}));
   }
   for (const auto& h : user)
     if (h) hooks.push_back(h);

@@ -9,8 +9,12 @@
 #include <utility>
 #include <vector>
 
+#include <torch/torch.h>
+
 #include <libreyolo/hooks.hpp>
 #include <libreyolo/libreyolo.hpp>
+
+#include "engine/amp.hpp"
 
 namespace libreyolo::engine {
 
@@ -19,6 +23,21 @@ class Trainer;
 // The built-in hooks in order, then the caller's `user` hooks.
 std::vector<std::shared_ptr<TrainHook>> build_hooks(Trainer& t, const TrainCallbacks& callbacks,
                                                     const std::vector<std::shared_ptr<TrainHook>>& user);
+
+// The hooks any task's training loop shares (the Trainer's build_hooks uses them too).
+// What the profiler reports a run as and where its files go.
+struct ProfiledRun {
+  std::string family, size;
+  torch::Device device;
+  AmpPlan amp;  // what the run does (off on the CPU), not what was asked
+  int workers = 0, accumulate = 1;
+  std::string save_dir;
+};
+// The training profiler (profile=true): a window of real steps fed with the loop's phases; it
+// reports, writes its files and removes itself (profile_then_stop: and stops training).
+std::shared_ptr<TrainHook> make_profiler_hook(const TrainConfig& c, const ProfiledRun& run);
+// The caller's TrainCallbacks as a hook (start, epoch end, end, exception).
+std::shared_ptr<TrainHook> make_callbacks_hook(const TrainCallbacks& callbacks);
 
 // results.csv column of a loss term, by LibreYOLO's rule: "train/x" stays, "x_loss" becomes
 // "train/x_loss", anything else "train/x_loss"; spaces become '_'.
