@@ -47,11 +47,6 @@ class Classifier : public Detector {
   torch::nn::Linear head_{nullptr};
 };
 
-// LibreYOLO's classification recipe, shared by its classifier families: task "classify", 1000
-// classes for a fresh model, the cross-entropy loss (loss/classify.hpp), RGB / 255 with ImageNet's mean and deviation, AdamW at 1e-3 (decay
-// 1e-4 on convolution and linear weights), a quadratic warm-up of one epoch from 0 then a cosine
-// to 1 % of lr0, EMA 0.9998, AMP on, validation every epoch, no detection augmentation.
-void apply_classify_recipe(Family& f);
 
 // The classifier a Detector is, or nullptr (a detection network).
 inline Classifier* as_classifier(Detector& model) { return dynamic_cast<Classifier*>(&model); }

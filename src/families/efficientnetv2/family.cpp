@@ -7,6 +7,7 @@
 
 #include "families/efficientnetv2/model.hpp"
 #include "libreyolo/errors.hpp"
+#include "families/classify_recipe.hpp"
 #include "models/classifier.hpp"
 
 namespace libreyolo::models::efficientnetv2 {

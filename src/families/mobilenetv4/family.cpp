@@ -8,6 +8,7 @@
 #include "core/strings.hpp"
 #include "families/mobilenetv4/model.hpp"
 #include "libreyolo/errors.hpp"
+#include "families/classify_recipe.hpp"
 #include "models/classifier.hpp"
 
 namespace libreyolo::models::mobilenetv4 {

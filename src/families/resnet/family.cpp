@@ -7,6 +7,7 @@
 
 #include "core/strings.hpp"
 #include "families/resnet/model.hpp"
+#include "families/classify_recipe.hpp"
 #include "models/classifier.hpp"
 #include "libreyolo/errors.hpp"
 
