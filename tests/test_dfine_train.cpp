@@ -104,7 +104,7 @@ TEST(DfineTrain, RecipeAmpOffWithItsReasonAndFlatCosine) {
   EXPECT_FALSE(cfg.amp);
   EXPECT_EQ(cfg.optimizer, "adamw");
   EXPECT_DOUBLE_EQ(cfg.lr0, 2e-4);
-  EXPECT_DOUBLE_EQ(cfg.lr_backbone, 1e-4);
+  EXPECT_DOUBLE_EQ(cfg.backbone_lr_mult, 0.5);
   EXPECT_EQ(cfg.scheduler, "flat_cosine");
   EXPECT_EQ(cfg.epochs, 132);
   auto with_amp = base;

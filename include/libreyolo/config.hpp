@@ -39,6 +39,7 @@ struct TrainConfig {
   std::string optimizer = "sgd";      // sgd, adam, adamw
   double lr0 = 0.01;
   double lr_backbone = 0.0;           // the backbone's learning rate where the family's parameter rules name one (0 = lr0)
+  double backbone_lr_mult = 0.0;      // or as a fraction of lr0, when lr_backbone is 0 (0 = lr0)
   double momentum = 0.937;
   double warmup_momentum = 0.8;       // SGD momentum at the start of warm-up, rising linearly to `momentum`
   double weight_decay = 5e-4;

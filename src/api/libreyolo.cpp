@@ -79,6 +79,8 @@ TrainConfig train_config_for(const models::LoadedModel& impl, const Kwargs& opti
   cfg.sync_bn = impl.family->default_sync_bn;
   if (impl.family->input_size) cfg.imgsz = impl.family->input_size(impl.model->size());
   train_schema().apply(cfg, impl.family->train_defaults, "train");
+  if (impl.family->size_train_defaults)
+    train_schema().apply(cfg, impl.family->size_train_defaults(impl.model->size()), "train");
   train_schema().apply(cfg, options, "train");
   validate(cfg);
   return cfg;

@@ -33,6 +33,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("optimizer", &C::optimizer, "sgd, adam or adamw")
         .add("lr0", &C::lr0, "initial learning rate")
         .add("lr_backbone", &C::lr_backbone, "the backbone's learning rate, for families that train it apart (0 = lr0)")
+        .add("backbone_lr_mult", &C::backbone_lr_mult, "the backbone's learning rate as a fraction of lr0, when lr_backbone is 0 (0 = lr0)")
         .add("momentum", &C::momentum, "SGD momentum")
         .add("warmup_momentum", &C::warmup_momentum, "SGD momentum at the start of warm-up (rises linearly to momentum)")
         .add("weight_decay", &C::weight_decay, "weight decay (conv weights only)")
@@ -190,6 +191,7 @@ void validate(const TrainConfig& c) {
   check_one_of("loader", c.loader, {"auto", "cpu", "gpu"});
   if (c.lr0 <= 0) range_error("lr0", "must be positive");
   if (!(c.lr_backbone >= 0)) range_error("lr_backbone", "must be >= 0 (0: lr0)");
+  if (!(c.backbone_lr_mult >= 0)) range_error("backbone_lr_mult", "must be >= 0 (0: lr0)");
   if (c.warmup_lr_start < 0) range_error("warmup_lr_start", "must be >= 0 (a negative learning rate climbs the loss)");
   if (c.ema_tau < 0) range_error("ema_tau", "must be >= 0");
   if (c.eval_interval < 0) range_error("eval_interval", "must be >= 0 (0: the last epoch only)");

@@ -60,20 +60,21 @@ struct ThreadCap {
 }  // namespace
 
 double cpu_activation_bytes_per_pixel(models::Detector& model) {
-  constexpr int kSmall = 128, kLarge = 192;
+  // 128 and 192 px, or from the network's smallest input up (a query-selecting decoder needs a
+  // few hundred positions).
+  const int small_side = static_cast<int>(std::max<int64_t>(128, (model.min_input_size() + 31) / 32 * 32));
+  const int large_side = small_side + 64;
   const ThreadCap threads(kMeasureThreads);
   ModelStateSnapshot snapshot(model);
   double per_pixel = 0;
   try {
     torch::AutoGradMode grad(true);
     model.train();
-    // 128 and 192 px: large enough for every family's input (a query-selecting decoder needs a few
-    // hundred positions).
-    forward_growth(model, kSmall);  // first use: lazily made buffers, thread pools
+    forward_growth(model, small_side);  // first use: lazily made buffers, thread pools
     // The smaller of two tries each: a loader thread allocating meanwhile only adds.
-    const double small = std::min(forward_growth(model, kSmall), forward_growth(model, kSmall));
-    const double large = std::min(forward_growth(model, kLarge), forward_growth(model, kLarge));
-    per_pixel = std::max(0.0, (large - small) / (double(kLarge) * kLarge - double(kSmall) * kSmall));
+    const double small = std::min(forward_growth(model, small_side), forward_growth(model, small_side));
+    const double large = std::min(forward_growth(model, large_side), forward_growth(model, large_side));
+    per_pixel = std::max(0.0, (large - small) / (double(large_side) * large_side - double(small_side) * small_side));
   } catch (...) {
     snapshot.restore();
     throw;

@@ -445,7 +445,9 @@ class Adam final : public Optimizer {
 
 std::unique_ptr<Optimizer> make_optimizer(torch::nn::Module& model, const OptimizerOptions& opt) {
   const std::string name = lower(opt.name);
-  const double backbone_ratio = opt.lr_backbone > 0 ? opt.lr_backbone / opt.lr : 1.0;
+  const double backbone_ratio = opt.lr_backbone > 0        ? opt.lr_backbone / opt.lr
+                                : opt.backbone_lr_mult > 0 ? opt.backbone_lr_mult
+                                                           : 1.0;
   auto groups = make_param_groups(model, opt.weight_decay, opt.rules, backbone_ratio);
   if (groups.empty())
     throw UsageError(

@@ -94,6 +94,7 @@ struct OptimizerOptions {
   bool nesterov = true;
   std::vector<models::ParamRule> rules;  // the family's grouping (empty: the shared one)
   double lr_backbone = 0.0;              // for rules with backbone_lr (0: lr)
+  double backbone_lr_mult = 0.0;         // or lr times this, when lr_backbone is 0 (0: lr)
 };
 
 // Builds the optimizer over make_param_groups(model). Throws UsageError for an unknown name or

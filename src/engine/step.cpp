@@ -401,7 +401,8 @@ StepSetup make_step_runner(const TrainConfig& cfg, std::shared_ptr<models::Detec
                            const models::Family* family) {
   const OptimizerOptions oo{cfg.optimizer,       cfg.lr0,          cfg.momentum,
                             cfg.warmup_momentum, cfg.weight_decay, cfg.nesterov,
-                            family ? family->param_rules : std::vector<models::ParamRule>{}, cfg.lr_backbone};
+                            family ? family->param_rules : std::vector<models::ParamRule>{}, cfg.lr_backbone,
+                            cfg.backbone_lr_mult};
   auto optimizer = make_optimizer(*model, oo);
   StepSetup s;
   // Python's round() (half to even) of nbs / batch: nearbyint in the default rounding mode.

@@ -18,6 +18,8 @@ const std::vector<const Family*>& families() {
       yolo9::make_family(),
       yolox::make_family(),
       rtdetr::make_dfine_family(),
+      rtdetr::make_deim_family(),
+      rtdetr::make_rtdetrv4_family(),
       rtdetr::make_family(),
       rtdetr::make_v2_family(),
       yolo7::make_family(),

@@ -39,6 +39,9 @@ class Detector : public torch::nn::Module {
   virtual std::string size() const = 0;
   virtual int num_classes() const = 0;
   virtual std::vector<int64_t> strides() const = 0;
+  // The smallest square input side the network takes (0: any multiple of its largest stride), e.g.
+  // a decoder that selects its queries from the encoder's positions needs enough of them.
+  virtual int64_t min_input_size() const { return 0; }
   // Changes the class count by replacing only the final class convolutions (hidden widths kept),
   // initialised as a fresh model's would be. No-op when nc is unchanged.
   virtual void reset_num_classes(int nc) = 0;
@@ -195,6 +198,9 @@ struct Family {
   // Recipe: option values (TrainConfig keys) that differ from the defaults of config.hpp,
   // applied before the caller's own options.
   std::vector<std::pair<std::string, std::string>> train_defaults;
+  // Recipe values of one size, applied after train_defaults (e.g. a backbone learning rate that
+  // depends on the size). Unset: none.
+  std::function<std::vector<std::pair<std::string, std::string>>(const std::string& size)> size_train_defaults;
   // Per-epoch switch when mosaic closes (no_aug_epochs before the end), e.g. an L1 box term that starts then.
   // Returns true when it changed what the training step computes (captured graphs must go).
   std::function<bool(Detector& model, TrainingLoss& loss)> on_close_mosaic;

@@ -1,4 +1,9 @@
-"""D-FINE CPU parity fixture from the reference implementation (LibreYOLO 1.6.0).
+"""D-FINE (or DEIM) CPU parity fixture from the reference implementation (LibreYOLO 1.6.0).
+
+--family deim: the same network built from the reference's DEIM modules (SiLU in the decoder's
+feed-forward layers, LQE and MLP heads) and trained with its criterion (the matchability-aware
+class term, gamma 1.5), into deim_narrow_nc20_s320.pt and deim_narrow_nc20_s320_expect.pt (the
+three-level network only: the two-level layout is D-FINE's own code path).
 
 Writes into tests/data (or --out):
   dfine_narrow_nc20_s320.pt          a LibreYOLO checkpoint (model_family "dfine") of a narrow
@@ -33,18 +38,29 @@ import sys
 import torch
 import torch.nn as nn
 
-import libreyolo.models.dfine.decoder as dfdec
-from libreyolo.models.dfine.backbone import HGNetv2
-from libreyolo.models.dfine.decoder import DFINETransformer
-from libreyolo.models.dfine.encoder import HybridEncoder
-from libreyolo.models.dfine.fdr import Integral, distance2bbox, weighting_function
-from libreyolo.models.dfine.loss import DFINECriterion
-from libreyolo.models.dfine.matcher import HungarianMatcher
-from libreyolo.postprocess.dfine import postprocess
+import importlib
+
 from libreyolo.utils.serialization import wrap_libreyolo_checkpoint
 
-NAME = "dfine_narrow_nc20_s320"
-NAME2 = "dfine_narrow2_nc20_s320"
+FAMILY = "deim" if "--family" in sys.argv and sys.argv[sys.argv.index("--family") + 1] == "deim" else "dfine"
+_pkg = f"libreyolo.models.{FAMILY}"
+dfdec = importlib.import_module(f"{_pkg}.decoder")
+HGNetv2 = importlib.import_module(f"{_pkg}.backbone").HGNetv2
+Transformer = dfdec.DEIMTransformer if FAMILY == "deim" else dfdec.DFINETransformer
+HybridEncoder = importlib.import_module(f"{_pkg}.encoder").HybridEncoder
+_fdr = importlib.import_module(f"{_pkg}.fdr")
+Integral, distance2bbox, weighting_function = _fdr.Integral, _fdr.distance2bbox, _fdr.weighting_function
+_loss = importlib.import_module(f"{_pkg}.loss")
+Criterion = _loss.DEIMCriterion if FAMILY == "deim" else _loss.DFINECriterion
+HungarianMatcher = importlib.import_module(f"{_pkg}.matcher").HungarianMatcher
+postprocess = importlib.import_module(f"libreyolo.postprocess.{FAMILY}").postprocess
+# DEIM's decoder: SiLU in its layers and MLP heads (LibreYOLO's DEIM size table).
+DECODER_ACT = {"activation": "silu", "mlp_act": "silu"} if FAMILY == "deim" else {}
+CLASS_TERM = "mal" if FAMILY == "deim" else "vfl"
+CLASS_GAMMA = 1.5 if FAMILY == "deim" else 2.0
+
+NAME = f"{FAMILY}_narrow_nc20_s320"
+NAME2 = f"{FAMILY}_narrow2_nc20_s320"
 NC = 20
 IMGSZ = 320
 BATCH = 2
@@ -104,7 +120,8 @@ class Narrow(nn.Module):
             in_channels=(32, 48, 64) if three else (48, 64), feat_strides=(8, 16, 32) if three else (16, 32),
             hidden_dim=enc_hidden, dim_feedforward=64, expansion=0.5, depth_mult=0.67,
             use_encoder_idx=(2,) if three else (1,), eval_spatial_size=(IMGSZ, IMGSZ))
-        self.decoder = DFINETransformer(
+        self.decoder = Transformer(
+            **DECODER_ACT,
             num_classes=NC, hidden_dim=32, feat_channels=(enc_hidden,) * levels,
             feat_strides=(8, 16, 32) if three else (16, 32), num_levels=levels,
             num_points=(3, 6, 3) if three else (6, 6), num_layers=3, dim_feedforward=64,
@@ -176,6 +193,7 @@ def draw_targets(g):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
+    ap.add_argument("--family", choices=["dfine", "deim"], default="dfine")
     a = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -263,12 +281,12 @@ def main():
 
     matcher = HungarianMatcher(weight_dict={"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0},
                                use_focal_loss=True, alpha=0.25, gamma=2.0)
-    weights = {"loss_vfl": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15, "loss_ddf": 1.5}
+    weights = {f"loss_{CLASS_TERM}": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15, "loss_ddf": 1.5}
 
     def train_step(denoising):
         mm = copy.deepcopy(m).train()
-        crit = DFINECriterion(matcher=matcher, weight_dict=weights, losses=["vfl", "boxes", "local"], alpha=0.75,
-                              gamma=2.0, num_classes=NC, reg_max=32, distributed_normalize=False)
+        crit = Criterion(matcher=matcher, weight_dict=weights, losses=[CLASS_TERM, "boxes", "local"], alpha=0.75,
+                         gamma=CLASS_GAMMA, num_classes=NC, reg_max=32, distributed_normalize=False)
         seen = {}
         if denoising:
             original = dfdec.get_contrastive_denoising_training_group
@@ -339,8 +357,8 @@ def main():
 
     os.makedirs(a.out, exist_ok=True)
     names = {i: f"class_{i}" for i in range(NC)}
-    for name, net in ((NAME, m), (NAME2, m2)):
-        ckpt = wrap_libreyolo_checkpoint(net.state_dict(), model_family="dfine", size="s", task="detect", nc=NC,
+    for name, net in ((NAME, m), (NAME2, m2)) if FAMILY == "dfine" else ((NAME, m),):
+        ckpt = wrap_libreyolo_checkpoint(net.state_dict(), model_family=FAMILY, size="s", task="detect", nc=NC,
                                          names=names, imgsz=IMGSZ)
         torch.save(ckpt, os.path.join(a.out, f"{name}.pt"))
         print(name + ".pt", os.path.getsize(os.path.join(a.out, name + ".pt")), "bytes")

@@ -49,7 +49,7 @@ torch::Tensor ConvNormImpl::forward(const torch::Tensor& x) {
   return activate(y, act);
 }
 
-MlpImpl::MlpImpl(int64_t in, int64_t hidden, int64_t out, int n) {
+MlpImpl::MlpImpl(int64_t in, int64_t hidden, int64_t out, int n, bool silu_) : silu(silu_) {
   auto list = container();
   for (int i = 0; i < n; ++i) {
     const int64_t a = i == 0 ? in : hidden, b = i == n - 1 ? out : hidden;
@@ -63,7 +63,7 @@ torch::Tensor MlpImpl::forward(const torch::Tensor& x) {
   auto y = x;
   for (size_t i = 0; i < layers.size(); ++i) {
     y = layers[i]->forward(y);
-    if (i + 1 < layers.size()) y = torch::relu(y);
+    if (i + 1 < layers.size()) y = silu ? torch::silu(y) : torch::relu(y);
   }
   return y;
 }

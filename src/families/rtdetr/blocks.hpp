@@ -46,10 +46,12 @@ TORCH_MODULE(ConvNorm);
 // Linear layers "layers.0" .. "layers.{n-1}" with ReLU between them (none after the last).
 class MlpImpl : public torch::nn::Module {
  public:
-  MlpImpl(int64_t in, int64_t hidden, int64_t out, int layers);
+  // Between the layers ReLU, or SiLU with `silu`.
+  MlpImpl(int64_t in, int64_t hidden, int64_t out, int layers, bool silu = false);
   torch::Tensor forward(const torch::Tensor& x);
 
   std::vector<torch::nn::Linear> layers;
+  bool silu = false;
 };
 TORCH_MODULE(Mlp);
 

@@ -82,8 +82,22 @@ bool DfineConfig::operator==(const DfineConfig& o) const {
          hidden == o.hidden && enc_ffn == o.enc_ffn && elan_hidden == o.elan_hidden && elan_depth == o.elan_depth &&
          dec_hidden == o.dec_hidden && dec_ffn == o.dec_ffn && dec_layers == o.dec_layers && eval_idx == o.eval_idx &&
          points == o.points && reg_scale == o.reg_scale && reg_max == o.reg_max && heads == o.heads &&
-         queries == o.queries && denoising == o.denoising && nc == o.nc && anchor_size == o.anchor_size;
+         queries == o.queries && denoising == o.denoising && nc == o.nc && anchor_size == o.anchor_size &&
+         silu == o.silu;
 }
+
+namespace {
+
+// The smallest multiple of 32 whose encoder positions hold the queries.
+int64_t min_input_side(const DfineConfig& cfg) {
+  for (int64_t side = 32;; side += 32) {
+    int64_t positions = 0;
+    for (const int64_t stride : cfg.strides()) positions += (side / stride) * (side / stride);
+    if (positions >= cfg.queries) return side;
+  }
+}
+
+}  // namespace
 
 const std::vector<std::string>& dfine_size_names() {
   static const std::vector<std::string> names{"n", "s", "m", "l", "x"};
@@ -395,7 +409,7 @@ torch::Tensor GateImpl::forward(const torch::Tensor& x1, const torch::Tensor& x2
   return norm->forward(g.narrow(-1, 0, c) * x1 + g.narrow(-1, c, c) * x2);
 }
 
-DfineDecoderLayerImpl::DfineDecoderLayerImpl(const DfineConfig& cfg) {
+DfineDecoderLayerImpl::DfineDecoderLayerImpl(const DfineConfig& cfg) : silu(cfg.silu) {
   const int64_t c = cfg.dec_hidden;
   self_attn = register_module("self_attn", MultiheadAttention(c, cfg.heads));
   norm1 = register_module("norm1", layer_norm(c));
@@ -415,12 +429,13 @@ torch::Tensor DfineDecoderLayerImpl::forward(const torch::Tensor& tgt, const tor
   const auto qk = tgt + pos;
   auto x = norm1->forward(tgt + self_attn->forward(qk, qk, tgt, attn_mask));
   x = gateway->forward(x, cross_attn->forward(x + pos, ref, memory, shapes));
-  const auto y = x + linear2->forward(torch::relu(linear1->forward(x)));
+  const auto h = linear1->forward(x);
+  const auto y = x + linear2->forward(silu ? torch::silu(h) : torch::relu(h));
   return norm3->forward(y.clamp(-65504.0, 65504.0));
 }
 
-LqeImpl::LqeImpl(int reg_max_) : reg_max(reg_max_) {
-  reg_conf = register_module("reg_conf", Mlp(4 * (4 + 1), 64, 1, 2));
+LqeImpl::LqeImpl(int reg_max_, bool silu) : reg_max(reg_max_) {
+  reg_conf = register_module("reg_conf", Mlp(4 * (4 + 1), 64, 1, 2, silu));
   torch::NoGradGuard no_grad;
   reg_conf->layers.back()->weight.zero_();
   reg_conf->layers.back()->bias.zero_();
@@ -464,7 +479,7 @@ DfineTransformerImpl::DfineTransformerImpl(const DfineConfig& cfg_) : cfg(cfg_) 
   decoder->register_parameter("reg_scale", reg_scale, /*requires_grad=*/false);
   for (int l = 0; l < cfg.dec_layers; ++l) {
     layers.push_back(list->register_module(std::to_string(l), DfineDecoderLayer(cfg)));
-    lqe_layers.push_back(lqe->register_module(std::to_string(l), Lqe(cfg.reg_max)));
+    lqe_layers.push_back(lqe->register_module(std::to_string(l), Lqe(cfg.reg_max, cfg.silu)));
   }
   decoder->register_module("layers", list);
   decoder->register_module("lqe_layers", lqe);
@@ -472,21 +487,21 @@ DfineTransformerImpl::DfineTransformerImpl(const DfineConfig& cfg_) : cfg(cfg_) 
   if (cfg.denoising > 0)
     denoising_class_embed = register_module(
         "denoising_class_embed", torch::nn::Embedding(torch::nn::EmbeddingOptions(cfg.nc + 1, c).padding_idx(cfg.nc)));
-  query_pos_head = register_module("query_pos_head", Mlp(4, 2 * c, c, 2));
+  query_pos_head = register_module("query_pos_head", Mlp(4, 2 * c, c, 2, cfg.silu));
   auto enc_output = container();
   enc_proj = enc_output->register_module("proj", torch::nn::Linear(c, c));
   enc_norm = enc_output->register_module("norm", layer_norm(c));
   register_module("enc_output", enc_output);
   enc_score_head = register_module("enc_score_head", torch::nn::Linear(c, cfg.nc));
-  enc_bbox_head = register_module("enc_bbox_head", Mlp(c, c, 4, 3));
+  enc_bbox_head = register_module("enc_bbox_head", Mlp(c, c, 4, 3, cfg.silu));
   score_heads_ = container();
   for (int l = 0; l < cfg.dec_layers; ++l)
     dec_score_head.push_back(score_heads_->register_module(std::to_string(l), torch::nn::Linear(c, cfg.nc)));
   register_module("dec_score_head", score_heads_);
-  pre_bbox_head = register_module("pre_bbox_head", Mlp(c, c, 4, 3));
+  pre_bbox_head = register_module("pre_bbox_head", Mlp(c, c, 4, 3, cfg.silu));
   auto box_heads = container();
   for (int l = 0; l < cfg.dec_layers; ++l)
-    dec_bbox_head.push_back(box_heads->register_module(std::to_string(l), Mlp(c, c, 4 * (cfg.reg_max + 1), 3)));
+    dec_bbox_head.push_back(box_heads->register_module(std::to_string(l), Mlp(c, c, 4 * (cfg.reg_max + 1), 3, cfg.silu)));
   register_module("dec_bbox_head", box_heads);
   reset_parameters();
 }
@@ -568,8 +583,9 @@ QuerySelection DfineTransformerImpl::select_queries(const torch::Tensor& memory,
   const int64_t b = memory.size(0);
   if (memory.size(1) < cfg.queries)
     throw UsageError(strfmt("D-FINE: the input gives %lld encoder positions, fewer than its %d queries; use a larger "
-                            "imgsz (at least 128, 256 for size n)",
-                            static_cast<long long>(memory.size(1)), cfg.queries));
+                            "imgsz (at least %lld for this network)",
+                            static_cast<long long>(memory.size(1)), cfg.queries,
+                            static_cast<long long>(min_input_side(cfg))));
   const auto masked = s.valid.to(memory.scalar_type()) * memory;
   const auto out_memory = enc_norm->forward(enc_proj->forward(masked));
   s.enc_logits = enc_score_head->forward(out_memory);
@@ -635,6 +651,8 @@ std::pair<torch::Tensor, torch::Tensor> DfineTransformerImpl::forward(const std:
 
 // ---------------------------------------------------------------------------------------------
 // Model
+
+int64_t DfineModel::min_input_size() const { return min_input_side(cfg_); }
 
 DfineModel::DfineModel(const DfineConfig& cfg) : cfg_(cfg) {
   if (cfg_.levels != 2 && cfg_.levels != 3) throw UsageError("D-FINE works on 2 or 3 levels");

@@ -49,6 +49,9 @@ struct DfineConfig {
   int denoising = 100;
   int nc = 80;
   int64_t anchor_size = 640;  // > 0: "anchors"/"valid_mask" buffers for a square input of this side
+  // SiLU where D-FINE's decoder has ReLU (its feed-forward layers, LQE and MLP heads): DEIM's and
+  // RT-DETRv4's network, otherwise D-FINE's. The weights do not tell (the same tensors).
+  bool silu = false;
 
   std::vector<int64_t> strides() const;
   int last_layer() const { return eval_idx >= 0 ? eval_idx : dec_layers + eval_idx; }
@@ -144,7 +147,7 @@ class GateImpl : public torch::nn::Module {
 TORCH_MODULE(Gate);
 
 // x = norm1(x + self_attn(x + pos, x + pos, x, mask)); x = gateway(x, cross_attn(x + pos, ref,
-// memory)); x = norm3(clamp(x + linear2(relu(linear1(x))), +-65504)).
+// memory)); x = norm3(clamp(x + linear2(act(linear1(x))), +-65504)), act ReLU (SiLU with cfg.silu).
 class DfineDecoderLayerImpl : public torch::nn::Module {
  public:
   explicit DfineDecoderLayerImpl(const DfineConfig& cfg);
@@ -156,13 +159,15 @@ class DfineDecoderLayerImpl : public torch::nn::Module {
   DfineDeformableAttention cross_attn{nullptr};
   Gate gateway{nullptr};
   torch::nn::Linear linear1{nullptr}, linear2{nullptr};
+  bool silu = false;
 };
 TORCH_MODULE(DfineDecoderLayer);
 
-// scores + reg_conf([top-4 bin probabilities of each edge, their mean]) (an MLP 20 -> 64 -> 1).
+// scores + reg_conf([top-4 bin probabilities of each edge, their mean]) (an MLP 20 -> 64 -> 1,
+// ReLU or SiLU between).
 class LqeImpl : public torch::nn::Module {
  public:
-  explicit LqeImpl(int reg_max);
+  LqeImpl(int reg_max, bool silu);
   torch::Tensor forward(const torch::Tensor& scores, const torch::Tensor& corners);
 
   Mlp reg_conf{nullptr};
@@ -266,6 +271,8 @@ class DfineModel : public Detector {
   std::string size() const override { return cfg_.size; }
   int num_classes() const override { return cfg_.nc; }
   std::vector<int64_t> strides() const override { return cfg_.strides(); }
+  // The smallest multiple of 32 whose encoder positions hold the queries (128; 256 on two levels).
+  int64_t min_input_size() const override;
   void reset_num_classes(int nc) override;
   std::vector<std::string> freeze_groups() const override { return {"backbone", "encoder", "decoder"}; }
   const DfineConfig& config() const { return cfg_; }

@@ -147,7 +147,15 @@ std::vector<rt::ImageMatch> union_matches(const std::vector<std::vector<rt::Imag
   return out;
 }
 
-DfineLoss::DfineLoss(int nc, DfineLossWeights weights) : nc_(nc), w_(weights) {
+DfineLossWeights deim_loss_weights() {
+  DfineLossWeights w;
+  w.mal = true;
+  w.vfl_gamma = 1.5;
+  return w;
+}
+
+DfineLoss::DfineLoss(int nc, DfineLossWeights weights)
+    : nc_(nc), w_(weights), names_({w_.mal ? "mal" : "vfl", "bbox", "giou", "fgl", "ddf"}) {
   if (nc < 1) throw UsageError("DfineLoss: number of classes must be >= 1, got " + std::to_string(nc));
 }
 
@@ -189,12 +197,14 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   for (const auto& g : t.go) go_count += g.size();
   t.num_go = loss_normalizer(torch::tensor(static_cast<float>(go_count), opts));
 
+  // The class term's name: loss_vfl, or loss_mal.
+  const std::string cls_name = "loss_" + names_[0];
   auto add = [&](const std::string& name, const torch::Tensor& v) {
     t.names.push_back(name);
     t.values.push_back(torch::nan_to_num(v, 0.0));
   };
 
-  const auto vfl = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
+  const auto cls_term = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
     const auto& logits = lv.logits;
     const int64_t b = logits.size(0), n = logits.size(1);
     auto cls = torch::full({b, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
@@ -205,9 +215,12 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
       score.index_put_({p.img, p.qry}, iou);
     }
     const auto onehot = F::one_hot(cls, nc_ + 1).narrow(-1, 0, nc_).to(logits.scalar_type());
-    const auto target = score.unsqueeze(-1) * onehot;
     const auto prob = torch::sigmoid(logits).detach();
-    const auto weight = w_.vfl_alpha * prob.pow(w_.vfl_gamma) * (1 - onehot) + target;
+    // Varifocal: the IoU as the target, negatives weighted by alpha p^gamma, positives by the
+    // IoU. Matchability-aware: IoU^gamma as the target, negatives by p^gamma, positives by 1.
+    const auto target = (w_.mal ? score.pow(w_.vfl_gamma) : score).unsqueeze(-1) * onehot;
+    const auto weight = w_.mal ? prob.pow(w_.vfl_gamma) * (1 - onehot) + onehot
+                               : w_.vfl_alpha * prob.pow(w_.vfl_gamma) * (1 - onehot) + target;
     const auto bce = F::binary_cross_entropy_with_logits(
         logits, target, F::BinaryCrossEntropyWithLogitsFuncOptions().weight(weight).reduction(torch::kNone));
     return bce.mean(1).sum() * static_cast<double>(n) / nb * w_.vfl;
@@ -267,7 +280,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   // The last layer: no distillation (it is the teacher).
   {
     const auto own = gather_pairs(t.matches[0], gts, device);
-    add("loss_vfl", vfl(last, own, t.num_boxes));
+    add(cls_name, cls_term(last, own, t.num_boxes));
     const auto [l1, gi] = boxes(last, go, t.num_go);
     add("loss_bbox", l1);
     add("loss_giou", gi);
@@ -277,7 +290,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     const Level& lv = matched[1 + l];
     const auto own = gather_pairs(t.matches[1 + l], gts, device);
     const std::string s = "_aux_" + std::to_string(l);
-    add("loss_vfl" + s, vfl(lv, own, t.num_boxes));
+    add(cls_name + s, cls_term(lv, own, t.num_boxes));
     const auto [l1, gi] = boxes(lv, go, t.num_go);
     add("loss_bbox" + s, l1);
     add("loss_giou" + s, gi);
@@ -286,7 +299,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   }
   for (const auto& [index, suffix] : {std::pair<size_t, const char*>{layers, "_pre"}, {layers + 1, "_enc_0"}}) {
     const auto own = gather_pairs(t.matches[index], gts, device);
-    add(std::string("loss_vfl") + suffix, vfl(matched[index], own, t.num_boxes));
+    add(cls_name + suffix, cls_term(matched[index], own, t.num_boxes));
     const auto [l1, gi] = boxes(matched[index], go, t.num_go);
     add(std::string("loss_bbox") + suffix, l1);
     add(std::string("loss_giou") + suffix, gi);
@@ -305,7 +318,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     for (size_t l = 0; l < layers; ++l) {
       const Level lv = level_of(out.dn, l);
       const std::string s = "_dn_" + std::to_string(l);
-      add("loss_vfl" + s, vfl(lv, dp, nb));
+      add(cls_name + s, cls_term(lv, dp, nb));
       const auto [l1, gi] = boxes(lv, dp, nb);
       add("loss_bbox" + s, l1);
       add("loss_giou" + s, gi);
@@ -313,7 +326,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
       add("loss_ddf" + s, ddf(lv, dn_last, dp, true));
     }
     const Level pre{f32(out.dn.pre_logits), f32(out.dn.pre_boxes), {}, {}};
-    add("loss_vfl_dn_pre", vfl(pre, dp, nb));
+    add(cls_name + "_dn_pre", cls_term(pre, dp, nb));
     const auto [l1, gi] = boxes(pre, dp, nb);
     add("loss_bbox_dn_pre", l1);
     add("loss_giou_dn_pre", gi);
@@ -330,7 +343,8 @@ LossOutput DfineLoss::compute(const std::vector<torch::Tensor>& raw, const torch
   const auto out = rt::unpack_dfine_outputs(raw);
   const auto gts = rt::split_targets(targets);
   const auto t = terms(out, gts);
-  static const std::vector<std::string> kinds = {"loss_vfl", "loss_bbox", "loss_giou", "loss_fgl", "loss_ddf"};
+  std::vector<std::string> kinds;
+  for (const auto& n : names_) kinds.push_back("loss_" + n);
   std::vector<torch::Tensor> sums(kinds.size());
   for (size_t i = 0; i < t.values.size(); ++i)
     for (size_t k = 0; k < kinds.size(); ++k)

@@ -15,6 +15,9 @@
 //                 layer's best class score elsewhere, the two means mixed by sqrt of their counts.
 // Denoising levels (every layer and "pre") use the positive copies' pairs and num_boxes x G.
 // IoU and GIoU here divide without an epsilon, as D-FINE's box operations do.
+// DEIM's criterion (also RT-DETRv4's) is the same with its matchability-aware class term in place
+// of vfl, under the name mal (DfineLossWeights::mal): binary cross entropy against IoU^gamma at
+// the level's own matches, negatives weighted by p^gamma, positives by 1 (gamma 1.5).
 #pragma once
 #include <torch/torch.h>
 
@@ -28,13 +31,16 @@
 namespace libreyolo::loss {
 
 struct DfineLossWeights {
-  double vfl = 1.0, bbox = 5.0, giou = 2.0, fgl = 0.15, ddf = 1.5;
-  double vfl_alpha = 0.75, vfl_gamma = 2.0;
+  bool mal = false;  // the class term: varifocal (D-FINE), or matchability-aware (DEIM)
+  double vfl = 1.0, bbox = 5.0, giou = 2.0, fgl = 0.15, ddf = 1.5;  // vfl: the class term's weight
+  double vfl_alpha = 0.75, vfl_gamma = 2.0;                         // mal: gamma only
+
   double ddf_temperature = 5.0;
   models::rtdetr::MatcherWeights matcher;
 };
 
-// Every term under the reference implementation's names, in its order: loss_vfl, loss_bbox,
+// Every term under the reference implementation's names, in its order (loss_mal for loss_vfl with
+// DfineLossWeights::mal): loss_vfl, loss_bbox,
 // loss_giou, loss_fgl of the last layer; then vfl, bbox, giou, fgl, ddf with _aux_{i} for layers
 // 0..L-2; vfl, bbox, giou with _pre and with _enc_0; with denoising vfl, bbox, giou, fgl, ddf with
 // _dn_{i} for every layer and vfl, bbox, giou with _dn_pre. Weighted, with their gradients.
@@ -59,10 +65,8 @@ class DfineLoss : public TrainingLoss {
  public:
   explicit DfineLoss(int nc, DfineLossWeights weights = {});
 
-  const std::vector<std::string>& term_names() const override {
-    static const std::vector<std::string> names = {"vfl", "bbox", "giou", "fgl", "ddf"};
-    return names;
-  }
+  // {"vfl" or "mal", "bbox", "giou", "fgl", "ddf"}.
+  const std::vector<std::string>& term_names() const override { return names_; }
   // raw: DfineModel::forward_train in training mode (pack_dfine_outputs' layout).
   LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
                      int64_t img_w) override;
@@ -72,6 +76,10 @@ class DfineLoss : public TrainingLoss {
  private:
   int nc_;
   DfineLossWeights w_;
+  std::vector<std::string> names_;
 };
+
+// DEIM's (and RT-DETRv4's) weights: D-FINE's with the mal class term at gamma 1.5.
+DfineLossWeights deim_loss_weights();
 
 }  // namespace libreyolo::loss

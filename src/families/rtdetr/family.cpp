@@ -174,7 +174,24 @@ io::StateDict without_ddp(const io::StateDict& sd) {
   return out;
 }
 
-bool dfine_can_load(const io::StateDict& sd) {
+// Upstream RT-DETRv4 training checkpoints carry the distillation projector, training-only; its
+// presence is what tells a raw RT-DETRv4 file from a D-FINE or DEIM one (every other key is shared).
+bool is_distillation_key(const std::string& key) { return key.rfind("encoder.feature_projector.", 0) == 0; }
+
+bool has_distillation_keys(const io::StateDict& sd) {
+  for (const auto& kv : sd)
+    if (is_distillation_key(io::strip_ddp_prefix(kv.first))) return true;
+  return false;
+}
+
+io::StateDict without_distillation(const io::StateDict& sd) {
+  io::StateDict out;
+  for (const auto& kv : sd)
+    if (!is_distillation_key(io::strip_ddp_prefix(kv.first))) out.push_back(kv);
+  return out;
+}
+
+bool dfine_keys(const io::StateDict& sd) {
   const auto k = without_ddp(sd);
   if (!is_dfine_state_dict(k)) return false;
   for (const auto& kv : k)
@@ -194,19 +211,62 @@ std::optional<int> dfine_infer_num_classes(const io::StateDict& sd) {
   return cfg->nc;
 }
 
+// The D-FINE line's networks: D-FINE's, or with silu DEIM's and RT-DETRv4's (the same tensors).
 // A fresh model is LibreYOLO's from-scratch build (backbone norms train).
-std::shared_ptr<Detector> dfine_build(const std::string& size, int nc) {
-  auto cfg = dfine_size_config(size, nc);
-  cfg.frozen_norm = false;
-  return std::make_shared<DfineModel>(cfg);
+Family dfine_line_family(const std::string& name, std::vector<std::string> sizes, bool silu) {
+  Family f(name, std::move(sizes), "s");
+  const auto build = [silu](const std::string& size, int nc) -> std::shared_ptr<Detector> {
+    auto cfg = dfine_size_config(size, nc);
+    cfg.frozen_norm = false;
+    cfg.silu = silu;
+    return std::make_shared<DfineModel>(cfg);
+  };
+  const auto build_like = [silu, name](const io::StateDict& sd, int nc) -> std::shared_ptr<Detector> {
+    auto cfg = dfine_config_from_state_dict(without_ddp(without_distillation(sd)));
+    if (!cfg)
+      throw ModelError("cannot tell the " + name + " widths from the weights (a backbone, encoder or decoder key is missing)");
+    if (nc > 0) cfg->nc = nc;
+    cfg->silu = silu;
+    return std::make_shared<DfineModel>(*cfg);
+  };
+  // Raw RT-DETRv4 weights (with their distillation projector) are RT-DETRv4's (its entry says so).
+  const auto can_load = [](const io::StateDict& sd) { return dfine_keys(sd) && !has_distillation_keys(sd); };
+  f.set_weight_functions(build, build_like, can_load, dfine_infer_size, dfine_infer_num_classes, strip_ddp);
+  set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
+  // LibreYOLO's four D-FINE-line groups: {backbone (at backbone_lr_mult x lr0), the rest} x {with
+  // decay, without it for norms, biases (in_proj_bias included) and the learnable affine scales}.
+  const std::vector<std::string> no_decay = {"norm", ".bn.", "bias", "lab.scale"};
+  f.param_rules = {
+      {{"backbone."}, no_decay, /*decay=*/false, /*backbone_lr=*/true},
+      {{"backbone."}, {}, /*decay=*/true, /*backbone_lr=*/true},
+      {{}, no_decay, /*decay=*/false, /*backbone_lr=*/false},
+      {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
+  };
+  // Like RT-DETR's, the training step has data-dependent shapes (denoising groups, host-side
+  // matching) and no capture flag is on: none of the line's captures has run on a GPU.
+  f.default_amp = false;
+  return f;
 }
 
-std::shared_ptr<Detector> dfine_build_like(const io::StateDict& sd, int nc) {
-  auto cfg = dfine_config_from_state_dict(without_ddp(sd));
-  if (!cfg)
-    throw ModelError("cannot tell the D-FINE widths from the weights (a backbone, encoder or decoder key is missing)");
-  if (nc > 0) cfg->nc = nc;
-  return std::make_shared<DfineModel>(*cfg);
+// DEIM's recipe, shared by RT-DETRv4 (LibreYOLO's DEIMConfig over the D-FINE line's): AdamW at
+// 1e-4, decay 1e-4, flat_cosine (2 warm-up epochs from 1e-6, a cosine to 0.05 over the last 12),
+// clipping 0.1, EMA 0.9999, flips only; the backbone's rate a fraction of lr0 that shrinks with
+// the size (n, s 0.5; m 0.1; l 0.05; x 0.01).
+void set_deim_recipe(Family& f) {
+  f.make_loss = [](const Detector& model) -> std::unique_ptr<TrainingLoss> {
+    return std::make_unique<loss::DfineLoss>(model.num_classes(), loss::deim_loss_weights());
+  };
+  f.train_defaults = {
+      {"epochs", "132"},        {"optimizer", "adamw"},       {"lr0", "1e-4"},        {"weight_decay", "1e-4"},
+      {"scheduler", "flat_cosine"}, {"warmup_epochs", "2"},   {"warmup_lr_start", "1e-6"}, {"min_lr_ratio", "0.05"},
+      {"no_aug_epochs", "12"},  {"clip_max_norm", "0.1"},     {"mosaic_prob", "0"},   {"mixup_prob", "0"},
+      {"hsv_prob", "0"},        {"flip_prob", "0.5"},         {"ema_decay", "0.9999"}, {"eval_interval", "1"},
+      {"aux_weight", "0"},      {"name", f.name + "_exp"},
+  };
+  f.size_train_defaults = [](const std::string& size) -> std::vector<std::pair<std::string, std::string>> {
+    const char* mult = size == "m" ? "0.1" : size == "l" ? "0.05" : size == "x" ? "0.01" : "0.5";
+    return {{"backbone_lr_mult", mult}};
+  };
 }
 
 }  // namespace
@@ -241,12 +301,7 @@ Family make_v2_family() {
 }
 
 Family make_dfine_family() {
-  Family f("dfine", dfine_size_names(), "s");
-  // Like RT-DETR's, the training step has data-dependent shapes (denoising groups, host-side
-  // matching) and no capture flag is on: none of D-FINE's captures has run on a GPU.
-  f.set_weight_functions(dfine_build, dfine_build_like, dfine_can_load, dfine_infer_size, dfine_infer_num_classes,
-                         strip_ddp);
-  set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
+  Family f = dfine_line_family("dfine", dfine_size_names(), /*silu=*/false);
   f.make_loss = [](const Detector& model) -> std::unique_ptr<TrainingLoss> {
     return std::make_unique<loss::DfineLoss>(model.num_classes());
   };
@@ -254,25 +309,46 @@ Family make_dfine_family() {
   // the backbone at half of it, decay 1e-4, flat_cosine (2 warm-up epochs from 1e-6, flat, a cosine
   // to 0.05 over the last 4), clipping 0.1, EMA 0.9999, flips only (no mosaic, mixup or HSV).
   f.train_defaults = {
-      {"epochs", "132"},        {"optimizer", "adamw"},     {"lr0", "2e-4"},           {"lr_backbone", "1e-4"},
+      {"epochs", "132"},        {"optimizer", "adamw"},     {"lr0", "2e-4"},           {"backbone_lr_mult", "0.5"},
       {"weight_decay", "1e-4"}, {"scheduler", "flat_cosine"}, {"warmup_epochs", "2"},     {"warmup_lr_start", "1e-6"}, {"min_lr_ratio", "0.05"},
       {"no_aug_epochs", "4"},   {"clip_max_norm", "0.1"},   {"mosaic_prob", "0"},      {"mixup_prob", "0"},
       {"hsv_prob", "0"},        {"flip_prob", "0.5"},       {"ema_decay", "0.9999"},   {"eval_interval", "1"},
       {"aux_weight", "0"},      {"name", "dfine_exp"},
   };
-  // LibreYOLO's four D-FINE groups: {backbone (at lr_backbone), the rest} x {with decay, without
-  // it for norms, biases (in_proj_bias included) and the learnable affine scales}.
-  const std::vector<std::string> no_decay = {"norm", ".bn.", "bias", "lab.scale"};
-  f.param_rules = {
-      {{"backbone."}, no_decay, /*decay=*/false, /*backbone_lr=*/true},
-      {{"backbone."}, {}, /*decay=*/true, /*backbone_lr=*/true},
-      {{}, no_decay, /*decay=*/false, /*backbone_lr=*/false},
-      {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
-  };
-  f.default_amp = false;
   f.default_amp_reason =
       "its decoder clamps activations at 65504, float16's largest finite value; amp=true turns it on. "
       "LibreYOLO 1.6.0's code defaults it on, its documentation off";
+  return f;
+}
+
+Family make_deim_family() {
+  // D-FINE's network with SiLU in the decoder, trained with the matchability-aware class loss.
+  Family f = dfine_line_family("deim", dfine_size_names(), /*silu=*/true);
+  set_deim_recipe(f);
+  f.default_amp_reason =
+      "DEIM ships with amp=False (its D-FINE decoder clamps activations at 65504, float16's largest finite "
+      "value); amp=true turns it on. LibreYOLO 1.6.0's code defaults it on";
+  return f;
+}
+
+Family make_rtdetrv4_family() {
+  // DEIM's network and training at sizes s, m, l, x, with its own learning rate, decay and length.
+  static const std::vector<std::string> sizes{"s", "m", "l", "x"};
+  Family f = dfine_line_family("rtdetrv4", sizes, /*silu=*/true);
+  f.can_load = [](const io::StateDict& sd) { return dfine_keys(without_distillation(sd)); };
+  f.normalize_keys = [](io::StateDict& sd) {
+    sd = without_distillation(sd);
+    strip_ddp(sd);
+  };
+  set_deim_recipe(f);
+  for (auto& [k, v] : f.train_defaults) {
+    if (k == "lr0") v = "5e-4";
+    if (k == "weight_decay") v = "1.25e-4";
+    if (k == "epochs") v = "58";
+  }
+  f.default_amp_reason =
+      "RT-DETRv4 takes DEIM's amp=False (its D-FINE decoder clamps activations at 65504, float16's largest "
+      "finite value); amp=true turns it on. LibreYOLO 1.6.0's code defaults it on";
   return f;
 }
 

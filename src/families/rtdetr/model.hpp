@@ -137,6 +137,11 @@ class RtdetrModel : public Detector {
 Family make_family();
 Family make_v2_family();
 Family make_dfine_family();  // families/rtdetr/dfine.hpp has the network
+// DEIM (n, s, m, l, x) and RT-DETRv4 (s, m, l, x): D-FINE's network with SiLU in the decoder and
+// DEIM's matchability-aware class loss; their weights are D-FINE-shaped (a checkpoint's
+// model_family tells them apart; a raw RT-DETRv4 file by its distillation projector).
+Family make_deim_family();
+Family make_rtdetrv4_family();
 
 ops::Detections postprocess_topk(const torch::Tensor& logits, const torch::Tensor& boxes, double conf, int max_det,
                                  int orig_h, int orig_w);
