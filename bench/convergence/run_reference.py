@@ -59,15 +59,18 @@ def parse_model(name: str) -> tuple[str, str]:
     s = re.sub(r"\.pt$", "", s)
     if s.startswith("libreyolo"):
         s = "yolo" + s[len("libreyolo"):]
-    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetrv2|rtdetr|rtmdet|picodet|resnet|mobilenetv4|efficientnetv2)"
+    m = re.fullmatch(r"(yolo9|yolox|yolo7|rtdetrv2|rtdetrv4|rtdetr|dfine|deim|rtmdet|picodet|resnet|mobilenetv4|"
+                     r"efficientnetv2)"
                      r"[-_]?([a-z0-9]*)", s)
     if not m:
         raise SystemExit(f"unknown model '{name}': expected yolo9<t|s|m|c>, yolox-<n|t|s|m|l|x>, "
                          "yolo7-b, rtdetr-<r18|r34|r50|r50m|r101|l|x>, rtdetrv2-<r18|r34|r50|r50m|r101>, "
+                         "rtdetrv4-<s|m|l|x>, dfine-<n|s|m|l|x>, deim-<n|s|m|l|x>, "
                          "rtmdet-<t|s|m|l|x>, picodet-<s|m|l>, resnet<18|34|50|101>, mobilenetv4<s|m|l> "
                          "or efficientnetv2-<b0|b1|b2|b3>")
     family = m.group(1)
     size = m.group(2) or {"yolo9": "t", "yolox": "s", "yolo7": "b", "rtdetr": "r18", "rtdetrv2": "r18",
+                            "rtdetrv4": "s", "dfine": "s", "deim": "s",
                             "rtmdet": "s", "picodet": "s", "resnet": "50", "mobilenetv4": "s",
                             "efficientnetv2": "b0"}[family]
     return family, size
@@ -76,6 +79,7 @@ def parse_model(name: str) -> tuple[str, str]:
 # The reference's model class of each family (`libreyolo.<name>`).
 MODEL_CLASSES = {"yolo9": "LibreYOLO9", "yolox": "LibreYOLOX", "yolo7": "LibreYOLO7", "rtmdet": "LibreRTMDet",
                  "picodet": "LibrePICODET", "rtdetr": "LibreRTDETR", "rtdetrv2": "LibreRTDETRv2",
+                 "dfine": "LibreDFINE", "deim": "LibreDEIM", "rtdetrv4": "LibreRTDETRv4",
                  "resnet": "LibreResNet", "mobilenetv4": "LibreMobileNetV4", "efficientnetv2": "LibreEfficientNetV2"}
 
 
