@@ -162,7 +162,7 @@ TEST(ClassifyResnet, FamilyRecipeAndNames) {
   EXPECT_EQ(f.default_num_classes, 1000);
   EXPECT_TRUE(f.default_amp);
   EXPECT_TRUE(f.capture_train_step);
-  EXPECT_FALSE(f.capture_inference);
+  EXPECT_TRUE(f.capture_inference);
   ASSERT_TRUE(f.make_loss);
   EXPECT_EQ(f.make_loss(*f.build("18", 3))->term_names(), (std::vector<std::string>{"ce"}));
   EXPECT_EQ(f.input_size("101"), 224);

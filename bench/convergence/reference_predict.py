@@ -33,6 +33,10 @@ def one_run(a, model_name: str, graph: bool) -> dict:
     try:
         # The class count of a fresh model by name in ours: 1000 for a classifier, 80 for a detector.
         model = new_model(model_name, 1000 if parse_model(model_name)[0] in CLASSIFIERS else 80, a.device)
+        # A fresh classifier is left in training mode by its constructor (1.6.0), where BatchNorm
+        # refuses a batch of one; a loaded one is in eval mode. Predict in eval mode, as loaded.
+        if getattr(model, "model", None) is not None:
+            model.model.eval()
         sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
         kwargs = {"conf": 0.25}
         if graph:

@@ -13,11 +13,11 @@ void apply_classify_recipe(Family& f) {
   // The step (forward, cross-entropy, backward, update) has fixed shapes and no host reads, and
   // graphed steps equal eager ones bit for bit for all three families
   // (GpuClassifierStepGraph/Classify.GraphedTrainingStepsEqualEagerBitForBit): capture_train_step.
-  // The eval forward (input conversion, network, softmax) is the one predict() runs, graphed or
-  // not; its replay is not yet checked on a GPU: no capture_inference.
+  // The eval forward (input conversion, network, softmax) replays bit for bit for all three, fp32
+  // and bf16 (GpuInferenceGraph.ReplayEqualsEagerBitForBitOnTwoProbes, H100): capture_inference.
   f.capture_train_step = true;
   f.capture_train_head = false;
-  f.capture_inference = false;
+  f.capture_inference = true;
   f.input.bgr = false;
   f.input.divisor = 255.0;
   f.input.mean = {0.485, 0.456, 0.406};

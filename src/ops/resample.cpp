@@ -1,6 +1,9 @@
 #include "ops/resample.hpp"
 
+#include <ATen/Parallel.h>
+
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
@@ -83,21 +86,45 @@ torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_
   const bool horizontal = out_w != w || x0 != 0.0 || x1 != static_cast<double>(w);
   const bool vertical = out_h != h || y0 != 0.0 || y1 != static_cast<double>(h);
   const uint8_t* in = src.data_ptr<uint8_t>();
+  // Rows in parallel (each output row is computed alone; the arithmetic is PIL's whatever the split).
+  // Three channels (RGB) are summed together per tap.
+  const auto rows = [](int64_t n, int64_t work_per_row, const std::function<void(int64_t, int64_t)>& fn) {
+    const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, work_per_row));
+    at::parallel_for(0, n, grain, fn);
+  };
   torch::Tensor mid;
   int64_t mid_row0 = 0;
   if (horizontal) {
     mid = torch::empty({row1 - row0, out_w, c}, torch::kUInt8);
     uint8_t* m = mid.data_ptr<uint8_t>();
-    for (int64_t y = row0; y < row1; ++y)
-      for (int64_t xx = 0; xx < out_w; ++xx) {
-        const int64_t f = tx.first[static_cast<size_t>(xx)], n = tx.count[static_cast<size_t>(xx)];
-        const int32_t* k = &tx.weights[static_cast<size_t>(xx * tx.ksize)];
-        for (int64_t ch = 0; ch < c; ++ch) {
-          int64_t ss = int64_t{1} << (kPrecisionBits - 1);
-          for (int64_t x = 0; x < n; ++x) ss += static_cast<int64_t>(in[(y * w + f + x) * c + ch]) * k[x];
-          m[((y - row0) * out_w + xx) * c + ch] = clip8(ss);
+    rows(row1 - row0, out_w * c * tx.ksize, [&](int64_t r0, int64_t r1) {
+      for (int64_t y = row0 + r0; y < row0 + r1; ++y) {
+        const uint8_t* line = in + y * w * c;
+        uint8_t* dst = m + (y - row0) * out_w * c;
+        for (int64_t xx = 0; xx < out_w; ++xx) {
+          const int64_t f = tx.first[static_cast<size_t>(xx)], n = tx.count[static_cast<size_t>(xx)];
+          const int32_t* k = &tx.weights[static_cast<size_t>(xx * tx.ksize)];
+          const uint8_t* p = line + f * c;
+          if (c == 3) {
+            int64_t s0 = int64_t{1} << (kPrecisionBits - 1), s1 = s0, s2 = s0;
+            for (int64_t x = 0; x < n; ++x, p += 3) {
+              s0 += static_cast<int64_t>(p[0]) * k[x];
+              s1 += static_cast<int64_t>(p[1]) * k[x];
+              s2 += static_cast<int64_t>(p[2]) * k[x];
+            }
+            dst[xx * 3] = clip8(s0);
+            dst[xx * 3 + 1] = clip8(s1);
+            dst[xx * 3 + 2] = clip8(s2);
+            continue;
+          }
+          for (int64_t ch = 0; ch < c; ++ch) {
+            int64_t ss = int64_t{1} << (kPrecisionBits - 1);
+            for (int64_t x = 0; x < n; ++x) ss += static_cast<int64_t>(p[x * c + ch]) * k[x];
+            dst[xx * c + ch] = clip8(ss);
+          }
         }
       }
+    });
     mid_row0 = row0;
   } else {
     mid = src;
@@ -107,16 +134,21 @@ torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_
   const uint8_t* m = mid.data_ptr<uint8_t>();
   auto out = torch::empty({out_h, mw, c}, torch::kUInt8);
   uint8_t* o = out.data_ptr<uint8_t>();
-  for (int64_t yy = 0; yy < out_h; ++yy) {
-    const int64_t f = ty.first[static_cast<size_t>(yy)] - mid_row0, n = ty.count[static_cast<size_t>(yy)];
-    const int32_t* k = &ty.weights[static_cast<size_t>(yy * ty.ksize)];
-    for (int64_t xx = 0; xx < mw; ++xx)
-      for (int64_t ch = 0; ch < c; ++ch) {
+  const int64_t stride = mw * c;
+  rows(out_h, stride * ty.ksize, [&](int64_t r0, int64_t r1) {
+    for (int64_t yy = r0; yy < r1; ++yy) {
+      const int64_t f = ty.first[static_cast<size_t>(yy)] - mid_row0, n = ty.count[static_cast<size_t>(yy)];
+      const int32_t* k = &ty.weights[static_cast<size_t>(yy * ty.ksize)];
+      const uint8_t* base = m + f * stride;
+      uint8_t* dst = o + yy * stride;
+      // Every byte of the row (all channels alike): the taps run down the column.
+      for (int64_t i = 0; i < stride; ++i) {
         int64_t ss = int64_t{1} << (kPrecisionBits - 1);
-        for (int64_t y = 0; y < n; ++y) ss += static_cast<int64_t>(m[((f + y) * mw + xx) * c + ch]) * k[y];
-        o[(yy * mw + xx) * c + ch] = clip8(ss);
+        for (int64_t y = 0; y < n; ++y) ss += static_cast<int64_t>(base[y * stride + i]) * k[y];
+        dst[i] = clip8(ss);
       }
-  }
+    }
+  });
   return out;
 }
 
