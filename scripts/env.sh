@@ -21,7 +21,7 @@ _ly_log() { printf '[env] %s\n' "$*" >&2; }
 
 _ly_apt_deps() {
   # Debian packages the build needs; installed only when missing.
-  local pkgs="cmake g++ make ninja-build libjpeg-dev libpng-dev libfreetype-dev fonts-dejavu-core libyaml-cpp-dev nlohmann-json3-dev libgtest-dev python3-venv chromium"
+  local pkgs="cmake g++ make ninja-build libjpeg-dev libpng-dev libfreetype-dev fonts-dejavu-core libyaml-cpp-dev nlohmann-json3-dev libgtest-dev python3-venv python3-dev chromium"
   local missing=""
   command -v dpkg-query >/dev/null 2>&1 || return 0
   for p in $pkgs; do
@@ -115,6 +115,14 @@ _ly_setup() {
       touch "$LIBREYOLO_CACHE/venv/.nvjpeg"
     else
       _ly_log "could not install nvidia-nvjpeg: the GPU loader (loader=gpu) will be off in this build"
+    fi
+  fi
+  # The Python package's build (pybind11) and its tests (pytest): small wheels, once.
+  if [ "${LIBREYOLO_SYSTEM_TORCH:-0}" != 1 ] && ! [ -f "$LIBREYOLO_CACHE/venv/.python-package" ]; then
+    if "$LIBREYOLO_PY" -m pip install -q --progress-bar off "pybind11==2.13.*" "pytest==8.*" >&2; then
+      touch "$LIBREYOLO_CACHE/venv/.python-package"
+    else
+      _ly_log "could not install pybind11 and pytest: the Python package will not be built or tested"
     fi
   fi
   LIBREYOLO_TORCH_CMAKE=$("$LIBREYOLO_PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')

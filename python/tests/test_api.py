@@ -1,0 +1,67 @@
+"""The Python package over the C++ core, on the CPU: the API surface, predict, errors as Python
+exceptions with their codes, a short training with an epoch callback, validation, and weights that
+torch.load(weights_only=True) reads."""
+
+import os
+
+import pytest
+
+import libreyolo_cpp as ly
+
+
+def test_surface():
+    for name in ("LibreYOLO", "Results", "SAMPLE_IMAGE", "LibreYOLOError", "UsageError", "DataError",
+                 "ModelError", "TrainingError", "Interrupted", "version"):
+        assert hasattr(ly, name), name
+    assert ly.version()
+    assert issubclass(ly.UsageError, ly.LibreYOLOError) and issubclass(ly.UsageError, ValueError)
+    assert issubclass(ly.DataError, OSError)
+
+
+def test_predict_sample_image():
+    m = ly.LibreYOLO("yolo9t", device="cpu")
+    info = m.info()
+    assert (info["family"], info["size"], info["num_classes"]) == ("yolo9", "t", 80)
+    results = m(ly.SAMPLE_IMAGE, imgsz=160, conf=0.0, max_det=7)
+    assert len(results) == 1
+    r = results[0]
+    assert r.orig_shape == (480, 640)
+    assert 0 < len(r.boxes) <= 7 and len(r.scores) == len(r.boxes) == len(r.classes)
+    arrays = r.numpy()
+    assert arrays["boxes"].shape == (len(r.boxes), 4)
+    assert "boxes" in repr(r)
+
+
+def test_errors_keep_their_class_code_and_exit_code(tmp_path):
+    m = ly.LibreYOLO("yolo9t", device="cpu")
+    with pytest.raises(ly.UsageError) as e:
+        m.predict(ly.SAMPLE_IMAGE, confidence=0.5)
+    assert e.value.exit_code == 2
+    assert "conf" in str(e.value) + e.value.suggestion
+    with pytest.raises(ly.ModelError) as e:
+        ly.LibreYOLO(str(tmp_path / "missing.pt"), device="cpu")
+    assert e.value.exit_code == 4
+    with pytest.raises(ly.DataError) as e:
+        m.predict(str(tmp_path / "no_such_image.jpg"))
+    assert e.value.exit_code == 3 and e.value.code
+
+
+def test_train_val_and_weights_torch_reads(tmp_path):
+    torch = pytest.importorskip("torch")
+    m = ly.LibreYOLO("yolo9t", device="cpu")
+    seen = []
+    r = m.train(data="builtin", epochs=1, imgsz=64, batch=8, workers=0, project=str(tmp_path), name="run",
+                verbose=False, on_epoch_end=lambda e: seen.append(e["epoch"]))
+    assert seen == [1]
+    assert len(r["epochs"]) == 1 and r["epochs"][0]["loss"] > 0
+    assert os.path.exists(r["last_checkpoint"])
+    ckpt = torch.load(r["last_checkpoint"], map_location="cpu", weights_only=True)
+    assert ckpt["model_family"] == "yolo9"
+    metrics = m.val(data="builtin", imgsz=64, batch=8, project=str(tmp_path), name="val")
+    assert 0.0 <= metrics["metrics"]["metrics/mAP50-95"] <= 1.0
+    out = tmp_path / "lean.pt"
+    m.save(out)
+    lean = torch.load(out, map_location="cpu", weights_only=True)
+    assert "model" in lean
+    again = ly.LibreYOLO(out, device="cpu")
+    assert again.info()["family"] == "yolo9"
