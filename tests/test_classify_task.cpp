@@ -13,6 +13,8 @@
 
 #include "cli/cli.hpp"
 #include "data/classify.hpp"
+#include "data/classify_loader.hpp"
+#include "data/rng.hpp"
 #include "io/image.hpp"
 #include "libreyolo/errors.hpp"
 #include "libreyolo/hooks.hpp"
@@ -120,6 +122,93 @@ TEST(ClassifyData, TransformsGiveTheNetworkSize) {
   const auto flat = torch::full({30, 50, 3}, 77, torch::kUInt8);
   EXPECT_TRUE(ops::resize_bicubic_pil(flat, 11, 13).eq(77).all().item<bool>());
   EXPECT_TRUE(ops::resize_bicubic_pil(flat, 90, 70).eq(77).all().item<bool>());
+}
+
+// The loader's batches are a function of the seed and the epoch only: the same with 0, 1 and 3
+// worker threads; every training sample is the training transform of the image at its place in
+// the epoch's order with the draws of that place; evaluation batches keep the split's order and
+// its last partial batch.
+TEST(ClassifyData, LoaderBatchesDependOnTheSeedNotTheWorkers) {
+  const auto ds = data::load_classify_dataset(make_dataset("cls_loader", 7));  // 14 training images
+  data::ClassifyLoaderOptions o;
+  o.batch = 4;
+  o.imgsz = 16;
+  o.seed = 5;
+  const auto epoch_batches = [&](int workers, int64_t epoch) {
+    o.workers = workers;
+    data::ClassifyLoader loader(ds.train, o);
+    EXPECT_EQ(loader.size(), 3);  // 14 / 4, the partial batch dropped
+    loader.set_epoch(epoch);
+    std::vector<data::ClassifyBatch> out;
+    while (auto b = loader.next()) out.push_back(*b);
+    return out;
+  };
+  const auto inline_e1 = epoch_batches(0, 1);
+  ASSERT_EQ(inline_e1.size(), 3u);
+  for (int workers : {1, 3}) {
+    const auto threaded = epoch_batches(workers, 1);
+    ASSERT_EQ(threaded.size(), 3u);
+    for (size_t b = 0; b < 3; ++b) {
+      EXPECT_TRUE(threaded[b].images.equal(inline_e1[b].images)) << workers << " workers, batch " << b;
+      EXPECT_TRUE(threaded[b].labels.equal(inline_e1[b].labels)) << workers << " workers, batch " << b;
+    }
+  }
+  // Each sample is what the transform gives for its image and its place in the order.
+  o.workers = 0;
+  const data::ClassifyLoader probe(ds.train, o);
+  const auto order = probe.epoch_order(1);
+  for (int64_t pos : {0, 5, 11}) {
+    const auto& s = ds.train.samples[static_cast<size_t>(order[static_cast<size_t>(pos)])];
+    data::Rng rng = data::Rng::for_sample(5, 1, pos, 0);
+    const auto want = data::classify_train_transform(io::decode_image(s.path), 16, o.flip_prob, rng);
+    EXPECT_TRUE(inline_e1[static_cast<size_t>(pos / 4)].images[pos % 4].equal(want)) << pos;
+    EXPECT_EQ(inline_e1[static_cast<size_t>(pos / 4)].labels[pos % 4].item<int64_t>(), s.label);
+  }
+  // Another epoch, another order.
+  EXPECT_NE(order, probe.epoch_order(2));
+  // Evaluation: every sample in the split's order, the last batch partial.
+  o.train = false;
+  o.workers = 2;
+  o.crop_pct = 0.875;
+  data::ClassifyLoader val(ds.train, o);
+  EXPECT_EQ(val.size(), 4);
+  int64_t seen = 0;
+  while (auto b = val.next()) {
+    for (int64_t j = 0; j < b->labels.size(0); ++j, ++seen) {
+      const auto& s = ds.train.samples[static_cast<size_t>(seen)];
+      EXPECT_TRUE(b->images[j].equal(data::classify_eval_transform(io::decode_image(s.path), 16, 0.875))) << seen;
+      EXPECT_EQ(b->labels[j].item<int64_t>(), s.label);
+    }
+  }
+  EXPECT_EQ(seen, 14);
+}
+
+// An unreadable image fails the batch that holds it with the decoder's DataError (naming the
+// file), on the caller's thread; the next epoch starts again.
+TEST(ClassifyData, LoaderReportsAnUnreadableImageAndRecovers) {
+  const std::string root = make_dataset("cls_loader_bad", 4);
+  auto ds = data::load_classify_dataset(root);
+  const std::string bad = ds.train.samples[2].path;
+  { std::ofstream(bad, std::ios::binary | std::ios::trunc) << "not an image"; }
+  for (int workers : {0, 2}) {
+    data::ClassifyLoaderOptions o;
+    o.train = false;
+    o.batch = 2;
+    o.imgsz = 8;
+    o.workers = workers;
+    data::ClassifyLoader loader(ds.train, o);
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      loader.set_epoch(epoch);
+      ASSERT_TRUE(loader.next().has_value()) << workers;  // samples 0 and 1
+      try {
+        loader.next();
+        ADD_FAILURE() << "the batch with the unreadable image was returned (" << workers << " workers)";
+      } catch (const DataError& e) {
+        EXPECT_NE(std::string(e.what()).find(fs::path(bad).filename().string()), std::string::npos) << e.what();
+      }
+      EXPECT_FALSE(loader.next().has_value()) << "the epoch ends after an error";
+    }
+  }
 }
 
 TEST(ClassifyTrain, ApiTrainsValidatesSavesAndReloads) {

@@ -17,6 +17,7 @@
 #include <libreyolo/errors.hpp>
 
 #include "core/log.hpp"
+#include "data/parallel.hpp"
 #include "data/stage_timer.hpp"
 
 namespace libreyolo::data {
@@ -44,8 +45,6 @@ bool gpu_loader_supports(const YoloDataset& dataset, const LoaderOptions& option
   return gpu_loader_available(why);
 }
 
-namespace {
-
 // Linux: setpriority on a thread id changes that thread only.
 void make_this_thread_nicer(int by) {
   if (by <= 0) return;
@@ -56,8 +55,6 @@ void make_this_thread_nicer(int by) {
   if (setpriority(PRIO_PROCESS, tid, std::min(19, now + by)) != 0)
     log_debug(strfmt("loader worker: could not lower its priority (errno %d)", errno));
 }
-
-}  // namespace
 
 DataLoader::DataLoader(std::shared_ptr<const YoloDataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), opt_(std::move(options)) {

@@ -17,6 +17,10 @@ inline int default_threads(int requested) {
   return static_cast<int>(std::clamp(hw, 1u, 16u));
 }
 
+// Lowers the calling thread's priority by `by` niceness steps (capped at 19; Linux: that thread
+// only). For loader workers, so that the training thread is not the one that waits for a core.
+void make_this_thread_nicer(int by);
+
 template <typename Fn>
 void parallel_for(int64_t n, int threads, Fn&& fn) {
   threads = static_cast<int>(std::min<int64_t>(default_threads(threads), std::max<int64_t>(n, 1)));

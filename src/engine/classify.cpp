@@ -1,7 +1,5 @@
 #include "engine/classify.hpp"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,6 +15,7 @@
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "core/strings.hpp"
+#include "data/classify_loader.hpp"
 #include "data/dataset.hpp"
 #include "engine/amp.hpp"
 #include "engine/ema.hpp"
@@ -53,21 +52,6 @@ models::Classifier& classifier_of(const models::LoadedModel& lm) {
   auto* c = models::as_classifier(*lm.model);
   if (!c) throw std::logic_error("the classify task got a model that is not a classifier");
   return *c;
-}
-
-// Images of `paths` through `transform`, in parallel, stacked to [B, S, S, 3] uint8.
-template <typename Fn>
-torch::Tensor load_batch(const std::vector<std::string>& paths, int workers, Fn transform) {
-  std::vector<torch::Tensor> out(paths.size());
-  const int64_t n = static_cast<int64_t>(paths.size());
-  auto work = [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) out[static_cast<size_t>(i)] = transform(i, io::decode_image(paths[static_cast<size_t>(i)]));
-  };
-  if (workers > 0 && n > 1)
-    at::parallel_for(0, n, 1, work);
-  else
-    work(0, n);
-  return torch::stack(out);
 }
 
 std::string fmt(double v) { return strfmt("%.6g", v); }
@@ -155,20 +139,22 @@ ClassifyMetrics evaluate_classifier(models::Classifier& model, const models::Fam
   int64_t correct1 = 0, correct5 = 0;
   double loss_sum = 0, pre_ms = 0, inf_ms = 0;
   const int64_t n = static_cast<int64_t>(split.samples.size());
-  batch = std::max(1, batch);
-  for (int64_t s = 0; s < n; s += batch) {
-    const int64_t e = std::min(n, s + batch);
-    std::vector<std::string> paths;
-    std::vector<int64_t> labels;
-    for (int64_t i = s; i < e; ++i) {
-      paths.push_back(split.samples[static_cast<size_t>(i)].path);
-      labels.push_back(split.samples[static_cast<size_t>(i)].label);
-    }
+  data::ClassifyLoaderOptions lo;
+  lo.train = false;
+  lo.batch = std::max(1, batch);
+  lo.workers = workers;
+  lo.imgsz = imgsz;
+  lo.crop_pct = crop_pct;
+  lo.pin_memory = device.is_cuda();
+  std::optional<data::ClassifyLoader> loader;
+  if (n > 0) loader.emplace(split, lo);
+  for (;;) {
     auto t0 = Clock::now();
-    auto images = load_batch(paths, workers, [&](int64_t, const torch::Tensor& img) {
-      return data::classify_eval_transform(img, imgsz, crop_pct);
-    });
-    auto x = models::to_network_input(images, family.input, device, false);
+    std::optional<data::ClassifyBatch> b = loader ? loader->next() : std::nullopt;
+    if (!b) break;
+    const int64_t count = b->labels.size(0);
+    const int64_t* labels = b->labels.data_ptr<int64_t>();
+    auto x = models::to_network_input(b->images, family.input, device, false);
     pre_ms += ms_since(t0);
     t0 = Clock::now();
     torch::Tensor logits;
@@ -178,14 +164,13 @@ ClassifyMetrics evaluate_classifier(models::Classifier& model, const models::Fam
     }
     logits = logits.to(torch::kFloat).cpu();
     inf_ms += ms_since(t0);
-    const auto target = torch::tensor(labels, torch::kLong);
-    loss_sum += loss::classification_loss(logits, target).item<double>() * static_cast<double>(e - s);
-    const auto topk = std::get<1>(logits.topk(k, 1));
-    const auto top = topk.select(1, 0);
-    for (int64_t i = 0; i < e - s; ++i) {
-      const int64_t t = labels[static_cast<size_t>(i)], p = top[i].item<int64_t>();
+    loss_sum += loss::classification_loss(logits, b->labels).item<double>() * static_cast<double>(count);
+    const auto topk = std::get<1>(logits.topk(k, 1)).contiguous();
+    const int64_t* ranked = topk.data_ptr<int64_t>();
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t t = labels[i], p = ranked[i * k];
       correct1 += p == t;
-      correct5 += (topk[i] == t).any().item<bool>();
+      correct5 += std::find(ranked + i * k, ranked + (i + 1) * k, t) != ranked + (i + 1) * k;
       ++per_target[static_cast<size_t>(t)];
       ++per_pred[static_cast<size_t>(p)];
       hits[static_cast<size_t>(t)] += p == t;
@@ -372,7 +357,15 @@ class ClassifyRun final : public EpochSteps {
     lm.to(dev_);
     auto& model = classifier_of(lm);
     n_ = static_cast<int64_t>(ds_.train.samples.size());
-    iters_ = std::max<int64_t>(1, n_ / cfg.batch);  // drop_last when there is a full batch
+    data::ClassifyLoaderOptions lo;
+    lo.batch = cfg.batch;
+    lo.workers = cfg.workers;
+    lo.imgsz = cfg.imgsz;
+    lo.flip_prob = cfg.flip_prob;
+    lo.seed = static_cast<uint64_t>(cfg.seed);
+    lo.pin_memory = dev_.is_cuda();
+    loader_ = std::make_unique<data::ClassifyLoader>(ds_.train, lo);
+    iters_ = loader_->size();  // the last partial batch dropped when there is a full one
     // The same step as detection training (engine/step.hpp): the family's optimizer groups, the
     // schedule, AMP and its scaler, clipping, accumulation, the EMA and, with cuda_graph=true, the
     // whole step captured where the family declares it.
@@ -431,11 +424,7 @@ class ClassifyRun final : public EpochSteps {
   void begin_epoch(TrainState& s) override {
     epoch_start_ = Clock::now();
     model().train();
-    order_.resize(static_cast<size_t>(n_));
-    std::iota(order_.begin(), order_.end(), 0);
-    data::Rng shuffle(static_cast<uint64_t>(cfg_.seed) * 1000003ull + static_cast<uint64_t>(s.epoch));
-    for (int64_t i = n_ - 1; i > 0; --i)
-      std::swap(order_[static_cast<size_t>(i)], order_[static_cast<size_t>(shuffle.randint(0, i))]);
+    loader_->set_epoch(s.epoch);
     // Summed on the device: read once at the end of the epoch (no synchronisation per step).
     loss_sum_ = torch::zeros({}, torch::TensorOptions().dtype(torch::kFloat).device(dev_));
     s.batch_index = -1;
@@ -443,21 +432,12 @@ class ClassifyRun final : public EpochSteps {
   bool has_next(const TrainState& s) const override { return s.batch_index + 1 < iters_; }
   bool next_batch(TrainState& s) override {
     const int64_t it = s.batch_index + 1;
-    const int64_t first = it * cfg_.batch, end = std::min(n_, first + cfg_.batch);
-    std::vector<std::string> paths;
-    std::vector<int64_t> labels;
-    for (int64_t i = first; i < end; ++i) {
-      const auto& smp = ds_.train.samples[static_cast<size_t>(order_[static_cast<size_t>(i)])];
-      paths.push_back(smp.path);
-      labels.push_back(smp.label);
-    }
-    images_ = load_batch(paths, cfg_.workers, [&](int64_t i, const torch::Tensor& img) {
-      auto rng = data::Rng::for_sample(static_cast<uint64_t>(cfg_.seed), s.epoch, first + i, 0);
-      return data::classify_train_transform(img, cfg_.imgsz, cfg_.flip_prob, rng);
-    });
-    labels_ = torch::tensor(labels, torch::kLong);
+    std::optional<data::ClassifyBatch> b = loader_->next();
+    if (!b) throw std::logic_error("the classify loader ended its epoch early");
+    images_ = std::move(b->images);
+    labels_ = std::move(b->labels);
     s.batch_index = it;
-    s.batch_images = end - first;
+    s.batch_images = labels_.size(0);
     s.optimizer_step = accumulation_window(it, iters_, accumulate_).optimizer_step;
     s.global_step = runner_->global_step();
     // A hook that observes phases (the profiler) may have joined or left since the last step.
@@ -499,7 +479,7 @@ class ClassifyRun final : public EpochSteps {
   TrainState state_;
   TrainLoop loop_{state_};
   TrainResult result_;
-  std::vector<int64_t> order_;
+  std::unique_ptr<data::ClassifyLoader> loader_;
   torch::Tensor images_, labels_, loss_sum_;
   Clock::time_point epoch_start_;
 };
