@@ -698,8 +698,13 @@ torch::Tensor DfineModel::decode(const std::vector<torch::Tensor>& raw) {
 
 DfineTrainOutputs DfineModel::forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts) {
   if (!is_training()) throw UsageError("D-FINE: the training outputs need the model in training mode");
+  return decoder_train_outputs(encoder->forward(backbone_forward(x)), gts);
+}
+
+DfineTrainOutputs DfineModel::decoder_train_outputs(const std::vector<torch::Tensor>& encoded,
+                                                    const std::vector<ImageTargets>& gts) {
   DfineTrainOutputs t;
-  const auto [memory, shapes] = decoder->encoder_memory(encoder->forward(backbone_forward(x)));
+  const auto [memory, shapes] = decoder->encoder_memory(encoded);
   const auto s = decoder->select_queries(memory, shapes);
   auto target = s.target, ref_unact = s.ref_unact.detach();
   torch::Tensor mask;
@@ -754,8 +759,27 @@ DfineTrainOutputs DfineModel::forward_train_outputs(const torch::Tensor& x, cons
 
 std::vector<torch::Tensor> DfineModel::forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
   if (!is_training()) return forward_raw(x);
+  return train_tail(train_head(x), x, targets);
+}
+
+std::vector<torch::Tensor> DfineModel::head_parameters() {
+  std::vector<torch::Tensor> p = backbone->parameters();
+  for (const auto& e : encoder->parameters()) p.push_back(e);
+  return p;
+}
+
+std::vector<torch::Tensor> DfineModel::train_head(const torch::Tensor& x) {
+  if (x.dim() != 4 || x.size(1) != 3) throw UsageError("D-FINE expects images [B, 3, H, W], got " + c10::str(x.sizes()));
+  return encoder->forward(backbone_forward(x));
+}
+
+std::vector<torch::Tensor> DfineModel::train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                                  const torch::Tensor& targets) {
+  if (!is_training()) throw UsageError("D-FINE: the training outputs need the model in training mode");
+  if (static_cast<int>(head.size()) != cfg_.levels)
+    throw UsageError(strfmt("D-FINE: the training head gives the encoder's %d levels", cfg_.levels));
   const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
-  return pack_dfine_outputs(forward_train_outputs(x, gts), x.size(2), x.size(3));
+  return pack_dfine_outputs(decoder_train_outputs(head, gts), x.size(2), x.size(3));
 }
 
 std::vector<torch::Tensor> pack_dfine_outputs(const DfineTrainOutputs& t, int64_t input_h, int64_t input_w) {

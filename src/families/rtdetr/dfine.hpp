@@ -260,9 +260,18 @@ class DfineModel : public Detector {
   torch::Tensor decode(const std::vector<torch::Tensor>& raw) override;
   DfineEvalTrace forward_trace(const torch::Tensor& x);
   DfineTrainOutputs forward_train_outputs(const torch::Tensor& x, const std::vector<ImageTargets>& gts = {});
+  // The same from the encoder's levels on.
+  DfineTrainOutputs decoder_train_outputs(const std::vector<torch::Tensor>& encoded,
+                                          const std::vector<ImageTargets>& gts = {});
   // Training mode: pack_dfine_outputs of forward_train_outputs (targets as TrainingLoss reads
-  // them; undefined: no denoising). Eval mode: forward_raw.
+  // them; undefined: no denoising), as train_tail(train_head(x), x, targets). Eval mode: forward_raw.
   std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
+  // The capture seam, as RT-DETR's: the head is the backbone and the hybrid encoder (its levels),
+  // the tail the query selection, the denoising group and the decoder.
+  std::vector<torch::Tensor> head_parameters() override;
+  std::vector<torch::Tensor> train_head(const torch::Tensor& x) override;
+  std::vector<torch::Tensor> train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                        const torch::Tensor& targets) override;
 
   void set_denoising_source(DenoisingSource source) { dn_source_ = std::move(source); }
   DenoisingOptions& denoising_options() { return dn_options_; }
