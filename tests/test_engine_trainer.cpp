@@ -225,6 +225,77 @@ TEST(Predict, SampleImageAndSavedDrawing) {
   }
 }
 
+// Pixels in memory predict as the same image read from a file: RGB, BGR (flipped channel order),
+// with an alpha channel, with padded rows; grey as its three equal channels; and a classifier
+// takes them too. Views that cannot be images are refused with source_invalid.
+TEST(Predict, ImagesInMemoryPredictAsTheirFiles) {
+  const auto close_to = [](const std::vector<Detection>& a, const std::vector<Detection>& b, const std::string& what) {
+    ASSERT_EQ(a.size(), b.size()) << what;
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].class_id, b[i].class_id) << what << " " << i;
+      EXPECT_FLOAT_EQ(a[i].score, b[i].score) << what << " " << i;
+      EXPECT_FLOAT_EQ(a[i].x1, b[i].x1) << what << " " << i;
+      EXPECT_FLOAT_EQ(a[i].y2, b[i].y2) << what << " " << i;
+    }
+  };
+  LibreYOLO model("yolo9t", "cpu");
+  const Kwargs opts = {{"imgsz", "96"}, {"conf", "0.0001"}};
+  const torch::Tensor rgb = io::make_sample_image().contiguous();  // [480, 640, 3]
+  const std::string png = test::temp_dir("predict_memory") + "/sample.png";
+  io::save_image(png, rgb);
+  const auto from_file = model.predict(png, opts);
+  ASSERT_EQ(from_file.size(), 1u);
+  ASSERT_FALSE(from_file[0].detections.empty());
+
+  ImageView v{rgb.data_ptr<uint8_t>(), 480, 640, 3, 0, false, "mine"};
+  const auto r = model.predict(std::vector<ImageView>{v}, opts);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].source, "mine");
+  EXPECT_EQ(r[0].height, 480);
+  EXPECT_EQ(r[0].width, 640);
+  close_to(r[0].detections, from_file[0].detections, "rgb");
+
+  const torch::Tensor bgr = rgb.flip(2).contiguous();
+  const torch::Tensor rgba = torch::cat({rgb, torch::full({480, 640, 1}, 9, torch::kUInt8)}, 2).contiguous();
+  const torch::Tensor padded = torch::cat({rgb, torch::zeros({480, 5, 3}, torch::kUInt8)}, 1).contiguous();
+  const auto several = model.predict(
+      std::vector<ImageView>{{bgr.data_ptr<uint8_t>(), 480, 640, 3, 0, true, ""},
+                             {rgba.data_ptr<uint8_t>(), 480, 640, 4, 0, false, ""},
+                             {padded.data_ptr<uint8_t>(), 480, 640, 3, 645 * 3, false, ""}},
+      opts);
+  ASSERT_EQ(several.size(), 3u);
+  EXPECT_EQ(several[0].source, "image0");
+  EXPECT_EQ(several[2].source, "image2");
+  for (size_t i = 0; i < 3; ++i) close_to(several[i].detections, from_file[0].detections, several[i].source);
+
+  const torch::Tensor grey = rgb.select(2, 1).contiguous();
+  const std::string grey_png = test::temp_dir("predict_memory") + "/grey.png";
+  io::save_image(grey_png, grey.unsqueeze(2).expand({480, 640, 3}).contiguous());
+  close_to(model.predict(std::vector<ImageView>{{grey.data_ptr<uint8_t>(), 480, 640, 1, 0, false, ""}}, opts)[0].detections,
+           model.predict(grey_png, opts)[0].detections, "grey");
+
+  const auto code_of = [&](const ImageView& bad) {
+    try {
+      model.predict(std::vector<ImageView>{bad}, opts);
+    } catch (const UsageError& e) {
+      return e.code();
+    }
+    return std::string("accepted");
+  };
+  EXPECT_EQ(code_of({nullptr, 480, 640, 3, 0, false, ""}), "source_invalid");
+  EXPECT_EQ(code_of({rgb.data_ptr<uint8_t>(), 0, 640, 3, 0, false, ""}), "source_invalid");
+  EXPECT_EQ(code_of({rgb.data_ptr<uint8_t>(), 480, 640, 2, 0, false, ""}), "source_invalid");
+  EXPECT_EQ(code_of({rgb.data_ptr<uint8_t>(), 480, 640, 3, 100, false, ""}), "source_invalid");
+  EXPECT_THROW(model.predict(std::vector<ImageView>{}, opts), UsageError);
+
+  LibreYOLO classifier = LibreYOLO::create("resnet", "18", 5, "cpu");
+  const auto c_file = classifier.predict(png, {{"imgsz", "64"}});
+  const auto c_mem = classifier.predict(std::vector<ImageView>{v}, {{"imgsz", "64"}});
+  ASSERT_EQ(c_mem.size(), 1u);
+  ASSERT_EQ(c_mem[0].probs.size(), c_file[0].probs.size());
+  for (size_t i = 0; i < c_mem[0].probs.size(); ++i) EXPECT_FLOAT_EQ(c_mem[0].probs[i], c_file[0].probs[i]);
+}
+
 TEST(Predict, SavedWeightsRoundTrip) {
   LibreYOLO a = LibreYOLO::create("yolo9", "t", 5, "cpu");
   const std::string path = test::temp_dir("save") + "/m.pt";

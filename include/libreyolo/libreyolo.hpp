@@ -47,6 +47,18 @@ struct PredictResult {
   double preprocess_ms = 0, inference_ms = 0, postprocess_ms = 0;
 };
 
+// An image in memory for predict(): `height` rows of `width` pixels of `channels` interleaved
+// uint8 values (1: grey, 3: colour, 4: colour and alpha, which is dropped), rows `row_stride`
+// bytes apart (0: packed). Colour is RGB unless `bgr` (OpenCV's order). predict() copies the
+// pixels before it returns; `name` is the result's source ("" : "image<i>").
+struct ImageView {
+  const uint8_t* data = nullptr;
+  int height = 0, width = 0, channels = 3;
+  int64_t row_stride = 0;
+  bool bgr = false;
+  std::string name;
+};
+
 // One row of the validation table: a class with labels in the split.
 struct ValClassResult {
   int id = 0;
@@ -136,6 +148,10 @@ class LibreYOLO {
 
   std::vector<PredictResult> predict(const std::string& source, const Kwargs& options = {});
   std::vector<PredictResult> predict(const PredictConfig& config);
+  // Images in memory, with predict's options but `source`. UsageError (source_invalid) for an
+  // empty list, or a view without data, without pixels, with another channel count or rows
+  // closer than their length.
+  std::vector<PredictResult> predict(const std::vector<ImageView>& images, const Kwargs& options = {});
 
   // Every check train(options) makes before its first step (options, device, dataset, model,
   // freeze, optimizer, resume state, where the run directory goes), without training or writing

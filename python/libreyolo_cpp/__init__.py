@@ -87,6 +87,49 @@ class Results:
         return f"Results({self.path} {self.orig_shape[1]}x{self.orig_shape[0]}: {len(self.boxes)} boxes{': ' if shown else ''}{shown}{more})"
 
 
+def _usage_error(message: str, code: str = "source_invalid") -> UsageError:
+    """A UsageError raised on the Python side, with the attributes the C++ side's carry."""
+    e = UsageError(message)
+    e.code, e.suggestion, e.exit_code = code, "", 2
+    return e
+
+
+def _hwc_uint8(a):
+    """A numpy image as uint8 [H, W, C] with packed pixels: CHW turned to HWC, grey given a channel,
+    floats in [0, 1] scaled to [0, 255], everything else clipped to [0, 255]."""
+    import numpy as np
+
+    if a.ndim == 2:
+        a = a[:, :, None]
+    elif a.ndim == 3 and a.shape[0] in (1, 3, 4) and a.shape[0] < a.shape[2]:
+        a = a.transpose(1, 2, 0)
+    if a.ndim != 3 or a.shape[2] not in (1, 3, 4):
+        raise _usage_error(f"an image array must be [H, W], [H, W, C] or [C, H, W] with C 1, 3 or 4, got shape {a.shape}")
+    if a.dtype != np.uint8:
+        if a.dtype.kind == "f" and a.size and float(a.max()) <= 1.0:
+            a = a * 255
+        a = np.clip(a, 0, 255).astype(np.uint8)
+    if a.strides[2] != 1 or a.strides[1] != a.shape[2]:
+        a = np.ascontiguousarray(a)
+    return a
+
+
+def _images_of(item):
+    """(uint8 [H, W, C] array, whether it came as numpy) for each image an input holds."""
+    import numpy as np
+
+    if type(item).__module__.startswith("PIL."):
+        return [(np.asarray(item.convert("RGB")), False)]
+    if type(item).__module__.startswith("torch"):
+        t = item.detach().cpu()
+        batch = [t[i] for i in range(t.shape[0])] if t.dim() == 4 else [t]
+        return [(_hwc_uint8(x.numpy()), False) for x in batch]
+    if isinstance(item, np.ndarray):
+        batch = list(item) if item.ndim == 4 else [item]
+        return [(_hwc_uint8(x), True) for x in batch]
+    raise _usage_error(f"cannot predict on a {type(item).__name__}: give a path, a numpy array, a PIL image or a tensor")
+
+
 class LibreYOLO:
     """A model: LibreYOLO("yolo9t"), LibreYOLO("runs/train/exp/weights/best.pt", device="0")."""
 
@@ -98,9 +141,22 @@ class LibreYOLO:
         """A fresh model of a family and size with num_classes classes."""
         return cls(_core=_Model.create(family, size, num_classes, device))
 
-    def predict(self, source: str | os.PathLike = SAMPLE_IMAGE, **kwargs) -> list[Results]:
-        """Predict on an image file, a folder or glob of images, or SAMPLE_IMAGE."""
-        return [Results(r) for r in self._m.predict(os.fspath(source), _options(kwargs))]
+    def predict(self, source: Any = SAMPLE_IMAGE, color_format: str = "auto", **kwargs) -> list[Results]:
+        """Predict on an image file, a folder or glob of images, SAMPLE_IMAGE, or images in memory:
+        a numpy array (HWC or CHW, grey, colour or with alpha; a batch [N, ...] is N images), a PIL
+        image, a torch tensor (CHW or NCHW), or a list of these. numpy arrays are BGR (OpenCV's
+        order) unless color_format="rgb"; PIL images and tensors are RGB."""
+        if isinstance(source, (str, os.PathLike)):
+            return [Results(r) for r in self._m.predict(os.fspath(source), _options(kwargs))]
+        fmt = str(color_format).lower()
+        if fmt not in ("auto", "rgb", "bgr"):
+            raise _usage_error(f"color_format must be 'auto', 'rgb' or 'bgr', got '{color_format}'", "config_range_error")
+        images, bgr = [], []
+        for item in source if isinstance(source, (list, tuple)) else [source]:
+            for image, is_numpy in _images_of(item):
+                images.append(image)
+                bgr.append(is_numpy and fmt != "rgb" and image.shape[2] >= 3)
+        return [Results(r) for r in self._m.predict_images(images, [], bgr, _options(kwargs))]
 
     __call__ = predict
 

@@ -6,6 +6,7 @@
 // suggestion and exit code.
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
 #include <libreyolo/errors.hpp>
@@ -210,6 +211,36 @@ PYBIND11_MODULE(_core, m) {
             return out;
           },
           py::arg("source"), py::arg("options") = Kwargs{})
+      .def(
+          "predict_images",
+          // uint8 arrays [H, W, C] (C 1, 3 or 4; pixels packed, rows at any stride), each RGB or
+          // BGR (bgr[i]): the wrapper brings other layouts and dtypes to this.
+          [](libreyolo::LibreYOLO& self, const std::vector<py::array>& images, const std::vector<std::string>& names,
+             const std::vector<bool>& bgr, const Kwargs& options) {
+            std::vector<libreyolo::ImageView> views;
+            for (size_t i = 0; i < images.size(); ++i) {
+              const py::array& a = images[i];
+              if (!py::isinstance<py::array_t<uint8_t>>(a) || a.ndim() != 3 || a.strides(2) != 1 ||
+                  a.strides(1) != a.shape(2))
+                throw libreyolo::UsageError("predict: image " + std::to_string(i) +
+                                                " is not a uint8 array [H, W, C] with packed pixels",
+                                            "", "source_invalid");
+              libreyolo::ImageView v;
+              v.data = static_cast<const uint8_t*>(a.data());
+              v.height = static_cast<int>(a.shape(0));
+              v.width = static_cast<int>(a.shape(1));
+              v.channels = static_cast<int>(a.shape(2));
+              v.row_stride = a.strides(0);
+              v.bgr = i < bgr.size() && bgr[i];
+              if (i < names.size()) v.name = names[i];
+              views.push_back(std::move(v));
+            }
+            const auto results = without_gil([&] { return self.predict(views, options); });
+            py::list out;
+            for (const auto& r : results) out.append(predict_dict(r));
+            return out;
+          },
+          py::arg("images"), py::arg("names"), py::arg("bgr"), py::arg("options") = Kwargs{})
       .def(
           "train",
           [](libreyolo::LibreYOLO& self, const Kwargs& options, py::object on_epoch_end) {

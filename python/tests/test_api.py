@@ -65,3 +65,42 @@ def test_train_val_and_weights_torch_reads(tmp_path):
     assert "model" in lean
     again = ly.LibreYOLO(out, device="cpu")
     assert again.info()["family"] == "yolo9"
+
+
+def test_predict_images_in_memory(tmp_path):
+    np = pytest.importorskip("numpy")
+    Image = pytest.importorskip("PIL.Image")
+    m = ly.LibreYOLO("yolo9t", device="cpu")
+    opts = dict(imgsz=96, conf=0.0001)
+    rgb = np.zeros((120, 160, 3), np.uint8)
+    rgb[20:90, 30:120] = (250, 40, 40)
+    rgb[:, :, 2] += np.arange(160, dtype=np.uint8)[None, :]
+    path = str(tmp_path / "a.png")
+    Image.fromarray(rgb).save(path)
+    want = m(path, **opts)[0]
+    assert len(want.boxes) > 0
+
+    def same(r):
+        assert r.orig_shape == (120, 160)
+        assert np.array_equal(r.numpy()["classes"], want.numpy()["classes"])
+        assert np.allclose(r.numpy()["scores"], want.numpy()["scores"], rtol=0, atol=0)
+
+    same(m(rgb, color_format="rgb", **opts)[0])             # RGB numpy
+    same(m(np.ascontiguousarray(rgb[..., ::-1]), **opts)[0])  # numpy is BGR by default (OpenCV)
+    same(m(rgb.transpose(2, 0, 1).copy(), color_format="rgb", **opts)[0])  # CHW
+    same(m(Image.open(path), **opts)[0])                     # PIL: RGB
+    batch = m(np.stack([rgb, rgb]), color_format="rgb", **opts)  # a batch is several images
+    assert [r.path for r in batch] == ["image0", "image1"]
+    for r in batch:
+        same(r)
+    mixed = m([Image.open(path), rgb[..., ::-1]], **opts)
+    assert len(mixed) == 2
+    for r in mixed:
+        same(r)
+    with pytest.raises(ly.UsageError) as e:
+        m(np.zeros((5, 5, 2), np.uint8))
+    assert e.value.code == "source_invalid" and e.value.exit_code == 2
+    with pytest.raises(ly.UsageError):
+        m(rgb, color_format="hsv")
+    with pytest.raises(ly.UsageError):
+        m(object())

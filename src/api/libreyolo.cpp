@@ -6,6 +6,7 @@
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
+#include "core/strings.hpp"
 #include "core/config_schema.hpp"
 #include "engine/classify.hpp"
 #include "engine/predictor.hpp"
@@ -42,6 +43,33 @@ namespace {
 std::unique_ptr<LibreYOLO::Impl> wrap(std::unique_ptr<models::LoadedModel> m) {
   return std::make_unique<LibreYOLO::Impl>(std::move(*m));
 }
+
+// A copy of an ImageView's pixels as [H, W, 3] uint8 RGB.
+torch::Tensor image_pixels(const ImageView& v) {
+  const std::string what = v.name.empty() ? "an image" : "image '" + v.name + "'";
+  if (!v.data) throw UsageError("predict: " + what + " has no data", "", "source_invalid");
+  if (v.height < 1 || v.width < 1)
+    throw UsageError(strfmt("predict: %s is %dx%d pixels", what.c_str(), v.width, v.height), "", "source_invalid");
+  if (v.channels != 1 && v.channels != 3 && v.channels != 4)
+    throw UsageError(strfmt("predict: %s has %d channels; 1 (grey), 3 or 4 (with alpha) are read", what.c_str(), v.channels),
+                     "", "source_invalid");
+  const int64_t packed = static_cast<int64_t>(v.width) * v.channels;
+  const int64_t stride = v.row_stride ? v.row_stride : packed;
+  if (stride < packed)
+    throw UsageError(strfmt("predict: %s has rows of %lld bytes, %lld apart", what.c_str(), static_cast<long long>(packed),
+                            static_cast<long long>(stride)),
+                     "", "source_invalid");
+  const torch::Tensor view = torch::from_blob(const_cast<uint8_t*>(v.data), {v.height, v.width, v.channels},
+                                              {stride, v.channels, 1}, torch::kUInt8);
+  torch::Tensor rgb;
+  if (v.channels == 1)
+    rgb = view.expand({v.height, v.width, 3});
+  else if (v.bgr)
+    rgb = view.narrow(2, 0, 3).flip(2);
+  else
+    rgb = view.narrow(2, 0, 3);
+  return rgb.clone(at::MemoryFormat::Contiguous);
+}
 }  // namespace
 
 LibreYOLO::LibreYOLO(const std::string& model, const std::string& device)
@@ -68,6 +96,18 @@ std::vector<PredictResult> LibreYOLO::predict(const PredictConfig& config) {
   validate(config);
   if (engine::is_classify(*impl_)) return engine::run_classify_predict(*impl_, config);
   return engine::run_predict(*impl_, config);
+}
+
+std::vector<PredictResult> LibreYOLO::predict(const std::vector<ImageView>& images, const Kwargs& options) {
+  PredictConfig config;
+  predict_schema().apply(config, options, "predict");
+  validate(config);
+  std::vector<engine::ImageSource> sources;
+  for (size_t i = 0; i < images.size(); ++i)
+    sources.push_back({images[i].name.empty() ? "image" + std::to_string(i) : images[i].name, image_pixels(images[i])});
+  if (sources.empty()) throw UsageError("predict: the list of images is empty", "", "source_invalid");
+  if (engine::is_classify(*impl_)) return engine::run_classify_predict(*impl_, config, sources);
+  return engine::run_predict(*impl_, config, sources);
 }
 
 namespace {

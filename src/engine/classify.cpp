@@ -246,13 +246,17 @@ ValResult run_classify_validation(models::LoadedModel& lm, const ValConfig& cfg)
 }
 
 std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const PredictConfig& cfg) {
+  return run_classify_predict(lm, cfg, image_sources(cfg.source));
+}
+
+std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const PredictConfig& cfg,
+                                                const std::vector<ImageSource>& sources) {
   auto& model = classifier_of(lm);
   const torch::Device dev = lm.device;
   model.eval();
   torch::NoGradGuard no_grad;
   const int imgsz = cfg.imgsz > 0 ? cfg.imgsz : lm.imgsz;
   const double crop = classify_crop_pct(lm);
-  const auto sources = resolve_sources(cfg.source);
   std::string save_dir;
   std::set<std::string> used;
   if (cfg.save) save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
@@ -268,9 +272,9 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
   std::vector<PredictResult> out;
   for (const auto& src : sources) {
     PredictResult r;
-    r.source = src;
+    r.source = src.name;
     auto t0 = Clock::now();
-    const auto img = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+    const auto img = load_image(src);
     r.height = static_cast<int>(img.size(0));
     r.width = static_cast<int>(img.size(1));
     const auto crop_hwc = data::classify_eval_transform(img, imgsz, crop).unsqueeze(0);
@@ -301,7 +305,7 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
         ops::draw_text(canvas, 3 * scale, y, line, ops::Rgb8{255, 255, 255}, scale);
         y += th + 3 * scale;
       }
-      r.saved_path = (fs::path(save_dir) / saved_image_name(src, used)).string();
+      r.saved_path = (fs::path(save_dir) / saved_image_name(src.name, used)).string();
       io::save_image(r.saved_path, canvas);
     }
     r.postprocess_ms = ms_since(t0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/classify.hpp"
+#include "engine/predictor.hpp"
 #include "models/classifier.hpp"
 #include "models/loaded_model.hpp"
 
@@ -46,6 +47,8 @@ TrainResult run_classify_training(models::LoadedModel& lm, const TrainConfig& cf
 TrainConfig check_classify_training(models::LoadedModel& lm, const TrainConfig& cfg);
 ValResult run_classify_validation(models::LoadedModel& lm, const ValConfig& cfg);
 std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const PredictConfig& cfg);
+std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const PredictConfig& cfg,
+                                                const std::vector<ImageSource>& sources);
 
 // A detection command given a classifier, or the reverse: ModelError naming both tasks.
 [[noreturn]] void throw_task_mismatch(const models::LoadedModel& lm, const std::string& wanted_task);

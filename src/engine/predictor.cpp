@@ -77,7 +77,7 @@ struct PreparedBatch {
 // cache makes that a reuse after the first batches), so nothing is copied on one thread after the
 // decoding: the previous version stacked the canvases and then pinned the stack, two serial copies
 // of 39 MB per batch of 32 at 640 px. Results keep the sources' order.
-PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t first, size_t count, int size,
+PreparedBatch prepare_batch(const std::vector<ImageSource>& sources, size_t first, size_t count, int size,
                             ops::Fit fit, int threads, bool pin) {
   const auto t0 = std::chrono::steady_clock::now();
   torch::Tensor slots =
@@ -90,9 +90,8 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
   // An unreadable image is skipped; anything else (out of memory, a bug) reaches the caller.
   data::parallel_for(static_cast<int64_t>(count), threads, [&](int64_t k) {
     const auto i = static_cast<size_t>(k);
-    const std::string& src = sources[first + i];
     try {
-      images[i] = src == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(src);
+      images[i] = load_image(sources[first + i]);
       ops::fit_into(images[i], size, fit, base + k * slot_bytes, &boxes[i]);
     } catch (const Error& e) {
       errors[i] = e.what();
@@ -103,11 +102,11 @@ PreparedBatch prepare_batch(const std::vector<std::string>& sources, size_t firs
   std::vector<int64_t> kept;
   for (size_t i = 0; i < count; ++i) {
     if (!images[i].defined()) {
-      b.skipped.push_back(sources[first + i] + " (" + errors[i] + ")");
+      b.skipped.push_back(sources[first + i].name + " (" + errors[i] + ")");
       continue;
     }
     kept.push_back(static_cast<int64_t>(i));
-    b.sources.push_back(sources[first + i]);
+    b.sources.push_back(sources[first + i].name);
     b.geometry.push_back({boxes[i].sx, boxes[i].sy, static_cast<int>(images[i].size(0)), static_cast<int>(images[i].size(1))});
     b.originals.push_back(std::move(images[i]));
   }
@@ -142,13 +141,13 @@ data::GpuBatchMaker* gpu_decoder(const torch::Device& dev, int size, bool save) 
 // fitted on the device by `maker` in one call (a one-tile plan per image: the same geometry and
 // resize arithmetic as ops::fit_into, pixels equal up to the JPEG decoder).
 // What nvJPEG cannot read is decoded on the CPU by the maker; what nothing reads is skipped.
-PreparedBatch prepare_batch_gpu(const std::vector<std::string>& sources, size_t first, size_t count, int size,
+PreparedBatch prepare_batch_gpu(const std::vector<ImageSource>& sources, size_t first, size_t count, int size,
                                 ops::Fit fit, data::GpuBatchMaker& maker) {
   const auto t0 = std::chrono::steady_clock::now();
   PreparedBatch b;
   std::vector<data::PlannedSample> samples;
   for (size_t i = 0; i < count; ++i) {
-    const std::string& src = sources[first + i];
+    const std::string& src = sources[first + i].name;  // files only (run_predict)
     try {
       const io::ImageSize is = io::probe_image_size(src);
       const ops::FitBox f = ops::fit_box(is.height, is.width, size, fit);
@@ -257,8 +256,24 @@ std::string saved_image_name(const std::string& source, std::set<std::string>& u
   return name;
 }
 
+std::vector<ImageSource> image_sources(const std::string& source) {
+  std::vector<ImageSource> out;
+  for (auto& name : resolve_sources(source)) out.push_back({std::move(name), torch::Tensor()});
+  return out;
+}
+
+torch::Tensor load_image(const ImageSource& source) {
+  if (source.pixels.defined()) return source.pixels;
+  return source.name == "SAMPLE_IMAGE" ? io::make_sample_image() : io::decode_image(source.name);
+}
+
 std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg) {
-  const auto sources = resolve_sources(cfg.source);
+  return run_predict(impl, cfg, image_sources(cfg.source));
+}
+
+std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg,
+                                       const std::vector<ImageSource>& sources) {
+  if (sources.empty()) throw UsageError("predict: no images given", "", "source_not_found");
   const std::set<int> keep = parse_classes(cfg.classes);
   const int S = cfg.imgsz > 0 ? cfg.imgsz : impl.imgsz;
   const torch::Device dev = impl.device;
@@ -286,7 +301,11 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   // One batch in all: prepared on this thread when asked for (no thread to start for one image).
   const auto policy = sources.size() > step ? std::launch::async : std::launch::deferred;
   const ops::Fit fit = impl.family->input.fit;
-  data::GpuBatchMaker* gpu = sources.front() == "SAMPLE_IMAGE" ? nullptr : gpu_decoder(dev, S, cfg.save);
+  // The device decoder reads files: not for the built-in image or pixels already in memory.
+  const bool files = std::none_of(sources.begin(), sources.end(), [](const ImageSource& s) {
+    return s.pixels.defined() || s.name == "SAMPLE_IMAGE";
+  });
+  data::GpuBatchMaker* gpu = files ? gpu_decoder(dev, S, cfg.save) : nullptr;
   auto start = [&](size_t first) {
     const size_t count = std::min(sources.size() - first, step);
     if (gpu) return std::async(policy, prepare_batch_gpu, std::cref(sources), first, count, S, fit, std::ref(*gpu));

@@ -23,8 +23,22 @@ std::vector<std::string> resolve_sources(const std::string& source);
 // unique against `used` ("x.jpg" again -> "x_2.jpg") and added to it. SAMPLE_IMAGE -> sample.jpg.
 std::string saved_image_name(const std::string& source, std::set<std::string>& used);
 
+// One image to predict on: a file, SAMPLE_IMAGE, or pixels already in memory ([H, W, 3] uint8
+// RGB, defined) which `name` only names.
+struct ImageSource {
+  std::string name;
+  torch::Tensor pixels;
+};
+// resolve_sources as ImageSources (files).
+std::vector<ImageSource> image_sources(const std::string& source);
+// Its pixels: the ones in memory, the built-in image, or the file decoded (DataError if unreadable).
+torch::Tensor load_image(const ImageSource& source);
+
 // Images that cannot be decoded are skipped with a warning and a final "N of M images skipped"
-// line; when none could be read: DataError (source_not_found).
+// line; when none could be read: DataError (source_not_found). The first form reads cfg.source,
+// the second the given images (cfg.source unused).
 std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg);
+std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictConfig& cfg,
+                                       const std::vector<ImageSource>& sources);
 
 }  // namespace libreyolo::engine
