@@ -117,13 +117,14 @@ _ly_setup() {
       _ly_log "could not install nvidia-nvjpeg: the GPU loader (loader=gpu) will be off in this build"
     fi
   fi
-  # The Python package's build (pybind11) and its tests (pytest; Pillow for its image inputs):
-  # small wheels, once.
-  if [ "${LIBREYOLO_SYSTEM_TORCH:-0}" != 1 ] && ! [ -f "$LIBREYOLO_CACHE/venv/.python-package-2" ]; then
-    if "$LIBREYOLO_PY" -m pip install -q --progress-bar off "pybind11==2.13.*" "pytest==8.*" "pillow==11.*" >&2; then
-      touch "$LIBREYOLO_CACHE/venv/.python-package-2"
+  # The Python package's build (pybind11; scikit-build-core for `pip install .`) and its tests
+  # (pytest; Pillow for its image inputs): small wheels, once.
+  if [ "${LIBREYOLO_SYSTEM_TORCH:-0}" != 1 ] && ! [ -f "$LIBREYOLO_CACHE/venv/.python-package-3" ]; then
+    if "$LIBREYOLO_PY" -m pip install -q --progress-bar off "pybind11==2.13.*" "pytest==8.*" "pillow==11.*" \
+        "scikit-build-core==0.11.*" >&2; then
+      touch "$LIBREYOLO_CACHE/venv/.python-package-3"
     else
-      _ly_log "could not install pybind11, pytest and Pillow: the Python package will not be built or tested"
+      _ly_log "could not install pybind11, pytest, Pillow and scikit-build-core: the Python package will not be built or tested"
     fi
   fi
   LIBREYOLO_TORCH_CMAKE=$("$LIBREYOLO_PY" -c 'import torch;print(torch.utils.cmake_prefix_path)')

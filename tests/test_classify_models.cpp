@@ -238,7 +238,8 @@ TEST(ClassifyParity, EvalTransformEqualsTheReference) {
   const auto& f = family();
   for (const auto& [s, crop, key] : std::vector<std::tuple<int, double, std::string>>{
            {32, 0.95, "pre.s32_c950"}, {48, 0.875, "pre.s48_c875"}}) {
-    const auto x = libreyolo::engine::classify_input(img, f, s, crop, torch::kCPU)[0];
+    const auto crop_hwc = libreyolo::data::classify_eval_transform(img, s, crop).unsqueeze(0);
+    const auto x = libreyolo::models::to_network_input(crop_hwc, f.input, torch::kCPU, false)[0];
     const auto want = expected("resnet18n", key);
     ASSERT_EQ(x.sizes(), want.sizes()) << key;
     // Same 8-bit pixels, then (p / 255 - mean) / std in float32: equal to rounding.

@@ -37,11 +37,11 @@ bool source_stamp(const std::string& path, int64_t* size, int64_t* mtime) {
   return true;
 }
 
-}  // namespace
-
 int32_t fit_code(ops::Fit fit, bool reduced_decode) {
   return (fit == ops::Fit::Stretch ? 1 : 0) | (reduced_decode ? 0 : 2);
 }
+
+}  // namespace
 
 std::string disk_cache_path(const std::string& image_path, int imgsz, ops::Fit fit, bool reduced_decode) {
   const fs::path p(image_path);

@@ -119,12 +119,6 @@ double classify_crop_pct(const models::LoadedModel& lm) {
   return lm.family->crop_pct ? lm.family->crop_pct(lm.model->size()) : 1.0;
 }
 
-torch::Tensor classify_input(const torch::Tensor& hwc, const models::Family& family, int imgsz, double crop_pct,
-                             const torch::Device& device) {
-  auto img = data::classify_eval_transform(hwc, imgsz, crop_pct).unsqueeze(0);
-  return models::to_network_input(img, family.input, device, false);
-}
-
 ClassifyMetrics evaluate_classifier(models::Classifier& model, const models::Family& family,
                                     const data::ClassifySplit& split, int nc, int imgsz, double crop_pct, int batch,
                                     const torch::Device& device, bool half, int workers) {

@@ -31,9 +31,6 @@ struct ClassifyMetrics {
   std::vector<std::pair<std::string, double>> as_list() const;
 };
 
-// The eval transform's network input of one image for a model: [1, 3, S, S] float32 on `device`.
-torch::Tensor classify_input(const torch::Tensor& hwc, const models::Family& family, int imgsz, double crop_pct,
-                             const torch::Device& device);
 // The crop_pct of a model (the family's value for its size; 1.0 when the family has none).
 double classify_crop_pct(const models::LoadedModel& lm);
 
