@@ -155,8 +155,8 @@ TEST(GpuInferenceGraph, ApiCapturePredictMoveAndTrainRelease) {
   model.capture_graph(320, 1, "float32");
   ASSERT_EQ(model.graph_info().captured.size(), 1u);
   EXPECT_EQ(model.graph_info().captured[0], "1x3x320x320 fp32");
-  const auto eager = model.predict("SAMPLE_IMAGE", {{"imgsz", "320"}, {"conf", "0.001"}});
-  const auto graphed = model.predict("SAMPLE_IMAGE", {{"imgsz", "320"}, {"conf", "0.001"}, {"cuda_graph", "true"}});
+  const auto eager = model.predict("SAMPLE_IMAGE", {{"imgsz", "320"}, {"conf", "0.000001"}});
+  const auto graphed = model.predict("SAMPLE_IMAGE", {{"imgsz", "320"}, {"conf", "0.000001"}, {"cuda_graph", "true"}});
   EXPECT_GE(model.graph_info().replays, 1);
   ASSERT_EQ(eager.size(), 1u);
   ASSERT_EQ(graphed.size(), 1u);

@@ -229,14 +229,13 @@ TEST(RtdetrV2Family, RegisteredAndToldApartFromRtdetr) {
   EXPECT_EQ(v2->sizes, rtdetr::v2_size_names());
   EXPECT_EQ(v2->default_size, "r18");
   EXPECT_EQ(v2->input.fit, libreyolo::ops::Fit::Stretch);
-  // Same recipe and capture flags as RT-DETR (AMP on), except the head seam: RT-DETR's is on after
-  // its GPU tests; RT-DETRv2's stays off until the same tests have run on v2's network.
+  // Same recipe and capture flags as RT-DETR (AMP on; the head seam on for both after their GPU tests).
   EXPECT_EQ(v2->train_defaults, v1->train_defaults);
   EXPECT_TRUE(v2->default_amp);
   EXPECT_EQ(v2->capture_train_step, v1->capture_train_step);
   EXPECT_EQ(v2->capture_inference, v1->capture_inference);
   EXPECT_TRUE(v1->capture_train_head);
-  EXPECT_FALSE(v2->capture_train_head);
+  EXPECT_TRUE(v2->capture_train_head);
   EXPECT_EQ(v2->param_rules.size(), v1->param_rules.size());
 
   auto m = v2->build("r18", 5);

@@ -71,7 +71,7 @@ def test_predict_images_in_memory(tmp_path):
     np = pytest.importorskip("numpy")
     Image = pytest.importorskip("PIL.Image")
     m = ly.LibreYOLO("yolo9t", device="cpu")
-    opts = dict(imgsz=96, conf=0.0001)
+    opts = dict(imgsz=96, conf=0.000001)
     rgb = np.zeros((120, 160, 3), np.uint8)
     rgb[20:90, 30:120] = (250, 40, 40)
     rgb[:, :, 2] += np.arange(160, dtype=np.uint8)[None, :]

@@ -36,6 +36,10 @@ struct HgNetSpec {
   // convolutions at "aggregation.0" and "aggregation.1".
   bool lab = false;
   bool dfine_names = false;
+  // How a fresh backbone's convolutions start: Kaiming-normal (RT-DETR's HGNetv2), or each
+  // layer's own default (D-FINE's, which LibreYOLO does not re-initialise). Not part of the
+  // structure (==).
+  bool kaiming_init = true;
   bool operator==(const HgNetSpec& o) const;
   bool operator!=(const HgNetSpec& o) const { return !(*this == o); }
   // Input width of stage i.

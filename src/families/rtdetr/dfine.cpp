@@ -153,6 +153,7 @@ DfineConfig dfine_size_config(const std::string& size, int nc) {
     throw UsageError("unknown D-FINE size '" + size + "' (sizes: n, s, m, l, x)");
   }
   c.hgnet.dfine_names = true;
+  c.hgnet.kaiming_init = false;
   return c;
 }
 
@@ -169,6 +170,7 @@ std::optional<DfineConfig> dfine_config_from_state_dict(const io::StateDict& sd)
   c.hgnet = *h;
   c.hgnet.lab = has(sd, "backbone.stem.stem1.lab.scale");
   c.hgnet.dfine_names = true;
+  c.hgnet.kaiming_init = false;
   c.frozen_norm = !has(sd, "backbone.stem.stem1.bn.num_batches_tracked");
   c.levels = count(sd, "encoder.input_proj.", ".conv.weight");
   if (c.levels != 2 && c.levels != 3) return std::nullopt;

@@ -233,6 +233,10 @@ Family dfine_line_family(const std::string& name, std::vector<std::string> sizes
   const auto can_load = [](const io::StateDict& sd) { return dfine_keys(sd) && !has_distillation_keys(sd); };
   f.set_weight_functions(build, build_like, can_load, dfine_infer_size, dfine_infer_num_classes, strip_ddp);
   set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
+  // The eval forward's replay equals eager bit for bit for D-FINE, DEIM and RT-DETRv4 (H100,
+  // GpuInferenceGraph.ReplayEqualsEagerBitForBitOnTwoProbes, fp32 and bf16): capture_inference.
+  // The training head (DfineModel::train_head) is declared per family where its GPU tests ran.
+  f.capture_inference = true;
   // LibreYOLO's four D-FINE-line groups: {backbone (at backbone_lr_mult x lr0), the rest} x {with
   // decay, without it for norms, biases (in_proj_bias included) and the learnable affine scales}.
   const std::vector<std::string> no_decay = {"norm", ".bn.", "bias", "lab.scale"};
@@ -296,12 +300,19 @@ Family make_v2_family() {
   // of the graphed head have passed on a GPU; the eval forward's replay test passed (as RT-DETR's).
   f.set_weight_functions(build_v2, build_like, can_load_v2, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
+  // RT-DETR's capture seam (RtdetrModel::train_head), with the same GPU evidence (H100): the eval
+  // forward's replay and the head's equal eager bit for bit, head-graphed steps stay within the
+  // eager runs' spread (Seam/RtdetrLineGpu.*/rtdetrv2).
   f.capture_inference = true;
+  f.capture_train_head = true;
   return f;
 }
 
 Family make_dfine_family() {
   Family f = dfine_line_family("dfine", dfine_size_names(), /*silu=*/false);
+  // The head replayed equals eager bit for bit; head-graphed steps stay within the eager runs'
+  // spread (H100, Seam/RtdetrLineGpu.*/dfine).
+  f.capture_train_head = true;
   f.make_loss = [](const Detector& model) -> std::unique_ptr<TrainingLoss> {
     return std::make_unique<loss::DfineLoss>(model.num_classes());
   };
@@ -324,6 +335,7 @@ Family make_dfine_family() {
 Family make_deim_family() {
   // D-FINE's network with SiLU in the decoder, trained with the matchability-aware class loss.
   Family f = dfine_line_family("deim", dfine_size_names(), /*silu=*/true);
+  f.capture_train_head = true;  // as D-FINE's (H100, Seam/RtdetrLineGpu.*/deim)
   set_deim_recipe(f);
   f.default_amp_reason =
       "DEIM ships with amp=False (its D-FINE decoder clamps activations at 65504, float16's largest finite "

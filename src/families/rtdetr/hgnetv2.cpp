@@ -134,7 +134,7 @@ HGNetv2Impl::HGNetv2Impl(const HgNetSpec& spec, bool frozen_norm) {
     list->register_module(std::to_string(i), stages.back());
   }
   register_module("stages", list);
-  reset_parameters();
+  if (spec.kaiming_init) reset_parameters();
 }
 
 void HGNetv2Impl::reset_parameters() {

@@ -244,11 +244,11 @@ HeadImpl::HeadImpl(const std::array<int64_t, 3>& ch, int nc_, int64_t hc_) : nc(
   }
 }
 
-// Prior: about 5 objects per 640x640 image spread over nc classes and (640/s)^2 cells.
+// LibreYOLO's prior for a fresh head: every class logit at -10 (sigmoid about 4.5e-5) on every
+// level, whatever the class count.
 void HeadImpl::init_class_bias(int level) {
-  const double cells = std::pow(640.0 / static_cast<double>(kStrides[level]), 2);
   torch::NoGradGuard no_grad;
-  cls[level]->out->bias.fill_(std::log(5.0 / nc / cells));
+  cls[level]->out->bias.fill_(-10.0);
 }
 
 std::vector<torch::Tensor> HeadImpl::forward(const std::array<torch::Tensor, 3>& feats) {
