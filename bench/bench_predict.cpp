@@ -24,7 +24,9 @@
 #include "io/sample_image.hpp"
 #include "layers/cudnn_fusion.hpp"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   std::string device = "cpu", model = "yolo9t";
   int iters = 100, warmup = 10, imgsz = 0;  // 0: the model's
   bool half = false;
@@ -126,4 +128,21 @@ int main(int argc, char** argv) {
                         {"first_predict", cold}};
   std::cout << out.dump(2) << "\n";
   return 0;
+}
+
+}  // namespace
+
+// A refused configuration (a family without a declared inference graph, a model that does not
+// load, ...) ends with its message and a JSON line saying so, not with an uncaught exception.
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_predict: %s\n", e.what());
+    nlohmann::json err;
+    err["benchmark"] = "predict_one_jpeg";
+    err["error"] = e.what();
+    std::printf("%s\n", err.dump().c_str());
+    return 1;
+  }
 }
