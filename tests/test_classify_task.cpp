@@ -124,6 +124,26 @@ TEST(ClassifyData, TransformsGiveTheNetworkSize) {
   EXPECT_TRUE(ops::resize_bicubic_pil(flat, 90, 70).eq(77).all().item<bool>());
 }
 
+// A window of the resampling, computed alone, is the same bytes as that window of the whole
+// output: downscaled, upscaled, one axis kept, four and one channels.
+TEST(ClassifyData, ResizeWindowEqualsTheCropOfTheWholeResize) {
+  torch::manual_seed(3);
+  for (int64_t c : {3, 1}) {
+    const auto img = torch::randint(0, 256, {61, 97, c}, torch::kUInt8);
+    struct Case {
+      int64_t oh, ow, top, left, wh, ww;
+    };
+    for (const Case& k : {Case{40, 64, 5, 9, 30, 40}, Case{120, 150, 0, 0, 120, 150}, Case{61, 50, 7, 3, 50, 47},
+                          Case{30, 97, 2, 10, 28, 80}, Case{200, 97, 100, 0, 100, 97}}) {
+      const auto whole = ops::resize_bicubic_pil(img, k.oh, k.ow);
+      const auto win = ops::resize_bicubic_pil_window(img, k.oh, k.ow, k.top, k.left, k.wh, k.ww);
+      EXPECT_TRUE(win.equal(whole.narrow(0, k.top, k.wh).narrow(1, k.left, k.ww)))
+          << c << " channels, " << k.oh << "x" << k.ow << " window at " << k.top << "," << k.left;
+    }
+    EXPECT_THROW(ops::resize_bicubic_pil_window(img, 40, 64, 20, 0, 30, 10), std::invalid_argument);
+  }
+}
+
 // The loader's batches are a function of the seed and the epoch only: the same with 0, 1 and 3
 // worker threads; every training sample is the training transform of the image at its place in
 // the epoch's order with the draws of that place; evaluation batches keep the split's order and

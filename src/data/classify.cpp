@@ -149,9 +149,14 @@ torch::Tensor classify_eval_transform(const torch::Tensor& hwc, int size, double
     nh = resize;
     nw = static_cast<int64_t>(static_cast<double>(resize) * static_cast<double>(w) / static_cast<double>(h));
   }
+  // CenterCrop: the offsets round((n - S) / 2), after zero padding when the image is smaller.
+  if (nh >= size && nw >= size) {  // only the crop's pixels of the resize are computed
+    const auto top = static_cast<int64_t>(std::nearbyint((nh - size) / 2.0));
+    const auto left = static_cast<int64_t>(std::nearbyint((nw - size) / 2.0));
+    return ops::resize_bicubic_pil_window(hwc, nh, nw, top, left, size, size);
+  }
   auto img = (nh == h && nw == w) ? hwc : ops::resize_bicubic_pil(hwc, nh, nw);
-  // CenterCrop: zero padding when the image is smaller, then the offsets round((n - S) / 2).
-  if (nh < size || nw < size) {
+  {
     const int64_t ph = std::max<int64_t>(size - nh, 0), pw = std::max<int64_t>(size - nw, 0);
     auto padded = torch::zeros({nh + ph, nw + pw, 3}, torch::kUInt8);
     padded.narrow(0, ph / 2, nh).narrow(1, pw / 2, nw).copy_(img);

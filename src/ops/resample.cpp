@@ -72,36 +72,39 @@ inline uint8_t clip8(int64_t v) {
 
 }  // namespace
 
-torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w, double x0, double y0,
-                                 double x1, double y1) {
-  if (hwc.dim() != 3 || hwc.scalar_type() != torch::kUInt8 || !hwc.device().is_cpu())
-    throw std::invalid_argument("resize_bicubic_pil: expected a CPU uint8 [H, W, C] image");
-  if (out_h < 1 || out_w < 1) throw std::invalid_argument("resize_bicubic_pil: output size must be positive");
-  const auto src = hwc.contiguous();
-  const int64_t h = src.size(0), w = src.size(1), c = src.size(2);
-  const Taps tx = taps(w, x0, x1, out_w), ty = taps(h, y0, y1, out_h);
-  // The rows the vertical pass reads; the horizontal pass computes only those.
-  const int64_t row0 = ty.first.front();
-  const int64_t row1 = ty.first.back() + ty.count.back();
-  const bool horizontal = out_w != w || x0 != 0.0 || x1 != static_cast<double>(w);
-  const bool vertical = out_h != h || y0 != 0.0 || y1 != static_cast<double>(h);
+namespace {
+
+// Rows [top, top + win_h) and columns [left, left + win_w) of the resampling of `src` by the taps
+// tx, ty (each output pixel depends on its own taps only: a window is computed alone, the same
+// bytes as in the whole output). `horizontal` / `vertical`: whether that pass resamples (else the
+// source's columns / rows are taken as they are).
+torch::Tensor resample(const torch::Tensor& src, const Taps& tx, const Taps& ty, bool horizontal, bool vertical,
+                       int64_t top, int64_t left, int64_t win_h, int64_t win_w) {
+  const int64_t w = src.size(1), c = src.size(2);
   const uint8_t* in = src.data_ptr<uint8_t>();
   // Rows in parallel (each output row is computed alone; the arithmetic is PIL's whatever the split).
-  // Three channels (RGB) are summed together per tap.
   const auto rows = [](int64_t n, int64_t work_per_row, const std::function<void(int64_t, int64_t)>& fn) {
     const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, work_per_row));
     at::parallel_for(0, n, grain, fn);
   };
+  // The source rows the window's vertical taps read (all of the window's rows without a vertical pass).
+  const int64_t row0 = vertical ? ty.first[static_cast<size_t>(top)] : top;
+  int64_t row1 = vertical ? row0 : top + win_h;
+  if (vertical)
+    for (int64_t yy = top; yy < top + win_h; ++yy)
+      row1 = std::max(row1, ty.first[static_cast<size_t>(yy)] + ty.count[static_cast<size_t>(yy)]);
+  // The horizontal pass (or the window's columns) of those rows: [row1 - row0, win_w, c].
   torch::Tensor mid;
-  int64_t mid_row0 = 0;
   if (horizontal) {
-    mid = torch::empty({row1 - row0, out_w, c}, torch::kUInt8);
+    mid = torch::empty({row1 - row0, win_w, c}, torch::kUInt8);
     uint8_t* m = mid.data_ptr<uint8_t>();
-    rows(row1 - row0, out_w * c * tx.ksize, [&](int64_t r0, int64_t r1) {
+    // Three channels (RGB) are summed together per tap.
+    rows(row1 - row0, win_w * c * tx.ksize, [&](int64_t r0, int64_t r1) {
       for (int64_t y = row0 + r0; y < row0 + r1; ++y) {
         const uint8_t* line = in + y * w * c;
-        uint8_t* dst = m + (y - row0) * out_w * c;
-        for (int64_t xx = 0; xx < out_w; ++xx) {
+        uint8_t* dst = m + (y - row0) * win_w * c;
+        for (int64_t ox = 0; ox < win_w; ++ox) {
+          const int64_t xx = left + ox;
           const int64_t f = tx.first[static_cast<size_t>(xx)], n = tx.count[static_cast<size_t>(xx)];
           const int32_t* k = &tx.weights[static_cast<size_t>(xx * tx.ksize)];
           const uint8_t* p = line + f * c;
@@ -112,35 +115,34 @@ torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_
               s1 += static_cast<int64_t>(p[1]) * k[x];
               s2 += static_cast<int64_t>(p[2]) * k[x];
             }
-            dst[xx * 3] = clip8(s0);
-            dst[xx * 3 + 1] = clip8(s1);
-            dst[xx * 3 + 2] = clip8(s2);
+            dst[ox * 3] = clip8(s0);
+            dst[ox * 3 + 1] = clip8(s1);
+            dst[ox * 3 + 2] = clip8(s2);
             continue;
           }
           for (int64_t ch = 0; ch < c; ++ch) {
             int64_t ss = int64_t{1} << (kPrecisionBits - 1);
             for (int64_t x = 0; x < n; ++x) ss += static_cast<int64_t>(p[x * c + ch]) * k[x];
-            dst[xx * c + ch] = clip8(ss);
+            dst[ox * c + ch] = clip8(ss);
           }
         }
       }
     });
-    mid_row0 = row0;
   } else {
-    mid = src;
+    mid = src.narrow(0, row0, row1 - row0).narrow(1, left, win_w).contiguous();
   }
-  if (!vertical) return horizontal ? mid : src.clone();
-  const int64_t mw = mid.size(1);
+  if (!vertical) return mid;
   const uint8_t* m = mid.data_ptr<uint8_t>();
-  auto out = torch::empty({out_h, mw, c}, torch::kUInt8);
+  auto out = torch::empty({win_h, win_w, c}, torch::kUInt8);
   uint8_t* o = out.data_ptr<uint8_t>();
-  const int64_t stride = mw * c;
-  rows(out_h, stride * ty.ksize, [&](int64_t r0, int64_t r1) {
-    for (int64_t yy = r0; yy < r1; ++yy) {
-      const int64_t f = ty.first[static_cast<size_t>(yy)] - mid_row0, n = ty.count[static_cast<size_t>(yy)];
+  const int64_t stride = win_w * c;
+  rows(win_h, stride * ty.ksize, [&](int64_t r0, int64_t r1) {
+    for (int64_t oy = r0; oy < r1; ++oy) {
+      const int64_t yy = top + oy;
+      const int64_t f = ty.first[static_cast<size_t>(yy)] - row0, n = ty.count[static_cast<size_t>(yy)];
       const int32_t* k = &ty.weights[static_cast<size_t>(yy * ty.ksize)];
       const uint8_t* base = m + f * stride;
-      uint8_t* dst = o + yy * stride;
+      uint8_t* dst = o + oy * stride;
       // Every byte of the row (all channels alike): the taps run down the column.
       for (int64_t i = 0; i < stride; ++i) {
         int64_t ss = int64_t{1} << (kPrecisionBits - 1);
@@ -152,9 +154,40 @@ torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_
   return out;
 }
 
+torch::Tensor checked(const torch::Tensor& hwc, int64_t out_h, int64_t out_w) {
+  if (hwc.dim() != 3 || hwc.scalar_type() != torch::kUInt8 || !hwc.device().is_cpu())
+    throw std::invalid_argument("resize_bicubic_pil: expected a CPU uint8 [H, W, C] image");
+  if (out_h < 1 || out_w < 1) throw std::invalid_argument("resize_bicubic_pil: output size must be positive");
+  return hwc.contiguous();
+}
+
+}  // namespace
+
+torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w, double x0, double y0,
+                                 double x1, double y1) {
+  const auto src = checked(hwc, out_h, out_w);
+  const int64_t h = src.size(0), w = src.size(1);
+  const bool horizontal = out_w != w || x0 != 0.0 || x1 != static_cast<double>(w);
+  const bool vertical = out_h != h || y0 != 0.0 || y1 != static_cast<double>(h);
+  if (!horizontal && !vertical) return src.clone();
+  return resample(src, taps(w, x0, x1, out_w), taps(h, y0, y1, out_h), horizontal, vertical, 0, 0, out_h, out_w);
+}
+
 torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w) {
   return resize_bicubic_pil(hwc, out_h, out_w, 0.0, 0.0, static_cast<double>(hwc.size(1)),
                             static_cast<double>(hwc.size(0)));
+}
+
+torch::Tensor resize_bicubic_pil_window(const torch::Tensor& hwc, int64_t out_h, int64_t out_w, int64_t top,
+                                        int64_t left, int64_t win_h, int64_t win_w) {
+  const auto src = checked(hwc, out_h, out_w);
+  if (top < 0 || left < 0 || win_h < 1 || win_w < 1 || top + win_h > out_h || left + win_w > out_w)
+    throw std::invalid_argument("resize_bicubic_pil_window: the window must lie inside the output");
+  const int64_t h = src.size(0), w = src.size(1);
+  const bool horizontal = out_w != w, vertical = out_h != h;
+  if (!horizontal && !vertical) return src.narrow(0, top, win_h).narrow(1, left, win_w).clone();
+  return resample(src, taps(w, 0.0, static_cast<double>(w), out_w), taps(h, 0.0, static_cast<double>(h), out_h),
+                  horizontal, vertical, top, left, win_h, win_w);
 }
 
 }  // namespace libreyolo::ops

@@ -12,5 +12,9 @@ namespace libreyolo::ops {
 torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w);
 torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w, double x0, double y0,
                                  double x1, double y1);
+// resize_bicubic_pil(hwc, out_h, out_w)[top : top + win_h, left : left + win_w], computing only
+// that window (the same bytes).
+torch::Tensor resize_bicubic_pil_window(const torch::Tensor& hwc, int64_t out_h, int64_t out_w, int64_t top,
+                                        int64_t left, int64_t win_h, int64_t win_w);
 
 }  // namespace libreyolo::ops
