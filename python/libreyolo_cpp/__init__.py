@@ -160,9 +160,13 @@ class LibreYOLO:
 
     __call__ = predict
 
-    def train(self, on_epoch_end: Callable[[dict], None] | None = None, **kwargs) -> dict:
-        """Train with the library's options (data=..., epochs=..., batch=..., device=...)."""
-        return self._m.train(_options(kwargs), on_epoch_end)
+    def train(self, on_epoch_end: Callable[[dict], None] | None = None,
+              on_train_start: Callable[[str], None] | None = None,
+              on_train_end: Callable[[dict], None] | None = None, **kwargs) -> dict:
+        """Train with the library's options (data=..., epochs=..., batch=..., device=...).
+        Callbacks: on_train_start(save_dir), on_epoch_end(epoch dict), on_train_end(result dict);
+        an exception one raises ends the training and is raised here."""
+        return self._m.train(_options(kwargs), on_epoch_end, on_train_start, on_train_end)
 
     def check_train(self, **kwargs) -> None:
         """Every check train() makes before its first step; raises what it would raise."""

@@ -243,17 +243,31 @@ PYBIND11_MODULE(_core, m) {
           py::arg("images"), py::arg("names"), py::arg("bgr"), py::arg("options") = Kwargs{})
       .def(
           "train",
-          [](libreyolo::LibreYOLO& self, const Kwargs& options, py::object on_epoch_end) {
+          // The callbacks run on the training thread with the GIL taken; what one raises ends the
+          // training and reaches the caller.
+          [](libreyolo::LibreYOLO& self, const Kwargs& options, py::object on_epoch_end, py::object on_train_start,
+             py::object on_train_end) {
             libreyolo::TrainCallbacks cb;
             if (!on_epoch_end.is_none())
               cb.on_epoch_end = [on_epoch_end](const libreyolo::EpochSummary& e) {
                 py::gil_scoped_acquire gil;
                 on_epoch_end(epoch_dict(e));
               };
+            if (!on_train_start.is_none())
+              cb.on_train_start = [on_train_start](const libreyolo::TrainConfig&, const std::string& save_dir) {
+                py::gil_scoped_acquire gil;
+                on_train_start(save_dir);
+              };
+            if (!on_train_end.is_none())
+              cb.on_train_end = [on_train_end](const libreyolo::TrainResult& r) {
+                py::gil_scoped_acquire gil;
+                on_train_end(train_dict(r));
+              };
             const auto r = without_gil([&] { return self.train(options, cb); });
             return train_dict(r);
           },
-          py::arg("options"), py::arg("on_epoch_end") = py::none())
+          py::arg("options"), py::arg("on_epoch_end") = py::none(), py::arg("on_train_start") = py::none(),
+          py::arg("on_train_end") = py::none())
       .def(
           "check_train",
           [](libreyolo::LibreYOLO& self, const Kwargs& options) {

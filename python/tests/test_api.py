@@ -51,8 +51,10 @@ def test_train_val_and_weights_torch_reads(tmp_path):
     m = ly.LibreYOLO("yolo9t", device="cpu")
     seen = []
     r = m.train(data="builtin", epochs=1, imgsz=64, batch=8, workers=0, project=str(tmp_path), name="run",
-                verbose=False, on_epoch_end=lambda e: seen.append(e["epoch"]))
-    assert seen == [1]
+                verbose=False, on_train_start=lambda d: seen.append(("start", d)),
+                on_epoch_end=lambda e: seen.append(e["epoch"]),
+                on_train_end=lambda res: seen.append(("end", len(res["epochs"]))))
+    assert seen == [("start", r["save_dir"]), 1, ("end", 1)]
     assert len(r["epochs"]) == 1 and r["epochs"][0]["loss"] > 0
     assert os.path.exists(r["last_checkpoint"])
     ckpt = torch.load(r["last_checkpoint"], map_location="cpu", weights_only=True)
@@ -104,3 +106,14 @@ def test_predict_images_in_memory(tmp_path):
         m(rgb, color_format="hsv")
     with pytest.raises(ly.UsageError):
         m(object())
+
+
+def test_a_callbacks_exception_ends_training_and_reaches_the_caller(tmp_path):
+    m = ly.LibreYOLO("yolo9t", device="cpu")
+
+    def stop(epoch):
+        raise RuntimeError(f"stop after epoch {epoch['epoch']}")
+
+    with pytest.raises(RuntimeError, match="stop after epoch 1"):
+        m.train(data="builtin", epochs=3, imgsz=64, batch=8, workers=0, project=str(tmp_path), name="run",
+                verbose=False, on_epoch_end=stop)
