@@ -2,7 +2,7 @@
 // denoising queries (every term, the Hungarian matches in the reference's query order, 20 gradients) in float32 with TF32 off
 // against the reference's values, and bf16 autocast giving a finite loss near the float32 one
 // with finite gradients; for the RT-DETR line's families with the capture seam (RT-DETR, RT-DETRv2,
-// D-FINE, DEIM), the training head replayed from CUDA graphs against the eager head, and steps
+// D-FINE, DEIM, RT-DETRv4), the training head replayed from CUDA graphs against the eager head, and steps
 // with it against eager steps.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
@@ -275,5 +275,5 @@ TEST_P(RtdetrLineGpu, HeadGraphedStepsStayWithinTheEagerSpread) {
 
 INSTANTIATE_TEST_SUITE_P(Seam, RtdetrLineGpu,
                          ::testing::Values(SeamCase{"rtdetr", "r18"}, SeamCase{"rtdetrv2", "r18"}, SeamCase{"dfine", "n"},
-                                           SeamCase{"deim", "n"}),
+                                           SeamCase{"deim", "n"}, SeamCase{"rtdetrv4", "s"}),
                          [](const ::testing::TestParamInfo<SeamCase>& i) { return std::string(i.param.family); });
