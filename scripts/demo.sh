@@ -24,7 +24,8 @@ WEIGHTS=$(sed -n 's/.*"best_weights":"\([^"]*\)".*/\1/p' "$RUNS/train.json")
 [ -n "$WEIGHTS" ] || WEIGHTS=$(sed -n 's/.*"last_weights":"\([^"]*\)".*/\1/p' "$RUNS/train.json")
 
 echo "== val: $WEIGHTS"
-"$BIN" val model="$WEIGHTS" data=builtin imgsz="$IMGSZ" batch="$BATCH" device="$DEVICE" --json > "$RUNS/val.json"
+"$BIN" val model="$WEIGHTS" data=builtin imgsz="$IMGSZ" batch="$BATCH" device="$DEVICE" project="$RUNS" name=val \
+  exist_ok=true --json > "$RUNS/val.json"
 
 VAL_IMAGE=$(ls "${LIBREYOLO_CACHE:-$HOME/.cache/libreyolo-cpp}"/datasets/libreyolo-builtin-v1/images/val/* | head -1)
 echo "== predict: a validation image of the built-in dataset, and SAMPLE_IMAGE"
