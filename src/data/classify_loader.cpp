@@ -29,9 +29,7 @@ ClassifyLoader::ClassifyLoader(const ClassifySplit& split, ClassifyLoaderOptions
   total_samples_ = opt_.train ? std::min(n, num_batches_ * opt_.batch) : n;
   if (opt_.pin_memory) pin_ = torch::cuda::is_available();
   if (opt_.workers > 0) {
-    const int64_t window =
-        std::max<int64_t>(std::max(1, opt_.prefetch), (opt_.workers + opt_.batch - 1) / opt_.batch + 1);
-    slots_.resize(static_cast<size_t>(window));
+    slots_.resize(static_cast<size_t>(prefetch_slots(opt_.prefetch, opt_.workers, opt_.batch)));
     for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   }
 }

@@ -90,10 +90,7 @@ DataLoader::DataLoader(std::shared_ptr<const YoloDataset> dataset, LoaderOptions
   total_samples_ = drop_last_ ? num_batches_ * opt_.batch : per_rank_;
 
   if (opt_.workers > 0) {
-    // Enough slots that every worker can hold a sample even with tiny batches.
-    const int64_t window =
-        std::max<int64_t>(std::max(1, opt_.prefetch), (opt_.workers + opt_.batch - 1) / opt_.batch + 1);
-    slots_.resize(static_cast<size_t>(window));
+    slots_.resize(static_cast<size_t>(prefetch_slots(opt_.prefetch, opt_.workers, opt_.batch)));
     threads_.reserve(static_cast<size_t>(opt_.workers));
     for (int i = 0; i < opt_.workers; ++i) threads_.emplace_back([this] { worker_loop(); });
   }

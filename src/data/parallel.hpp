@@ -17,6 +17,12 @@ inline int default_threads(int requested) {
   return static_cast<int>(std::clamp(hw, 1u, 16u));
 }
 
+// Batches a loader with `workers` threads keeps in flight: `prefetch`, and at least enough that
+// every worker can hold a sample of its own with small batches.
+inline int64_t prefetch_slots(int prefetch, int workers, int batch) {
+  return std::max<int64_t>(std::max(1, prefetch), (workers + batch - 1) / batch + 1);
+}
+
 // Lowers the calling thread's priority by `by` niceness steps (capped at 19; Linux: that thread
 // only). For loader workers, so that the training thread is not the one that waits for a core.
 void make_this_thread_nicer(int by);

@@ -436,17 +436,17 @@ class ClassifyRun final : public EpochSteps {
     labels_ = std::move(b->labels);
     s.batch_index = it;
     s.batch_images = labels_.size(0);
-    s.optimizer_step = accumulation_window(it, iters_, accumulate_).optimizer_step;
+    window_ = accumulation_window(it, iters_, accumulate_);
+    s.optimizer_step = window_.optimizer_step;
     s.global_step = runner_->global_step();
     // A hook that observes phases (the profiler) may have joined or left since the last step.
     runner_->set_phase_observer(loop_.observing_phases() ? &loop_ : nullptr);
     return true;
   }
-  void run_step(TrainState& s) override {
-    const AccumulationWindow window = accumulation_window(s.batch_index, iters_, accumulate_);
-    const LossOutput out = runner_->forward_backward(images_, labels_, static_cast<double>(window.size));
+  void run_step(TrainState&) override {
+    const LossOutput out = runner_->forward_backward(images_, labels_, static_cast<double>(window_.size));
     loss_sum_ += out.total.to(torch::kFloat);
-    if (window.optimizer_step) runner_->optimizer_step();
+    if (window_.optimizer_step) runner_->optimizer_step();
   }
   EpochSummary end_epoch(TrainState& s) override {
     EpochSummary es;
@@ -479,6 +479,7 @@ class ClassifyRun final : public EpochSteps {
   TrainResult result_;
   std::unique_ptr<data::ClassifyLoader> loader_;
   torch::Tensor images_, labels_, loss_sum_;
+  AccumulationWindow window_{1, true};  // of the batch next_batch took
   Clock::time_point epoch_start_;
 };
 
