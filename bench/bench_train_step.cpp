@@ -3,12 +3,13 @@
 //   bench_train_step --device cuda [--family yolo9|yolox|...|resnet] --sizes t,s --batches 8,16,32 --dtypes bf16,fp16,fp32
 //                    [--steps 24] [--warmup 6] [--imgsz N] [--nc N] [--memory-format auto|channels_last|contiguous]
 //                    [--ema] [--no-kernels] [--fused on|off|both] [--cudnn-benchmark] [--diagnose]
-//                    [--cuda-graph off|on|off,on] [--graph-scope auto|step|head]
+//                    [--cuda-graph off|on|off,on] [--graph-scope auto|step|network|head]
 //   --cuda-graph: the whole step replayed from CUDA graphs (StepRunner::enable_cuda_graphs), each
 //   configuration measured once per listed mode, in that order.
-//   --graph-scope: what is captured: auto (default) is what the family declares (the whole step
-//   with capture_train_step, else its training head and the update); step or head ask for that
-//   scope whatever the family declares, to measure a capture before the family turns it on.
+//   --graph-scope: what is captured: auto (default) is the deepest the family declares (the whole
+//   step with capture_train_step, else its network, else its head, with the update); step, network
+//   or head ask for that scope whatever the family declares, to measure a capture before the
+//   family turns it on.
 //   --fused: the fused Conv+BN+SiLU training node (layers/conv_bn_act.hpp), default on.
 //   --imgsz: default the family's input size for the size (640 where it has none).
 //   --nc: the class count (default 80 for detectors, 5 for classifiers). A classifier (a family of
@@ -188,9 +189,17 @@ struct Options {
 // The scope --cuda-graph on captures (--graph-scope; auto: the deepest the family declares).
 engine::GraphScope graph_scope(const Options& o, const models::Family& fam) {
   if (o.scope == "step") return engine::GraphScope::Step;
+  if (o.scope == "network") return engine::GraphScope::Network;
   if (o.scope == "head") return engine::GraphScope::Head;
-  if (o.scope != "auto") throw std::runtime_error("--graph-scope takes auto, step or head, not '" + o.scope + "'");
-  return fam.capture_train_step ? engine::GraphScope::Step : engine::GraphScope::Head;
+  if (o.scope != "auto")
+    throw std::runtime_error("--graph-scope takes auto, step, network or head, not '" + o.scope + "'");
+  return fam.capture_train_step      ? engine::GraphScope::Step
+         : fam.capture_train_network ? engine::GraphScope::Network
+                                     : engine::GraphScope::Head;
+}
+
+const char* scope_name(engine::GraphScope s) {
+  return s == engine::GraphScope::Step ? "step" : s == engine::GraphScope::Network ? "network" : "head";
 }
 
 // Reads the command line into `o`; false (after a message) on an unknown argument.
@@ -424,7 +433,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
     r["graph"] = {{"enabled", g.enabled}, {"off_reason", g.off_reason}, {"captured_shapes", g.captured_shapes},
                   {"update_captured", g.update_captured}, {"replayed_steps", g.replayed_micro_steps},
                   {"eager_steps", g.eager_micro_steps}, {"replayed_heads", g.replayed_heads},
-                  {"scope", graph_scope(o, fam) == engine::GraphScope::Step ? "step" : "head"}};
+                  {"scope", scope_name(graph_scope(o, fam))}};
   }
   return r;
 }

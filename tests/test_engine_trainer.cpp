@@ -417,10 +417,10 @@ TEST(Trainer, CudaGraphOnTheCpuTrainsEagerWithOneLine) {
   EXPECT_NE(log.find("CUDA graphs off (CUDA graphs need a CUDA device): training eager"), std::string::npos) << log;
   EXPECT_NE(log.find("CUDA graphs: 0 of "), std::string::npos) << log;
   EXPECT_TRUE(std::isfinite(r.epochs.at(0).loss));
-  kw.emplace_back("cuda_graph_scope", "network");
+  kw.emplace_back("cuda_graph_scope", "decoder");
   try {
     model.train(kw);
-    ADD_FAILURE() << "cuda_graph_scope=network was accepted";
+    ADD_FAILURE() << "cuda_graph_scope=decoder was accepted";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda_graph_scope"), std::string::npos) << e.what();
   }

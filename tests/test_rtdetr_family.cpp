@@ -208,23 +208,3 @@ TEST(RtdetrFamily, CheckpointOfAnotherFamilysWeightsIsRefusedByName) {
   EXPECT_EQ(refusal(write("rtdetr", "rtdetr", "r18")), "loaded");
 }
 
-// The training head seam: forward_train equals the tail applied to the head's outputs, and the
-// head's parameters are exactly the backbone's and the encoder's (what the head graphs compute
-// gradients for).
-TEST(RtdetrFamily, TrainingForwardSplitsAtTheHeadSeam) {
-  torch::manual_seed(0);
-  auto m = models::find_family("rtdetr")->build("r18", 3);
-  m->train();
-  const auto x = torch::rand({1, 3, 128, 128});
-  const auto whole = m->forward_train(x, torch::Tensor());
-  const auto split = m->train_tail(m->train_head(x), x, torch::Tensor());
-  ASSERT_EQ(whole.size(), split.size());
-  for (size_t i = 0; i < whole.size(); ++i) EXPECT_TRUE(torch::equal(whole[i], split[i])) << "output " << i;
-  size_t head = 0, named = 0;
-  for (const auto& p : m->named_parameters())
-    if (p.key().rfind("backbone.", 0) == 0 || p.key().rfind("encoder.", 0) == 0) ++named;
-  head = m->head_parameters().size();
-  EXPECT_EQ(head, named);
-  EXPECT_GT(head, 100u);
-  EXPECT_EQ(m->train_head(x).size(), 3u);
-}

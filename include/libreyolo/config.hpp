@@ -33,7 +33,7 @@ struct TrainConfig {
   std::string amp_dtype = "float16";  // float16 (dynamic loss scaling) or bfloat16 (no scaler)
   std::string memory_format = "auto"; // auto, channels_last, contiguous
   bool cuda_graph = false;            // replay the whole training step from CUDA graphs (CUDA only)
-  std::string cuda_graph_scope = "step";  // step: the whole step where the family allows it, else its training head and the update; head: the head and the update
+  std::string cuda_graph_scope = "step";  // the deepest capture the family allows within: step (whole step) > network (network, loss eager) > head (backbone and encoder)
 
   // Optimisation.
   std::string optimizer = "sgd";      // sgd, adam, adamw

@@ -29,7 +29,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("amp_dtype", &C::amp_dtype, "float16 (with loss scaling) or bfloat16")
         .add("memory_format", &C::memory_format, "auto, channels_last or contiguous")
         .add("cuda_graph", &C::cuda_graph, "replay the whole training step from CUDA graphs (captured per input shape)")
-        .add("cuda_graph_scope", &C::cuda_graph_scope, "what CUDA graphs capture: step (the whole step, where the family allows it, else its training head and the update) or head (the training head and the update)")
+        .add("cuda_graph_scope", &C::cuda_graph_scope, "what CUDA graphs capture, the deepest the family allows within it: step (the whole step), network (the whole network, the loss eager) or head (the backbone and encoder); the update with each")
         .add("optimizer", &C::optimizer, "sgd, adam or adamw")
         .add("lr0", &C::lr0, "initial learning rate")
         .add("lr_backbone", &C::lr_backbone, "the backbone's learning rate, for families that train it apart (0 = lr0)")
@@ -184,7 +184,7 @@ void validate(const TrainConfig& c) {
   if (c.workers < 0) range_error("workers", "must be >= 0");
   check_one_of("amp_dtype", c.amp_dtype, {"float16", "bfloat16", "fp16", "bf16"});
   check_one_of("memory_format", c.memory_format, {"auto", "channels_last", "contiguous"});
-  check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step", "head"});
+  check_one_of("cuda_graph_scope", c.cuda_graph_scope, {"step", "network", "head"});
   check_one_of("optimizer", c.optimizer, {"sgd", "adam", "adamw", "SGD", "Adam", "AdamW"});
   if (c.scheduler.empty()) range_error("scheduler", "must name a schedule");  // the family reads it (engine/schedule)
   check_one_of("cache", c.cache, {"false", "ram", "disk", "true", "0", "1", "no", "yes"});

@@ -36,14 +36,19 @@ std::unique_ptr<GraphedSegment> GraphedSegment::capture(const torch::Device& dev
   std::vector<torch::Tensor> outs;
   s->forward_ = CapturedGraph::capture(device, [&] { outs = region(input); });
   if (outs.empty()) throw CaptureError("the segment's region returned no tensor");
+  // Outputs without a gradient (detached references a loss reads) are returned as they are.
+  std::vector<torch::Tensor> differentiable;
   for (const auto& o : outs) {
-    if (!o.requires_grad()) throw CaptureError("an output of the segment does not depend on its parameters");
+    s->differentiable_.push_back(o.requires_grad());
+    if (!o.requires_grad()) continue;
+    differentiable.push_back(o);
     s->output_grads_.push_back(torch::zeros_like(o));
   }
+  if (differentiable.empty()) throw CaptureError("no output of the segment depends on its parameters");
   s->backward_ = CapturedGraph::capture(
       device,
       [&] {
-        s->param_grads_ = torch::autograd::grad(outs, s->params_, s->output_grads_, /*retain_graph=*/false,
+        s->param_grads_ = torch::autograd::grad(differentiable, s->params_, s->output_grads_, /*retain_graph=*/false,
                                                 /*create_graph=*/false, /*allow_unused=*/true);
       },
       {}, s->forward_.get());
@@ -58,9 +63,9 @@ std::vector<torch::Tensor> GraphedSegment::run() {
   auto node = std::shared_ptr<SegmentBackward>(new SegmentBackward(this), torch::autograd::deleteNode);
   std::vector<torch::Tensor> out;
   out.reserve(outputs_.size());
-  for (const auto& o : outputs_) {
-    torch::Tensor v = o.detach();
-    torch::autograd::create_gradient_edge(v, node);
+  for (size_t i = 0; i < outputs_.size(); ++i) {
+    torch::Tensor v = outputs_[i].detach();
+    if (differentiable_[i]) torch::autograd::create_gradient_edge(v, node);
     out.push_back(std::move(v));
   }
   return out;

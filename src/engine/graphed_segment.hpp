@@ -1,9 +1,11 @@
 // A differentiable part of the training forward replayed from two CUDA graphs: its forward, and
 // its backward into its parameters' gradients (for a family whose whole step cannot be captured,
 // the part before the seam: Detector::train_head). One instance per input shape; its input is a
-// tensor that outlives it (the step's staged network input), read in place by the forward graph.
+// tensor that outlives it (the step's staged network input), read in place by the forward graph;
+// the region may read other such tensors (a seam's static inputs) the same way.
 //
-// run() replays the forward graph and returns its outputs attached to autograd through one node:
+// run() replays the forward graph and returns its outputs (those that require a gradient at capture)
+// attached to autograd through one node:
 // when the backward reaches them, the node copies their gradients into static buffers, replays
 // the backward graph and adds the parameter gradients it computed into the parameters' .grad with
 // one multi-tensor add (the same values eager backward would accumulate: gradients are summed
@@ -49,7 +51,8 @@ class GraphedSegment {
   GraphedSegment() = default;
   std::unique_ptr<CapturedGraph> forward_, backward_;
   std::vector<torch::Tensor> outputs_;       // static: written by the forward graph
-  std::vector<torch::Tensor> output_grads_;  // static: read by the backward graph
+  std::vector<bool> differentiable_;         // per output: attached to autograd
+  std::vector<torch::Tensor> output_grads_;  // static, per differentiable output: read by the backward graph
   std::vector<torch::Tensor> params_;        // the parameters the backward graph reaches
   std::vector<torch::Tensor> param_grads_;   // static: written by the backward graph
 };

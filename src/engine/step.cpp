@@ -30,7 +30,8 @@ struct StepRunner::Slot {
   int seen = 0;  // staged for a step (not counting prepare_images)
   std::unique_ptr<CapturedGraph> graph;
   LossOutput out;
-  std::unique_ptr<GraphedSegment> head;  // Head scope
+  std::unique_ptr<GraphedSegment> head;   // seam scopes
+  std::vector<torch::Tensor> head_inputs;  // seam scopes: the seam's static inputs once captured
 };
 
 namespace {
@@ -170,12 +171,7 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
     {
       PhaseScope ps(obs, Phase::Forward);
       convert_input(s);
-      if (s.head) {
-        raw = model_->train_tail(s.head->run(), s.input, s.targets);
-        ++counts_.replayed_heads;
-      } else {
-        raw = model_->forward_train(s.input, s.targets);
-      }
+      raw = graphs_on_ && scope_ != GraphScope::Step ? seam_forward(s) : model_->forward_train(s.input, s.targets);
     }
     PhaseScope ps(obs, Phase::Loss);
     out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));
@@ -195,17 +191,53 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
   return out;
 }
 
-LossOutput StepRunner::head_scope_step(Slot& s) {
+namespace {
+bool same_shapes(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].sizes() != b[i].sizes() || a[i].scalar_type() != b[i].scalar_type() || a[i].device() != b[i].device())
+      return false;
+  return true;
+}
+}  // namespace
+
+std::vector<torch::Tensor> StepRunner::seam_forward(Slot& s) {
+  const models::Seam cut = seam();
+  const models::SeamInputs in = model_->seam_inputs(cut, s.targets);
+  // Before the capture the slot keeps the latest inputs (the capture reads their shapes); after
+  // it, inputs of the captured shapes are copied into those buffers, and others run eager.
+  bool replay = false;
+  if (!s.head) {
+    s.head_inputs = in.head;
+  } else if (same_shapes(in.head, s.head_inputs)) {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < in.head.size(); ++i) s.head_inputs[i].copy_(in.head[i], /*non_blocking=*/true);
+    replay = true;
+  }
+  std::vector<torch::Tensor> head;
+  if (replay) {
+    head = s.head->run();
+    ++counts_.replayed_heads;
+  } else {
+    head = model_->train_head(cut, s.input, in.head);
+  }
+  return model_->train_tail(cut, head, s.input, s.targets, in);
+}
+
+LossOutput StepRunner::seam_scope_step(Slot& s) {
   if (!s.head && s.seen >= capture_at_) {
     try {
       release_cached_blocks(cfg_.device);
       AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype, /*cache=*/false);
+      const models::Seam cut = seam();
       s.head = GraphedSegment::capture(
-          cfg_.device, [&](const torch::Tensor& x) { return model_->train_head(x); }, s.input,
-          model_->head_parameters());
-      log_info(strfmt("CUDA graphs: training head captured for input %s (its forward and backward)", s.name.c_str()));
+          cfg_.device, [&](const torch::Tensor& x) { return model_->train_head(cut, x, s.head_inputs); }, s.input,
+          model_->head_parameters(cut));
+      log_info(strfmt("CUDA graphs: training %s captured for input %s (its forward and backward)",
+                      cut == models::Seam::Network ? "network" : "head", s.name.c_str()));
     } catch (const CaptureError& e) {
-      graphs_failed("capturing the training head for input " + s.name, e.what());
+      graphs_failed(std::string("capturing the training ") + models::seam_name(seam()) + " for input " + s.name,
+                    e.what());
     }
   }
   ++counts_.eager_micro_steps;
@@ -213,7 +245,8 @@ LossOutput StepRunner::head_scope_step(Slot& s) {
     try {
       return micro_step(s, /*capturing=*/false);
     } catch (const CaptureError& e) {  // a replay failed before the step's other work began
-      graphs_failed("replaying the training head for input " + s.name, e.what());
+      graphs_failed(std::string("replaying the training ") + models::seam_name(seam()) + " for input " + s.name,
+                    e.what());
     }
   }
   return micro_step(s, /*capturing=*/false);
@@ -222,7 +255,7 @@ LossOutput StepRunner::head_scope_step(Slot& s) {
 LossOutput StepRunner::forward_backward_staged() {
   TORCH_CHECK(current_ && current_->targets.defined(), "forward_backward_staged: no batch staged");
   Slot& s = *current_;
-  if (graphs_on_ && scope_ == GraphScope::Head) return head_scope_step(s);
+  if (graphs_on_ && scope_ != GraphScope::Step) return seam_scope_step(s);
   if (graphs_on_ && !s.graph && s.seen >= capture_at_) {
     try {
       LossOutput out;
@@ -253,8 +286,11 @@ std::string StepRunner::enable_cuda_graphs(int capture_at_occurrence, GraphScope
   std::string why;
   if (!cuda_graphs_supported(cfg_.device, &why)) {
   }
-  if (why.empty() && scope == GraphScope::Head && model_->head_parameters().empty())
-    why = model_->family_name() + " has no training head seam";
+  if (why.empty() && scope != GraphScope::Step) {
+    const models::Seam cut = scope == GraphScope::Network ? models::Seam::Network : models::Seam::Head;
+    if (model_->head_parameters(cut).empty())
+      why = model_->family_name() + " has no training " + models::seam_name(cut) + " seam";
+  }
   if (!why.empty()) {
     graphs_on_ = false;
     graphs_off_reason_ = why;
@@ -275,6 +311,7 @@ void StepRunner::invalidate_cuda_graphs(const std::string& why) {
   for (auto& s : slots_) {
     s->graph.reset();
     s->head.reset();
+    s->head_inputs.clear();
     s->out = {};
     s->seen = 0;
   }
@@ -374,23 +411,32 @@ bool trains_channels_last(const std::string& memory_format, const torch::Device&
 
 void enable_declared_cuda_graphs(StepRunner& runner, const models::Family& fam, const std::string& scope_option,
                                  bool collectives) {
-  const bool step_scope = fam.capture_train_step && scope_option != "head";
-  std::string why;
-  if (step_scope)
-    why = runner.enable_cuda_graphs(3, GraphScope::Step);
-  else if (fam.capture_train_head)
-    why = runner.enable_cuda_graphs(3, GraphScope::Head);
-  else
-    why = fam.name + " declares neither a capturable training step nor a training head seam";
+  // The deepest capture the family declares within the option: step > network > head.
+  GraphScope scope = GraphScope::Head;
+  bool any = fam.capture_train_head;
+  if (fam.capture_train_step && scope_option == "step") {
+    scope = GraphScope::Step;
+    any = true;
+  } else if (fam.capture_train_network && scope_option != "head") {
+    scope = GraphScope::Network;
+    any = true;
+  }
+  const std::string why = any ? runner.enable_cuda_graphs(3, scope)
+                              : fam.name + " declares no training capture within cuda_graph_scope=" + scope_option;
+  const std::string rest = fam.capture_train_step ? "cuda_graph_scope=" + scope_option
+                                                  : "the rest of " + fam.name + "'s step is not capturable";
   if (!why.empty())
     log_info("CUDA graphs off (" + why + "): training eager");
-  else if (step_scope)
+  else if (scope == GraphScope::Step)
     log_info(std::string("CUDA graphs: the whole step (forward, loss, backward; then the update") +
              (collectives ? ", with their all-reduces" : "") +
              ") is captured per input shape on its 3rd occurrence and replayed; other shapes run eager");
+  else if (scope == GraphScope::Network)
+    log_info("CUDA graphs: the training network (" + rest +
+             ": its forward and backward per input shape on its 3rd occurrence) and the update" +
+             (collectives ? " with its all-reduces" : "") + " are replayed; the loss and its matching run eager");
   else
-    log_info(std::string("CUDA graphs: the training head (") +
-             (fam.capture_train_step ? "cuda_graph_scope=head" : "the rest of " + fam.name + "'s step is not capturable") +
+    log_info("CUDA graphs: the training head (" + rest +
              ": its forward and backward per input shape on its 3rd occurrence) and the update" +
              (collectives ? " with its all-reduces" : "") + " are replayed; the rest of the step runs eager");
 }

@@ -19,9 +19,13 @@
 // Shapes seen fewer times run eager. A capture or replay failure switches the rest of the run to
 // eager (one warning, nothing lost: a failed capture executed nothing). invalidate_cuda_graphs()
 // drops every graph when what the step computes changes (recaptured once the shape settles).
-// With the Head scope (a network whose whole step cannot be captured, Detector::train_head), the
-// micro-step runs eager except its head, which is replayed from a forward and a backward graph
-// per shape (engine/graphed_segment.hpp), and the update is one graph as above.
+// With a seam scope (a network whose whole step cannot be captured: Detector::train_head), the
+// micro-step runs eager except the part before the seam, which is replayed from a forward and a
+// backward graph per shape (engine/graphed_segment.hpp), and the update is one graph as above.
+// The Head scope cuts after the backbone and encoder; the Network scope after the whole network,
+// so that only the loss (with its host-side matching) runs eager. Every micro-step of a seam scope
+// goes through the seam (train_head, then train_tail), replayed or not; a batch whose seam inputs
+// do not have the captured shapes runs its head eager.
 #pragma once
 #include <torch/torch.h>
 
@@ -106,15 +110,16 @@ struct StepGraphStats {
   int captured_shapes = 0;       // micro-step graphs alive (Head scope: head graphs alive)
   bool update_captured = false;  // the update graph is alive
   int64_t replayed_micro_steps = 0, eager_micro_steps = 0;
-  int64_t replayed_heads = 0;  // Head scope: eager micro-steps whose head was replayed
+  int64_t replayed_heads = 0;  // seam scopes: eager micro-steps whose head was replayed
   int64_t replayed_updates = 0, eager_updates = 0;
   int invalidations = 0;
   std::vector<std::string> eager_shapes;  // shapes staged but not (yet) captured, e.g. "4x3x160x160"
 };
 
-// What enable_cuda_graphs() captures: the whole micro-step, or only the network's training head
-// (Detector::train_head); the update is captured in both.
-enum class GraphScope { Step, Head };
+// What enable_cuda_graphs() captures: the whole micro-step, or the part of the training forward
+// before a seam (Detector::train_head): the whole network (Network) or its backbone and encoder
+// (Head); the update is captured in each.
+enum class GraphScope { Step, Network, Head };
 
 class StepRunner {
  public:
@@ -177,7 +182,9 @@ class StepRunner {
   void stage_images(const torch::Tensor& images, const torch::Tensor* targets);
   void convert_input(Slot& s);
   LossOutput micro_step(Slot& s, bool capturing);
-  LossOutput head_scope_step(Slot& s);
+  LossOutput seam_scope_step(Slot& s);
+  std::vector<torch::Tensor> seam_forward(Slot& s);  // the training forward through the seam
+  models::Seam seam() const { return scope_ == GraphScope::Network ? models::Seam::Network : models::Seam::Head; }
   void graphs_failed(const std::string& what, const std::string& why);
   bool has_graphs() const;  // any micro-step or update graph alive
   void run_update();
@@ -237,9 +244,10 @@ AccumulationWindow accumulation_window(int64_t index, int64_t batches, int accum
 // memory_format=channels_last, or auto on a CUDA device: the training step's layout.
 bool trains_channels_last(const std::string& memory_format, const torch::Device& device);
 
-// cuda_graph=true: turns on the CUDA graphs `family` declares for training, the deepest first (the
-// whole step with capture_train_step unless scope_option is "head", else its training head and
-// the update), and logs what is captured or why training stays eager. collectives: the step's
+// cuda_graph=true: turns on the CUDA graphs `family` declares for training, the deepest first
+// within scope_option ("step": the whole step with capture_train_step, else the network seam with
+// capture_train_network, else the head seam with capture_train_head; "network": from the network
+// seam down; "head": the head seam), and logs what is captured or why training stays eager. collectives: the step's
 // gradients are all-reduced across processes (said in the log).
 void enable_declared_cuda_graphs(StepRunner& runner, const models::Family& family, const std::string& scope_option,
                                  bool collectives);

@@ -25,6 +25,18 @@ class TrainingLoss;
 
 namespace models {
 
+// Where a capture seam cuts a training forward (Detector::train_head): Head after the backbone
+// and encoder (the decoder and the loss run eager, as LibreYOLO captures), Network after the
+// whole network (only the loss, with its host-side matching, runs eager).
+enum class Seam { Head, Network };
+inline const char* seam_name(Seam s) { return s == Seam::Head ? "head" : "network"; }
+
+// A seam's per-batch inputs (Detector::seam_inputs).
+struct SeamInputs {
+  std::vector<torch::Tensor> head;  // read by train_head: device tensors, shapes fixed per input shape
+  std::vector<torch::Tensor> tail;  // read by train_tail only (host tensors allowed)
+};
+
 // A detector network. named_parameters()/named_buffers() must equal LibreYOLO's state_dict
 // keys exactly (persistent buffers only: non-persistent ones such as strides are plain members).
 class Detector : public torch::nn::Module {
@@ -66,21 +78,34 @@ class Detector : public torch::nn::Module {
     return forward_raw(x);
   }
 
-  // A capture seam in the training forward, for a network whose whole step cannot be captured
-  // (data-dependent shapes or host reads past some point): in training mode
-  // forward_train(x, targets) == train_tail(train_head(x), x, targets), where train_head is a
-  // fixed-shape function of x alone without host reads, reading only head_parameters() (the step
-  // runner may replay it, forward and backward, from CUDA graphs), and train_tail the rest. No seam:
-  // head_parameters() is empty (the default) and the other two are not called.
-  virtual std::vector<torch::Tensor> head_parameters() { return {}; }
-  virtual std::vector<torch::Tensor> train_head(const torch::Tensor& x) {
-    (void)x;
-    throw std::logic_error(family_name() + " has no training head seam");
+  // Capture seams in the training forward, for a network whose whole step cannot be captured
+  // (data-dependent shapes or host reads past some point). For a seam s, in training mode
+  // forward_train(x, targets) equals, up to rounding where the seam pads,
+  //   in = seam_inputs(s, targets); train_tail(s, train_head(s, x, in.head), x, targets, in)
+  // where train_head is a fixed-shape function of x and in.head without host reads, reading only
+  // head_parameters(s) (the step runner may replay it, forward and backward, from CUDA graphs) and
+  // train_tail the rest. seam_inputs runs eagerly each step: what it puts in `head` are device
+  // tensors whose shapes depend only on the input shape (for most batches; a batch whose shapes
+  // differ runs eager), copied into the graph's static buffers; `tail` is read by train_tail only.
+  // No seam s: head_parameters(s) is empty (the default) and the others are not called.
+  virtual std::vector<torch::Tensor> head_parameters(Seam seam) {
+    (void)seam;
+    return {};
   }
-  virtual std::vector<torch::Tensor> train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
-                                                const torch::Tensor& targets) {
-    (void)head, (void)x, (void)targets;
-    throw std::logic_error(family_name() + " has no training head seam");
+  virtual SeamInputs seam_inputs(Seam seam, const torch::Tensor& targets) {
+    (void)seam, (void)targets;
+    return {};
+  }
+  virtual std::vector<torch::Tensor> train_head(Seam seam, const torch::Tensor& x,
+                                                const std::vector<torch::Tensor>& head_inputs) {
+    (void)seam, (void)x, (void)head_inputs;
+    throw std::logic_error(family_name() + " has no training seam " + seam_name(seam));
+  }
+  virtual std::vector<torch::Tensor> train_tail(Seam seam, const std::vector<torch::Tensor>& head,
+                                                const torch::Tensor& x, const torch::Tensor& targets,
+                                                const SeamInputs& inputs) {
+    (void)head, (void)x, (void)targets, (void)inputs;
+    throw std::logic_error(family_name() + " has no training seam " + seam_name(seam));
   }
 };
 
@@ -147,8 +172,10 @@ struct Family {
   // synchronisation and data-dependent shapes, so it can be captured in a CUDA graph.
   bool capture_train_step = false;
   // When it cannot: the training forward has a capture seam (Detector::train_head) whose part
-  // before it the step runner replays from CUDA graphs, forward and backward, with the update.
+  // before it the step runner replays from CUDA graphs, forward and backward, with the update:
+  // Seam::Head (backbone and encoder), Seam::Network (the whole network, the loss eager).
   bool capture_train_head = false;
+  bool capture_train_network = false;
   // The eval forward (input conversion, network, decode) is free of host synchronisation and
   // data-dependent shapes; proven bitwise equal to eager by a capture/replay parity test.
   bool capture_inference = false;

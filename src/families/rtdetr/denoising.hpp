@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "families/rtdetr/boxes.hpp"
+#include "models/detector.hpp"
 
 namespace libreyolo::models::rtdetr {
 
@@ -56,7 +57,40 @@ std::optional<DenoisingGroup> make_denoising_group(const std::vector<ImageTarget
                                                    const DenoisingOptions& options,
                                                    const DenoisingSource& source = global_generator_draws);
 
-// The self-attention mask alone (the group's attn_mask).
-torch::Tensor denoising_attn_mask(int64_t max_gt, int64_t groups, int64_t matching, const torch::Device& device);
+// The self-attention mask alone (the group's attn_mask), [slots + matching]^2 with the group's
+// 2 max_gt groups queries first and `slots` (>= them; -1: no more) before the matching queries:
+// the slots past the group are padding, seen by no other query and seeing every query.
+torch::Tensor denoising_attn_mask(int64_t max_gt, int64_t groups, int64_t matching, const torch::Device& device,
+                                  int64_t slots = -1);
+
+// The positive pairs of a group, int64 [P, 3] (image, denoising query, GT index) on the CPU.
+torch::Tensor denoising_pairs(const DenoisingGroup& group);
+
+// A denoising block of a size that depends only on the configured count while each image has at
+// most `count` boxes: 2 max(count, max_gt) slots (a group's 2 m G queries are at most 2 count when
+// m <= count), so that a captured network serves every such batch.
+int64_t denoising_slots(int64_t count, int64_t max_gt);
+
+// What the decoder reads of a group laid out in `slots` >= group->queries slots (no group: all
+// padding): labels [B, slots] int64 (padding: class nc, the embedding's zero row), box logits
+// [B, slots, 4] float (padding: 0) and the attention mask with those slots (denoising_attn_mask).
+// The padding changes no other query's output.
+struct PaddedDenoising {
+  torch::Tensor labels, box_unact, attn_mask;
+};
+PaddedDenoising pad_denoising(const DenoisingGroup* group, int64_t batch, int64_t slots, int64_t nc, int64_t matching,
+                              const torch::Device& device);
+
+// A network seam's inputs (Detector::seam_inputs) for a batch of `batch` images and its group (or
+// none): with denoising on (`enabled`), head = the padded labels, box logits and mask in
+// denoising_slots(count, m) slots; tail = {int64 [2] (N, G), the positive pairs}.
+SeamInputs denoising_seam_inputs(const std::optional<DenoisingGroup>& group, bool enabled, int64_t batch,
+                                 int64_t count, int64_t nc, int64_t matching, const torch::Device& device);
+// The decoder's queries with such head inputs (none: unchanged) in front of the matching ones:
+// the labels' embeddings before `target`, the box logits before `ref_unact`, and their mask.
+void prepend_denoising(torch::nn::Embedding& embed, const std::vector<torch::Tensor>& head_inputs,
+                       torch::Tensor& target, torch::Tensor& ref_unact, torch::Tensor& mask);
+// The network seam's tail inputs read back: N denoising queries (0: none) and G groups.
+std::pair<int64_t, int64_t> denoising_counts(const SeamInputs& inputs);
 
 }  // namespace libreyolo::models::rtdetr

@@ -710,14 +710,8 @@ DfineTrainOutputs DfineModel::decoder_train_outputs(const std::vector<torch::Ten
   const auto s = decoder->select_queries(memory, shapes);
   auto target = s.target, ref_unact = s.ref_unact.detach();
   torch::Tensor mask;
-  if (decoder->denoising_class_embed && !gts.empty())
-    t.denoising = make_denoising_group(gts, cfg_.nc, cfg_.queries, dn_options_, dn_source_);
+  t.denoising = denoising_group(gts);
   if (t.denoising) {
-    // D-FINE's group takes the noised boxes' widths and heights as magnitudes (an edge pushed
-    // past the opposite one gives a positive size), then their logits.
-    auto& g = *t.denoising;
-    g.boxes = torch::where(g.boxes < 0, -g.boxes, g.boxes);
-    g.box_unact = inverse_sigmoid(g.boxes);
     const auto& dn = *t.denoising;
     const auto embed = decoder->denoising_class_embed->forward(dn.labels.to(target.device()));
     target = torch::cat({embed.to(target.scalar_type()), target}, 1);
@@ -747,41 +741,108 @@ DfineTrainOutputs DfineModel::decoder_train_outputs(const std::vector<torch::Ten
   t.up = decoder->up;
   t.reg_scale = decoder->reg_scale;
   if (t.denoising) {
-    const auto& g = *t.denoising;
-    t.dn_groups = g.groups;
-    std::vector<torch::Tensor> pairs;
-    for (size_t b = 0; b < g.positive_idx.size(); ++b) {
-      const auto q = g.positive_idx[b].to(torch::kCPU, torch::kLong), gt = g.positive_gt[b].to(torch::kCPU, torch::kLong);
-      pairs.push_back(torch::stack({torch::full_like(q, static_cast<int64_t>(b)), q, gt}, 1));
-    }
-    t.dn_pairs = pairs.empty() ? torch::zeros({0, 3}, torch::kLong) : torch::cat(pairs, 0);
+    t.dn_groups = t.denoising->groups;
+    t.dn_pairs = denoising_pairs(*t.denoising);
   }
   return t;
 }
 
-std::vector<torch::Tensor> DfineModel::forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
-  if (!is_training()) return forward_raw(x);
-  return train_tail(train_head(x), x, targets);
+std::optional<DenoisingGroup> DfineModel::denoising_group(const std::vector<ImageTargets>& gts) {
+  if (!decoder->denoising_class_embed || gts.empty()) return std::nullopt;
+  auto group = make_denoising_group(gts, cfg_.nc, cfg_.queries, dn_options_, dn_source_);
+  if (group) {
+    // D-FINE's group takes the noised boxes' widths and heights as magnitudes (an edge pushed
+    // past the opposite one gives a positive size), then their logits.
+    group->boxes = torch::where(group->boxes < 0, -group->boxes, group->boxes);
+    group->box_unact = inverse_sigmoid(group->boxes);
+  }
+  return group;
 }
 
-std::vector<torch::Tensor> DfineModel::head_parameters() {
+std::vector<torch::Tensor> DfineModel::forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
+  if (!is_training()) return forward_raw(x);
+  return train_tail(Seam::Head, train_head(Seam::Head, x, {}), x, targets, {});
+}
+
+std::vector<torch::Tensor> DfineModel::head_parameters(Seam seam) {
+  if (seam == Seam::Network) return parameters();
   std::vector<torch::Tensor> p = backbone->parameters();
   for (const auto& e : encoder->parameters()) p.push_back(e);
   return p;
 }
 
-std::vector<torch::Tensor> DfineModel::train_head(const torch::Tensor& x) {
-  if (x.dim() != 4 || x.size(1) != 3) throw UsageError("D-FINE expects images [B, 3, H, W], got " + c10::str(x.sizes()));
-  return encoder->forward(backbone_forward(x));
+SeamInputs DfineModel::seam_inputs(Seam seam, const torch::Tensor& targets) {
+  if (seam == Seam::Head) return {};
+  if (!targets.defined()) throw UsageError("D-FINE: the network seam needs the batch's targets");
+  const bool denoising = decoder->denoising_class_embed && dn_options_.count > 0;
+  const auto group = denoising ? denoising_group(split_targets(targets)) : std::nullopt;
+  return denoising_seam_inputs(group, denoising, targets.size(0), dn_options_.count, cfg_.nc, cfg_.queries,
+                               targets.device());
 }
 
-std::vector<torch::Tensor> DfineModel::train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
-                                                  const torch::Tensor& targets) {
+std::vector<torch::Tensor> DfineModel::train_head(Seam seam, const torch::Tensor& x,
+                                                  const std::vector<torch::Tensor>& head_inputs) {
+  if (x.dim() != 4 || x.size(1) != 3) throw UsageError("D-FINE expects images [B, 3, H, W], got " + c10::str(x.sizes()));
+  const auto e = encoder->forward(backbone_forward(x));
+  if (seam == Seam::Head) return e;
   if (!is_training()) throw UsageError("D-FINE: the training outputs need the model in training mode");
-  if (static_cast<int>(head.size()) != cfg_.levels)
-    throw UsageError(strfmt("D-FINE: the training head gives the encoder's %d levels", cfg_.levels));
-  const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
-  return pack_dfine_outputs(decoder_train_outputs(head, gts), x.size(2), x.size(3));
+  const auto [memory, shapes] = decoder->encoder_memory(e);
+  const auto s = decoder->select_queries(memory, shapes);
+  auto target = s.target, ref_unact = s.ref_unact.detach();
+  torch::Tensor mask;
+  prepend_denoising(decoder->denoising_class_embed, head_inputs, target, ref_unact, mask);
+  const auto out = decoder->decode(target, ref_unact, memory, shapes, mask);
+  std::vector<torch::Tensor> head;
+  for (const auto* field : {&out.logits, &out.boxes, &out.corners, &out.refs}) head.insert(head.end(), field->begin(), field->end());
+  head.push_back(out.pre_logits);
+  head.push_back(out.pre_boxes);
+  head.push_back(s.topk_logits);
+  head.push_back(torch::sigmoid(s.ref_unact));
+  return head;
+}
+
+std::vector<torch::Tensor> DfineModel::train_tail(Seam seam, const std::vector<torch::Tensor>& head,
+                                                  const torch::Tensor& x, const torch::Tensor& targets,
+                                                  const SeamInputs& inputs) {
+  if (!is_training()) throw UsageError("D-FINE: the training outputs need the model in training mode");
+  if (seam == Seam::Head) {
+    if (static_cast<int>(head.size()) != cfg_.levels)
+      throw UsageError(strfmt("D-FINE: the training head gives the encoder's %d levels", cfg_.levels));
+    const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
+    return pack_dfine_outputs(decoder_train_outputs(head, gts), x.size(2), x.size(3));
+  }
+  const size_t layers = head.size() >= 8 ? (head.size() - 4) / 4 : 0;
+  if (layers == 0 || head.size() != 4 * layers + 4)
+    throw UsageError("D-FINE: the network seam gives every decoder layer's outputs, layer 0's and the encoder top-k");
+  const auto [n, groups] = denoising_counts(inputs);
+  const int64_t q = cfg_.queries;
+  const int64_t slots = inputs.head.empty() ? 0 : inputs.head[0].size(1);
+  DfineTrainOutputs t;
+  const auto split = [&](const torch::Tensor& v, std::vector<torch::Tensor> DfineDecoderOutputs::*field) {
+    (t.matching.*field).push_back(v.narrow(1, slots, q));
+    if (n > 0) (t.dn.*field).push_back(v.narrow(1, 0, n));
+  };
+  for (size_t l = 0; l < layers; ++l) {
+    split(head[l], &DfineDecoderOutputs::logits);
+    split(head[layers + l], &DfineDecoderOutputs::boxes);
+    split(head[2 * layers + l], &DfineDecoderOutputs::corners);
+    split(head[3 * layers + l], &DfineDecoderOutputs::refs);
+  }
+  const auto& pre_logits = head[4 * layers];
+  const auto& pre_boxes = head[4 * layers + 1];
+  t.matching.pre_logits = pre_logits.narrow(1, slots, q);
+  t.matching.pre_boxes = pre_boxes.narrow(1, slots, q);
+  if (n > 0) {
+    t.dn.pre_logits = pre_logits.narrow(1, 0, n);
+    t.dn.pre_boxes = pre_boxes.narrow(1, 0, n);
+    t.dn_groups = groups;
+    t.dn_pairs = inputs.tail[1];
+  }
+  t.enc_topk_logits = head[4 * layers + 2];
+  t.enc_topk_boxes = head[4 * layers + 3];
+  t.up = decoder->up;
+  t.reg_scale = decoder->reg_scale;
+  return pack_dfine_outputs(t, x.size(2), x.size(3));
 }
 
 std::vector<torch::Tensor> pack_dfine_outputs(const DfineTrainOutputs& t, int64_t input_h, int64_t input_w) {

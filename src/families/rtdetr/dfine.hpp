@@ -264,14 +264,20 @@ class DfineModel : public Detector {
   DfineTrainOutputs decoder_train_outputs(const std::vector<torch::Tensor>& encoded,
                                           const std::vector<ImageTargets>& gts = {});
   // Training mode: pack_dfine_outputs of forward_train_outputs (targets as TrainingLoss reads
-  // them; undefined: no denoising), as train_tail(train_head(x), x, targets). Eval mode: forward_raw.
+  // them; undefined: no denoising), through the head seam. Eval mode: forward_raw.
   std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
-  // The capture seam, as RT-DETR's: the head is the backbone and the hybrid encoder (its levels),
-  // the tail the query selection, the denoising group and the decoder.
-  std::vector<torch::Tensor> head_parameters() override;
-  std::vector<torch::Tensor> train_head(const torch::Tensor& x) override;
-  std::vector<torch::Tensor> train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
-                                        const torch::Tensor& targets) override;
+  // The capture seams, as RT-DETR's (RtdetrModel::train_head): Head the backbone and the hybrid
+  // encoder (its levels); Network the whole network with the denoising group padded. The network
+  // head's outputs: per decoder layer logits, boxes, corners, refs over slots + Q queries, then
+  // pre logits, pre boxes, the encoder top-k logits and boxes.
+  std::vector<torch::Tensor> head_parameters(Seam seam) override;
+  SeamInputs seam_inputs(Seam seam, const torch::Tensor& targets) override;
+  std::vector<torch::Tensor> train_head(Seam seam, const torch::Tensor& x,
+                                        const std::vector<torch::Tensor>& head_inputs) override;
+  std::vector<torch::Tensor> train_tail(Seam seam, const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                        const torch::Tensor& targets, const SeamInputs& inputs) override;
+  // The batch's denoising group as D-FINE decodes it (nullopt: none).
+  std::optional<DenoisingGroup> denoising_group(const std::vector<ImageTargets>& gts);
 
   void set_denoising_source(DenoisingSource source) { dn_source_ = std::move(source); }
   DenoisingOptions& denoising_options() { return dn_options_; }

@@ -235,7 +235,7 @@ Family dfine_line_family(const std::string& name, std::vector<std::string> sizes
   set_recipe(f);  // RT-DETR's input (stretch), augmentation cap, postprocess and validation top 300
   // The eval forward's replay equals eager bit for bit for D-FINE, DEIM and RT-DETRv4 (H100,
   // GpuInferenceGraph.ReplayEqualsEagerBitForBitOnTwoProbes, fp32 and bf16): capture_inference.
-  // The training head (DfineModel::train_head) is declared per family where its GPU tests ran.
+  // The training seams (DfineModel::train_head) are declared per family where their GPU tests ran.
   f.capture_inference = true;
   // LibreYOLO's four D-FINE-line groups: {backbone (at backbone_lr_mult x lr0), the rest} x {with
   // decay, without it for norms, biases (in_proj_bias included) and the learnable affine scales}.
@@ -246,8 +246,9 @@ Family dfine_line_family(const std::string& name, std::vector<std::string> sizes
       {{}, no_decay, /*decay=*/false, /*backbone_lr=*/false},
       {{}, {}, /*decay=*/true, /*backbone_lr=*/false},
   };
-  // Like RT-DETR's, the training step has data-dependent shapes (denoising groups, host-side
-  // matching) and no capture flag is on: none of the line's captures has run on a GPU.
+  // Like RT-DETR's, the whole training step has data-dependent shapes (denoising groups,
+  // host-side matching): the families declare seams (DfineModel::train_head) where their GPU
+  // tests have passed.
   f.default_amp = false;
   return f;
 }
@@ -296,8 +297,6 @@ Family make_family() {
 Family make_v2_family() {
   // LibreYOLO 1.6.0's RT-DETRv2 sizes (its HGNetv2 ones are refused: they are RT-DETR's l and x).
   Family f("rtdetrv2", v2_size_names(), "r18");
-  // The same capture seam as RT-DETR (RtdetrModel::train_head), off as there until the GPU tests
-  // of the graphed head have passed on a GPU; the eval forward's replay test passed (as RT-DETR's).
   f.set_weight_functions(build_v2, build_like, can_load_v2, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
   // RT-DETR's capture seam (RtdetrModel::train_head), with the same GPU evidence (H100): the eval

@@ -65,33 +65,87 @@ TrainOutputs RtdetrModel::decoder_train_outputs(const std::array<torch::Tensor, 
   t.enc_topk_logits = s.topk_logits;
   t.enc_topk_boxes = torch::sigmoid(s.ref_unact);
   t.enc_aux_level = cfg_.v2.enc_aux_level;
+  if (t.denoising) {
+    t.dn_groups = t.denoising->groups;
+    t.dn_pairs = denoising_pairs(*t.denoising);
+  }
   return t;
 }
 
 std::vector<torch::Tensor> RtdetrModel::forward_train(const torch::Tensor& x, const torch::Tensor& targets) {
   if (!is_training()) return forward_raw(x);
-  return train_tail(train_head(x), x, targets);
+  return train_tail(Seam::Head, train_head(Seam::Head, x, {}), x, targets, {});
 }
 
-std::vector<torch::Tensor> RtdetrModel::head_parameters() {
+std::vector<torch::Tensor> RtdetrModel::head_parameters(Seam seam) {
+  if (seam == Seam::Network) return parameters();
   std::vector<torch::Tensor> p = hgnet ? hgnet->parameters() : presnet->parameters();
   for (const auto& e : encoder->parameters()) p.push_back(e);
   return p;
 }
 
-std::vector<torch::Tensor> RtdetrModel::train_head(const torch::Tensor& x) {
+SeamInputs RtdetrModel::seam_inputs(Seam seam, const torch::Tensor& targets) {
+  if (seam == Seam::Head) return {};
+  if (!targets.defined()) throw UsageError("RT-DETR: the network seam needs the batch's targets");
+  const bool denoising = decoder->denoising_class_embed && dn_options_.count > 0;
+  const auto group = denoising ? make_denoising_group(split_targets(targets), cfg_.nc, cfg_.queries, dn_options_,
+                                                      dn_source_)
+                               : std::nullopt;
+  return denoising_seam_inputs(group, denoising, targets.size(0), dn_options_.count, cfg_.nc, cfg_.queries,
+                               targets.device());
+}
+
+std::vector<torch::Tensor> RtdetrModel::train_head(Seam seam, const torch::Tensor& x,
+                                                   const std::vector<torch::Tensor>& head_inputs) {
   if (x.dim() != 4 || x.size(1) != 3)
     throw UsageError("RT-DETR expects images [B, 3, H, W], got " + c10::str(x.sizes()));
   const auto e = encoder->forward(backbone_forward(x));
-  return {e[0], e[1], e[2]};
+  if (seam == Seam::Head) return {e[0], e[1], e[2]};
+  if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
+  const auto [memory, shapes] = decoder->encoder_memory(e);
+  const auto s = decoder->select_queries(memory, shapes);
+  auto target = s.target, ref_unact = s.ref_unact;
+  torch::Tensor mask;
+  prepend_denoising(decoder->denoising_class_embed, head_inputs, target, ref_unact, mask);
+  const auto out = decoder->decode(target, ref_unact, memory, shapes, mask);
+  std::vector<torch::Tensor> head = out.logits;
+  head.insert(head.end(), out.boxes.begin(), out.boxes.end());
+  head.push_back(s.topk_logits);
+  head.push_back(torch::sigmoid(s.ref_unact));
+  return head;
 }
 
-std::vector<torch::Tensor> RtdetrModel::train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
-                                                   const torch::Tensor& targets) {
+std::vector<torch::Tensor> RtdetrModel::train_tail(Seam seam, const std::vector<torch::Tensor>& head,
+                                                   const torch::Tensor& x, const torch::Tensor& targets,
+                                                   const SeamInputs& inputs) {
   if (!is_training()) throw UsageError("RT-DETR: the training outputs need the model in training mode");
-  if (head.size() != 3) throw UsageError("RT-DETR: the training head gives the encoder's 3 levels");
-  const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
-  return pack_train_outputs(decoder_train_outputs({head[0], head[1], head[2]}, gts), x.size(2), x.size(3));
+  if (seam == Seam::Head) {
+    if (head.size() != 3) throw UsageError("RT-DETR: the training head gives the encoder's 3 levels");
+    const auto gts = targets.defined() ? split_targets(targets) : std::vector<ImageTargets>{};
+    return pack_train_outputs(decoder_train_outputs({head[0], head[1], head[2]}, gts), x.size(2), x.size(3));
+  }
+  const size_t layers = head.size() >= 4 ? (head.size() - 2) / 2 : 0;
+  if (layers == 0 || head.size() != 2 * layers + 2)
+    throw UsageError("RT-DETR: the network seam gives every decoder layer's logits and boxes and the encoder top-k");
+  const auto [n, groups] = denoising_counts(inputs);
+  const int64_t q = cfg_.queries;
+  const int64_t slots = inputs.head.empty() ? 0 : inputs.head[0].size(1);
+  TrainOutputs t;
+  for (size_t l = 0; l < layers; ++l) {
+    t.logits.push_back(head[l].narrow(1, slots, q));
+    t.boxes.push_back(head[layers + l].narrow(1, slots, q));
+    if (n == 0) continue;
+    t.dn_logits.push_back(head[l].narrow(1, 0, n));
+    t.dn_boxes.push_back(head[layers + l].narrow(1, 0, n));
+  }
+  t.enc_topk_logits = head[2 * layers];
+  t.enc_topk_boxes = head[2 * layers + 1];
+  t.enc_aux_level = cfg_.v2.enc_aux_level;
+  if (n > 0) {
+    t.dn_groups = groups;
+    t.dn_pairs = inputs.tail[1];
+  }
+  return pack_train_outputs(t, x.size(2), x.size(3));
 }
 
 std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t input_h, int64_t input_w) {
@@ -99,7 +153,7 @@ std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t inp
   if (layers == 0 || t.boxes.size() != layers) throw UsageError("RT-DETR: training outputs without decoder layers");
   const int64_t dn = static_cast<int64_t>(t.dn_logits.size());
   const int64_t aux = static_cast<int64_t>(layers) - (t.enc_aux_level ? 1 : 0);
-  const int64_t groups = t.denoising ? t.denoising->groups : 0;
+  const int64_t groups = dn > 0 ? t.dn_groups : 0;
   const auto counts = t.enc_aux_level ? torch::tensor({aux, dn, groups, int64_t{1}}, torch::kLong)
                                       : torch::tensor({aux, dn, groups}, torch::kLong);
   std::vector<torch::Tensor> raw = {t.logits.back(), t.boxes.back(), torch::tensor({input_h, input_w}, torch::kLong),
@@ -114,15 +168,7 @@ std::vector<torch::Tensor> pack_train_outputs(const TrainOutputs& t, int64_t inp
     raw.push_back(t.dn_logits[l]);
     raw.push_back(t.dn_boxes[l]);
   }
-  if (dn > 0) {
-    std::vector<torch::Tensor> pairs;
-    const auto& g = *t.denoising;
-    for (size_t b = 0; b < g.positive_idx.size(); ++b) {
-      const auto image = torch::full_like(g.positive_idx[b], static_cast<int64_t>(b));
-      pairs.push_back(torch::stack({image, g.positive_idx[b], g.positive_gt[b]}, 1));
-    }
-    raw.push_back(torch::cat(pairs, 0));
-  }
+  if (dn > 0) raw.push_back(t.dn_pairs);
   return raw;
 }
 

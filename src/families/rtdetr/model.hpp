@@ -39,6 +39,9 @@ struct TrainOutputs {
   torch::Tensor enc_topk_logits, enc_topk_boxes;   // [B, Q, nc], sigmoid of the selected proposals
   std::optional<DenoisingGroup> denoising;         // the group decoded in front of the Q queries
   std::vector<torch::Tensor> dn_logits, dn_boxes;  // per decoder layer: [B, N, nc], [B, N, 4]
+  // With denoising: the group count G and the positive pairs (denoising_pairs).
+  int64_t dn_groups = 0;
+  torch::Tensor dn_pairs;
   // The encoder top-k is its own level for the criterion (RT-DETRv2), not the last auxiliary one.
   bool enc_aux_level = false;
 };
@@ -93,14 +96,19 @@ class RtdetrModel : public Detector {
   TrainOutputs decoder_train_outputs(const std::array<torch::Tensor, 3>& encoded,
                                      const std::vector<ImageTargets>& gts = {});
   // Training mode: pack_train_outputs of forward_train_outputs (targets as TrainingLoss reads
-  // them, undefined = no denoising), as train_tail(train_head(x), x, targets). Eval mode: forward_raw.
+  // them, undefined = no denoising), through the head seam. Eval mode: forward_raw.
   std::vector<torch::Tensor> forward_train(const torch::Tensor& x, const torch::Tensor& targets) override;
-  // The capture seam: the head is the backbone and the hybrid encoder (fixed shapes, no host
-  // reads), the tail the query selection, denoising group and decoder.
-  std::vector<torch::Tensor> head_parameters() override;
-  std::vector<torch::Tensor> train_head(const torch::Tensor& x) override;
-  std::vector<torch::Tensor> train_tail(const std::vector<torch::Tensor>& head, const torch::Tensor& x,
-                                        const torch::Tensor& targets) override;
+  // The capture seams (Detector::train_head). Head: the backbone and the hybrid encoder (fixed
+  // shapes, no host reads); the tail the query selection, denoising group and decoder. Network:
+  // the whole network, with the denoising group (drawn by seam_inputs, as forward_train draws it)
+  // laid out in denoising_slots() slots (pad_denoising); the tail unpads. The head's outputs are
+  // every decoder layer's logits and boxes over slots + Q queries, then the encoder top-k's.
+  std::vector<torch::Tensor> head_parameters(Seam seam) override;
+  SeamInputs seam_inputs(Seam seam, const torch::Tensor& targets) override;
+  std::vector<torch::Tensor> train_head(Seam seam, const torch::Tensor& x,
+                                        const std::vector<torch::Tensor>& head_inputs) override;
+  std::vector<torch::Tensor> train_tail(Seam seam, const std::vector<torch::Tensor>& head, const torch::Tensor& x,
+                                        const torch::Tensor& targets, const SeamInputs& inputs) override;
 
   // Where the denoising group's random numbers come from (default: torch's global generator).
   void set_denoising_source(DenoisingSource source) { dn_source_ = std::move(source); }
