@@ -634,7 +634,8 @@ bool Trainer::next_batch(TrainState& s) {
   if (!batch_) return false;
   const int64_t bi = ++s.batch_index;
   s.batch_images = batch_->images.size(0);
-  s.optimizer_step = accumulation_window(bi, s.batches_per_epoch, accumulate_).optimizer_step;
+  window_ = accumulation_window(bi, s.batches_per_epoch, accumulate_);
+  s.optimizer_step = window_.optimizer_step;
   s.global_step = step_->global_step();
   current_batch_ = &*batch_;
   // A hook that observes phases may have joined or left since the last step.
@@ -643,8 +644,7 @@ bool Trainer::next_batch(TrainState& s) {
 }
 
 void Trainer::run_step(TrainState& s) {
-  const int64_t window = accumulation_window(s.batch_index, s.batches_per_epoch, accumulate_).size;
-  LossOutput out = step_->forward_backward(batch_->images, batch_->targets, static_cast<double>(window));
+  LossOutput out = step_->forward_backward(batch_->images, batch_->targets, static_cast<double>(window_.size));
   {
     torch::NoGradGuard ng;
     loss_sums_.narrow(0, 0, 1).add_(out.total.reshape({1}));

@@ -140,6 +140,7 @@ class Trainer : private EpochSteps {
   int compute_threads_ = 0;               // CPU training: intra-op threads now
   std::chrono::steady_clock::time_point cpu_share_checked_;
   int accumulate_ = 1;
+  AccumulationWindow window_{1, true};  // the current batch's (next_batch)
   int64_t steps_per_epoch_ = 1;  // optimizer steps
   int64_t batches_done_ = 0;
   std::optional<data::Batch> batch_;  // the current step's batch
