@@ -158,7 +158,7 @@ torch::Tensor classify_eval_transform(const torch::Tensor& hwc, int size, double
   auto img = (nh == h && nw == w) ? hwc : ops::resize_bicubic_pil(hwc, nh, nw);
   {
     const int64_t ph = std::max<int64_t>(size - nh, 0), pw = std::max<int64_t>(size - nw, 0);
-    auto padded = torch::zeros({nh + ph, nw + pw, 3}, torch::kUInt8);
+    auto padded = torch::zeros({nh + ph, nw + pw, 3}, hwc.options());
     padded.narrow(0, ph / 2, nh).narrow(1, pw / 2, nw).copy_(img);
     img = padded;
     nh += ph, nw += pw;

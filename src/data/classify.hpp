@@ -42,7 +42,7 @@ ClassifyDataset load_classify_dataset(const std::string& data);
 // the folder's own, sorted). DataError as above.
 ClassifySplit load_classify_split(const std::string& dir, std::vector<std::string>& names);
 
-// The evaluation transform of an RGB image [H, W, 3] uint8.
+// The evaluation transform of an RGB image [H, W, 3] uint8 (on the CPU or a CUDA device: the same bytes).
 torch::Tensor classify_eval_transform(const torch::Tensor& hwc, int size, double crop_pct);
 // The training transform, its random draws from `rng`.
 torch::Tensor classify_train_transform(const torch::Tensor& hwc, int size, double flip_prob, Rng& rng,

@@ -165,9 +165,103 @@ GpuBatchMaker::~GpuBatchMaker() {
 std::string GpuBatchMaker::backend() const { return impl_->backend; }
 int64_t GpuBatchMaker::cpu_fallbacks() const { return impl_->fallbacks.load(); }
 
+// One file to decode and, once decoded, its image.
+struct GpuBatchMaker::Entry {
+  const std::vector<uint8_t>* bytes = nullptr;
+  int64_t index = -1;  // reported with a failure
+  const std::string* name = nullptr;
+  torch::Tensor image;  // [h, w, 3] uint8 on the device once decoded
+};
+
+// Decodes every entry on the maker's stream (nvJPEG; the CPU's decoder for what it cannot read)
+// and waits for it; files neither reads go to *bad. The caller holds the lock and the guards.
+void GpuBatchMaker::decode_entries(std::vector<Entry>& entries, std::vector<std::pair<int64_t, std::string>>* bad) {
+  const NvjpegApi& a = nvjpeg();
+  Impl& m = *impl_;
+  const cudaStream_t stream = m.stream->stream();
+  const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, m.device);
+  StageScope timed(Stage::GpuDecode);
+  // The CPU's decoder for what nvJPEG cannot read; a file neither reads is corrupt.
+  auto on_cpu = [&](Entry& e) {
+    try {
+      const torch::Tensor img = io::decode_image_bytes(e.bytes->data(), e.bytes->size(), *e.name);
+      e.image = img.to(u8.device());
+      ++m.fallbacks;
+    } catch (const DataError& err) {
+      bad->emplace_back(e.index, err.what());
+    }
+  };
+  std::vector<size_t> gpu;
+  std::vector<const unsigned char*> data;
+  std::vector<size_t> lengths;
+  std::vector<nvjpegImage_t> dest;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& e = entries[i];
+    int nc = 0, widths[NVJPEG_MAX_COMPONENT] = {}, heights[NVJPEG_MAX_COMPONENT] = {};
+    nvjpegChromaSubsampling_t css{};
+    const bool ok = a.image_info(m.sw, e.bytes->data(), e.bytes->size(), &nc, &css, widths, heights) ==
+                        NVJPEG_STATUS_SUCCESS &&
+                    nc == 3 && widths[0] > 0 && heights[0] > 0 &&
+                    static_cast<int64_t>(widths[0]) * heights[0] <= (int64_t{1} << 28) && css != NVJPEG_CSS_410 &&
+                    css != NVJPEG_CSS_411 && css != NVJPEG_CSS_410V && css != NVJPEG_CSS_UNKNOWN;
+    // nvJPEG may return a truncated file's missing rows as grey; the CPU decoder refuses it
+    // (io/image.hpp), so a file without its end-of-image marker goes there.
+    bool ends = false;
+    const size_t len = e.bytes->size();
+    for (size_t j = len >= 64 ? len - 64 : 0; j + 1 < len && !ends; ++j)
+      ends = (*e.bytes)[j] == 0xFF && (*e.bytes)[j + 1] == 0xD9;
+    if (!ok || !ends) {
+      on_cpu(e);
+      continue;
+    }
+    e.image = torch::empty({heights[0], widths[0], 3}, u8);
+    nvjpegImage_t img{};
+    img.channel[0] = e.image.data_ptr<uint8_t>();
+    img.pitch[0] = static_cast<size_t>(widths[0]) * 3;
+    gpu.push_back(i);
+    data.push_back(e.bytes->data());
+    lengths.push_back(e.bytes->size());
+    dest.push_back(img);
+  }
+  bool decoded = false;
+  if (m.hw && !gpu.empty()) {
+    const int n = static_cast<int>(gpu.size());
+    if (m.hw_batch != n) {
+      check(a.batched_init(m.hw, m.hw_state, n, 1, NVJPEG_OUTPUT_RGBI), "nvjpegDecodeBatchedInitialize");
+      m.hw_batch = n;
+    }
+    decoded = a.batched(m.hw, m.hw_state, data.data(), lengths.data(), dest.data(), stream) == NVJPEG_STATUS_SUCCESS;
+  }
+  if (!decoded)  // no JPEG engine, or a file the engine refused: one at a time
+    for (size_t j = 0; j < gpu.size(); ++j)
+      if (a.decode(m.sw, m.sw_state, data[j], lengths[j], NVJPEG_OUTPUT_RGBI, &dest[j], stream) !=
+          NVJPEG_STATUS_SUCCESS)
+        on_cpu(entries[gpu[j]]);
+  m.stream->synchronize();
+}
+
+std::vector<torch::Tensor> GpuBatchMaker::decode(const std::vector<std::shared_ptr<const std::vector<uint8_t>>>& files,
+                                                 const std::vector<std::string>& names,
+                                                 std::vector<std::pair<int64_t, std::string>>* bad) {
+  if (files.size() != names.size()) throw UsageError("GpuBatchMaker::decode: a name per file");
+  Impl& m = *impl_;
+  std::lock_guard<std::mutex> lock(m.mu);
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
+  c10::cuda::CUDAStreamGuard stream_guard(*m.stream);
+  bad->clear();
+  std::vector<Entry> entries;
+  for (size_t i = 0; i < files.size(); ++i) {
+    if (!files[i]) throw UsageError("GpuBatchMaker::decode: a file without bytes");
+    entries.push_back({files[i].get(), static_cast<int64_t>(i), &names[i], {}});
+  }
+  decode_entries(entries, bad);
+  std::vector<torch::Tensor> out;
+  for (auto& e : entries) out.push_back(std::move(e.image));
+  return out;
+}
+
 torch::Tensor GpuBatchMaker::make(const std::vector<PlannedSample>& samples,
                                   std::vector<std::pair<int64_t, std::string>>* bad) {
-  const NvjpegApi& a = nvjpeg();
   Impl& m = *impl_;
   std::lock_guard<std::mutex> lock(m.mu);
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(m.device));
@@ -176,12 +270,6 @@ torch::Tensor GpuBatchMaker::make(const std::vector<PlannedSample>& samples,
   const auto u8 = torch::TensorOptions().dtype(torch::kUInt8).device(torch::kCUDA, m.device);
   bad->clear();
 
-  struct Entry {
-    const std::vector<uint8_t>* bytes = nullptr;
-    int64_t index = -1;
-    const std::string* name = nullptr;
-    torch::Tensor image;  // [h, w, 3] on the device once decoded
-  };
   std::vector<Entry> entries;
   for (const PlannedSample& s : samples)
     for (int k = 0; k < s.plan.num_tiles; ++k) {
@@ -189,67 +277,7 @@ torch::Tensor GpuBatchMaker::make(const std::vector<PlannedSample>& samples,
       if (!f) throw UsageError("GpuBatchMaker: a tile has no file bytes");
       entries.push_back({f.get(), s.plan.tiles[static_cast<size_t>(k)].index, &s.names[static_cast<size_t>(k)], {}});
     }
-
-  {
-    StageScope timed(Stage::GpuDecode);
-    // The CPU's decoder for what nvJPEG cannot read; a file neither reads is corrupt.
-    auto on_cpu = [&](Entry& e) {
-      try {
-        const torch::Tensor img = io::decode_image_bytes(e.bytes->data(), e.bytes->size(), *e.name);
-        e.image = img.to(u8.device());
-        ++m.fallbacks;
-      } catch (const DataError& err) {
-        bad->emplace_back(e.index, err.what());
-      }
-    };
-    std::vector<size_t> gpu;
-    std::vector<const unsigned char*> data;
-    std::vector<size_t> lengths;
-    std::vector<nvjpegImage_t> dest;
-    for (size_t i = 0; i < entries.size(); ++i) {
-      Entry& e = entries[i];
-      int nc = 0, widths[NVJPEG_MAX_COMPONENT] = {}, heights[NVJPEG_MAX_COMPONENT] = {};
-      nvjpegChromaSubsampling_t css{};
-      const bool ok = a.image_info(m.sw, e.bytes->data(), e.bytes->size(), &nc, &css, widths, heights) ==
-                          NVJPEG_STATUS_SUCCESS &&
-                      nc == 3 && widths[0] > 0 && heights[0] > 0 &&
-                      static_cast<int64_t>(widths[0]) * heights[0] <= (int64_t{1} << 28) && css != NVJPEG_CSS_410 &&
-                      css != NVJPEG_CSS_411 && css != NVJPEG_CSS_410V && css != NVJPEG_CSS_UNKNOWN;
-      // nvJPEG may return a truncated file's missing rows as grey; the CPU decoder refuses it
-      // (io/image.hpp), so a file without its end-of-image marker goes there.
-      bool ends = false;
-      const size_t len = e.bytes->size();
-      for (size_t j = len >= 64 ? len - 64 : 0; j + 1 < len && !ends; ++j)
-        ends = (*e.bytes)[j] == 0xFF && (*e.bytes)[j + 1] == 0xD9;
-      if (!ok || !ends) {
-        on_cpu(e);
-        continue;
-      }
-      e.image = torch::empty({heights[0], widths[0], 3}, u8);
-      nvjpegImage_t img{};
-      img.channel[0] = e.image.data_ptr<uint8_t>();
-      img.pitch[0] = static_cast<size_t>(widths[0]) * 3;
-      gpu.push_back(i);
-      data.push_back(e.bytes->data());
-      lengths.push_back(e.bytes->size());
-      dest.push_back(img);
-    }
-    bool decoded = false;
-    if (m.hw && !gpu.empty()) {
-      const int n = static_cast<int>(gpu.size());
-      if (m.hw_batch != n) {
-        check(a.batched_init(m.hw, m.hw_state, n, 1, NVJPEG_OUTPUT_RGBI), "nvjpegDecodeBatchedInitialize");
-        m.hw_batch = n;
-      }
-      decoded = a.batched(m.hw, m.hw_state, data.data(), lengths.data(), dest.data(), stream) == NVJPEG_STATUS_SUCCESS;
-    }
-    if (!decoded)  // no JPEG engine, or a file the engine refused: one at a time
-      for (size_t j = 0; j < gpu.size(); ++j)
-        if (a.decode(m.sw, m.sw_state, data[j], lengths[j], NVJPEG_OUTPUT_RGBI, &dest[j], stream) !=
-            NVJPEG_STATUS_SUCCESS)
-          on_cpu(entries[gpu[j]]);
-    m.stream->synchronize();
-  }
+  decode_entries(entries, bad);
   if (!bad->empty()) return {};
 
   StageScope timed(Stage::GpuDraw);
@@ -310,6 +338,13 @@ GpuBatchMaker::GpuBatchMaker(int, int) {
   throw RuntimeError("the GPU loader is unavailable: " + why);
 }
 GpuBatchMaker::~GpuBatchMaker() = default;
+std::vector<torch::Tensor> GpuBatchMaker::decode(const std::vector<std::shared_ptr<const std::vector<uint8_t>>>&,
+                                                 const std::vector<std::string>&,
+                                                 std::vector<std::pair<int64_t, std::string>>*) {
+  throw RuntimeError("the GPU loader is unavailable");
+}
+struct GpuBatchMaker::Entry {};
+void GpuBatchMaker::decode_entries(std::vector<Entry>&, std::vector<std::pair<int64_t, std::string>>*) {}
 torch::Tensor GpuBatchMaker::make(const std::vector<PlannedSample>&, std::vector<std::pair<int64_t, std::string>>*) {
   throw RuntimeError("the GPU loader is unavailable");
 }

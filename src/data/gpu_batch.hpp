@@ -44,6 +44,12 @@ class GpuBatchMaker {
   // (dataset index, reason) and the result is then undefined: mark them, re-plan, call again.
   // Thread-safe (calls are serialised).
   torch::Tensor make(const std::vector<PlannedSample>& samples, std::vector<std::pair<int64_t, std::string>>* bad);
+  // Decodes whole files into [h, w, 3] uint8 RGB images on the device (what nvJPEG cannot read on
+  // the CPU, then uploaded) and waits for them. Files that decode nowhere are listed in *bad as
+  // (file index, reason), their images undefined. Thread-safe (calls are serialised).
+  std::vector<torch::Tensor> decode(const std::vector<std::shared_ptr<const std::vector<uint8_t>>>& files,
+                                    const std::vector<std::string>& names,
+                                    std::vector<std::pair<int64_t, std::string>>* bad);
   // "hardware" (the GPU's JPEG engines) or "cuda" (nvJPEG's hybrid decoder).
   std::string backend() const;
   // Images decoded on the CPU because nvJPEG could not, so far.
@@ -51,6 +57,8 @@ class GpuBatchMaker {
 
  private:
   struct Impl;
+  struct Entry;
+  void decode_entries(std::vector<Entry>& entries, std::vector<std::pair<int64_t, std::string>>* bad);
   std::unique_ptr<Impl> impl_;
 };
 

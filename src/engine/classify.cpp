@@ -21,6 +21,7 @@
 #include "engine/ema.hpp"
 #include "engine/inference.hpp"
 #include "engine/optimizer.hpp"
+#include "data/gpu_batch.hpp"
 #include "engine/predictor.hpp"
 #include "engine/schedule.hpp"
 #include "engine/step.hpp"
@@ -263,12 +264,22 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
   io_opt.graphs = lm.graphs.get();
   io_opt.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
   InferenceRunner runner(model, *lm.family, io_opt);
+  // On a CUDA device, files are decoded (nvJPEG) and resized there (the same resize bytes as the
+  // host's; the decoded pixels may differ by the JPEG decoders' rounding).
+  data::GpuBatchMaker* gpu = predict_gpu_decoder(dev, imgsz, cfg.save);
   std::vector<PredictResult> out;
   for (const auto& src : sources) {
     PredictResult r;
     r.source = src.name;
     auto t0 = Clock::now();
-    const auto img = load_image(src);
+    torch::Tensor img;
+    if (gpu && !src.pixels.defined() && src.name != "SAMPLE_IMAGE") {
+      std::vector<std::pair<int64_t, std::string>> bad;
+      img = gpu->decode({data::read_file_bytes(src.name)}, {src.name}, &bad).at(0);
+      if (!bad.empty()) throw DataError(bad.front().second);
+    } else {
+      img = load_image(src);
+    }
     r.height = static_cast<int>(img.size(0));
     r.width = static_cast<int>(img.size(1));
     const auto crop_hwc = data::classify_eval_transform(img, imgsz, crop).unsqueeze(0);

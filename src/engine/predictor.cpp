@@ -120,23 +120,6 @@ PreparedBatch prepare_batch(const std::vector<ImageSource>& sources, size_t firs
   return b;
 }
 
-// The GPU's JPEG decoder for predict (data/gpu_batch.hpp: nvJPEG, the JPEG engines where the GPU
-// has them), one per (device, size) for the process: on the H200 one 640x480 JPEG decoded and
-// letterboxed on the device took 0.22-0.25 ms against 1.1 ms for libjpeg-turbo on the host plus the
-// letterbox and upload (bench_jpeg_decode). Used for CUDA runs that save no pictures (drawing
-// needs the host pixels), unless LIBREYOLO_PREDICT_NVJPEG=0; null when unavailable.
-data::GpuBatchMaker* gpu_decoder(const torch::Device& dev, int size, bool save) {
-  static const bool on = env_switch_on("LIBREYOLO_PREDICT_NVJPEG");
-  if (!on || save || !dev.is_cuda() || !data::gpu_loader_available()) return nullptr;
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, std::unique_ptr<data::GpuBatchMaker>> makers;
-  std::lock_guard<std::mutex> lock(mu);
-  const int index = dev.index() < 0 ? 0 : dev.index();
-  auto& m = makers[{index, size}];
-  if (!m) m = std::make_unique<data::GpuBatchMaker>(index, size);
-  return m.get();
-}
-
 // prepare_batch on the GPU: each file read and its header probed here, then decoded and
 // fitted on the device by `maker` in one call (a one-tile plan per image: the same geometry and
 // resize arithmetic as ops::fit_into, pixels equal up to the JPEG decoder).
@@ -196,6 +179,23 @@ PreparedBatch prepare_batch_gpu(const std::vector<ImageSource>& sources, size_t 
 }
 
 }  // namespace
+
+// The GPU's JPEG decoder for predict (data/gpu_batch.hpp: nvJPEG, the JPEG engines where the GPU
+// has them), one per (device, size) for the process: on the H200 one 640x480 JPEG decoded and
+// letterboxed on the device took 0.22-0.25 ms against 1.1 ms for libjpeg-turbo on the host plus the
+// letterbox and upload (bench_jpeg_decode). Used for CUDA runs that save no pictures (drawing
+// needs the host pixels), unless LIBREYOLO_PREDICT_NVJPEG=0; null when unavailable.
+data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, bool save) {
+  static const bool on = env_switch_on("LIBREYOLO_PREDICT_NVJPEG");
+  if (!on || save || !dev.is_cuda() || !data::gpu_loader_available()) return nullptr;
+  static std::mutex mu;
+  static std::map<std::pair<int, int>, std::unique_ptr<data::GpuBatchMaker>> makers;
+  std::lock_guard<std::mutex> lock(mu);
+  const int index = dev.index() < 0 ? 0 : dev.index();
+  auto& m = makers[{index, size}];
+  if (!m) m = std::make_unique<data::GpuBatchMaker>(index, size);
+  return m.get();
+}
 
 std::vector<std::string> resolve_sources(const std::string& source) {
   if (is_sample(source)) return {"SAMPLE_IMAGE"};
@@ -305,7 +305,7 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   const bool files = std::none_of(sources.begin(), sources.end(), [](const ImageSource& s) {
     return s.pixels.defined() || s.name == "SAMPLE_IMAGE";
   });
-  data::GpuBatchMaker* gpu = files ? gpu_decoder(dev, S, cfg.save) : nullptr;
+  data::GpuBatchMaker* gpu = files ? predict_gpu_decoder(dev, S, cfg.save) : nullptr;
   auto start = [&](size_t first) {
     const size_t count = std::min(sources.size() - first, step);
     if (gpu) return std::async(policy, prepare_batch_gpu, std::cref(sources), first, count, S, fit, std::ref(*gpu));
@@ -377,7 +377,7 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
       r.inference_ms = inf_ms / static_cast<double>(n);
       r.postprocess_ms = post_each_ms + ms_since(t2);
       if (cfg.save) {
-        torch::Tensor canvas = originals.at(i).clone();  // saving decodes on the host (gpu_decoder)
+        torch::Tensor canvas = originals.at(i).clone();  // saving decodes on the host (predict_gpu_decoder)
         ops::draw_detections(canvas, det, impl.names);
         r.saved_path = (fs::path(out_dir) / saved_image_name(r.source, used_names)).string();
         io::save_image(r.saved_path, canvas);

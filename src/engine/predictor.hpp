@@ -11,6 +11,10 @@
 
 #include "models/loaded_model.hpp"
 
+namespace libreyolo::data {
+class GpuBatchMaker;
+}
+
 namespace libreyolo::engine {
 
 // The image files a `source` names: a file, a directory (sorted, non-recursive), a glob(3)
@@ -33,6 +37,11 @@ struct ImageSource {
 std::vector<ImageSource> image_sources(const std::string& source);
 // Its pixels: the ones in memory, the built-in image, or the file decoded (DataError if unreadable).
 torch::Tensor load_image(const ImageSource& source);
+
+// The process's GPU JPEG decoder for predict on `dev` (one per device and size), or null: not a
+// CUDA device, pictures to save (drawing needs the host pixels), LIBREYOLO_PREDICT_NVJPEG=0, or
+// no nvJPEG in this build or machine.
+data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, bool save);
 
 // Images that cannot be decoded are skipped with a warning and a final "N of M images skipped"
 // line; when none could be read: DataError (source_not_found). The first form reads cfg.source,

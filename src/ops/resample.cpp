@@ -1,6 +1,12 @@
 #include "ops/resample.hpp"
 
 #include <ATen/Parallel.h>
+#ifdef LIBREYOLO_CUDA_KERNELS
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "kernels/resample.hpp"
+#endif
 
 #include <algorithm>
 #include <functional>
@@ -154,9 +160,66 @@ torch::Tensor resample(const torch::Tensor& src, const Taps& tx, const Taps& ty,
   return out;
 }
 
+// The same resampling of a uint8 [H, W, C] image on a CUDA device (kernels/resample.hpp: the same
+// taps and integer arithmetic, so the same bytes), on the current stream.
+torch::Tensor resample_device(const torch::Tensor& src, const Taps& tx, const Taps& ty, bool horizontal,
+                              bool vertical, int64_t top, int64_t left, int64_t win_h, int64_t win_w) {
+#ifdef LIBREYOLO_CUDA_KERNELS
+  const int64_t w = src.size(1), c = src.size(2);
+  const auto dev = src.device();
+  const c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(dev.index()).stream();
+  // One upload of an axis's taps (small: a few kB).
+  const auto upload = [&](const Taps& t, torch::Tensor& first, torch::Tensor& count, torch::Tensor& weights) {
+    const auto n = static_cast<int64_t>(t.first.size());
+    first = torch::from_blob(const_cast<int64_t*>(t.first.data()), {n}, torch::kLong).to(dev);
+    count = torch::from_blob(const_cast<int64_t*>(t.count.data()), {n}, torch::kLong).to(dev);
+    weights = torch::from_blob(const_cast<int32_t*>(t.weights.data()), {static_cast<int64_t>(t.weights.size())},
+                               torch::kInt)
+                  .to(dev);
+    kernels::ResampleTaps k;
+    k.first = first.data_ptr<int64_t>();
+    k.count = count.data_ptr<int64_t>();
+    k.weights = weights.data_ptr<int32_t>();
+    k.ksize = t.ksize;
+    return k;
+  };
+  const int64_t row0 = vertical ? ty.first[static_cast<size_t>(top)] : top;
+  int64_t row1 = vertical ? row0 : top + win_h;
+  if (vertical)
+    for (int64_t yy = top; yy < top + win_h; ++yy)
+      row1 = std::max(row1, ty.first[static_cast<size_t>(yy)] + ty.count[static_cast<size_t>(yy)]);
+  torch::Tensor xf, xc, xw, yf, yc, yw;
+  torch::Tensor mid;
+  if (horizontal) {
+    const auto k = upload(tx, xf, xc, xw);
+    mid = torch::empty({row1 - row0, win_w, c}, src.options());
+    kernels::resample_horizontal(src.data_ptr<uint8_t>(), w, c, row0, row1 - row0, k, left, win_w,
+                                 mid.data_ptr<uint8_t>(), stream);
+  } else {
+    mid = src.narrow(0, row0, row1 - row0).narrow(1, left, win_w).contiguous();
+  }
+  if (!vertical) return mid;
+  const auto k = upload(ty, yf, yc, yw);
+  auto out = torch::empty({win_h, win_w, c}, src.options());
+  kernels::resample_vertical(mid.data_ptr<uint8_t>(), win_w * c, row0, k, top, win_h, out.data_ptr<uint8_t>(), stream);
+  return out;
+#else
+  (void)src, (void)tx, (void)ty, (void)horizontal, (void)vertical, (void)top, (void)left, (void)win_h, (void)win_w;
+  throw std::invalid_argument("resize_bicubic_pil: this build has no CUDA kernels; resize on the CPU");
+#endif
+}
+
+// resample() on the image's device.
+torch::Tensor resample_on(const torch::Tensor& src, const Taps& tx, const Taps& ty, bool horizontal, bool vertical,
+                          int64_t top, int64_t left, int64_t win_h, int64_t win_w) {
+  return src.is_cuda() ? resample_device(src, tx, ty, horizontal, vertical, top, left, win_h, win_w)
+                       : resample(src, tx, ty, horizontal, vertical, top, left, win_h, win_w);
+}
+
 torch::Tensor checked(const torch::Tensor& hwc, int64_t out_h, int64_t out_w) {
-  if (hwc.dim() != 3 || hwc.scalar_type() != torch::kUInt8 || !hwc.device().is_cpu())
-    throw std::invalid_argument("resize_bicubic_pil: expected a CPU uint8 [H, W, C] image");
+  if (hwc.dim() != 3 || hwc.scalar_type() != torch::kUInt8 || !(hwc.device().is_cpu() || hwc.device().is_cuda()))
+    throw std::invalid_argument("resize_bicubic_pil: expected a uint8 [H, W, C] image on the CPU or a CUDA device");
   if (out_h < 1 || out_w < 1) throw std::invalid_argument("resize_bicubic_pil: output size must be positive");
   return hwc.contiguous();
 }
@@ -170,7 +233,7 @@ torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_
   const bool horizontal = out_w != w || x0 != 0.0 || x1 != static_cast<double>(w);
   const bool vertical = out_h != h || y0 != 0.0 || y1 != static_cast<double>(h);
   if (!horizontal && !vertical) return src.clone();
-  return resample(src, taps(w, x0, x1, out_w), taps(h, y0, y1, out_h), horizontal, vertical, 0, 0, out_h, out_w);
+  return resample_on(src, taps(w, x0, x1, out_w), taps(h, y0, y1, out_h), horizontal, vertical, 0, 0, out_h, out_w);
 }
 
 torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w) {
@@ -186,8 +249,8 @@ torch::Tensor resize_bicubic_pil_window(const torch::Tensor& hwc, int64_t out_h,
   const int64_t h = src.size(0), w = src.size(1);
   const bool horizontal = out_w != w, vertical = out_h != h;
   if (!horizontal && !vertical) return src.narrow(0, top, win_h).narrow(1, left, win_w).clone();
-  return resample(src, taps(w, 0.0, static_cast<double>(w), out_w), taps(h, 0.0, static_cast<double>(h), out_h),
-                  horizontal, vertical, top, left, win_h, win_w);
+  return resample_on(src, taps(w, 0.0, static_cast<double>(w), out_w), taps(h, 0.0, static_cast<double>(h), out_h),
+                     horizontal, vertical, top, left, win_h, win_w);
 }
 
 }  // namespace libreyolo::ops

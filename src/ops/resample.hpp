@@ -7,8 +7,9 @@
 
 namespace libreyolo::ops {
 
-// [H, W, C] uint8 (CPU) -> [out_h, out_w, C] uint8: the box (x0, y0, x1, y1) of the source (in
-// pixels, Pillow's `box`; the whole image by default) resampled to out_w x out_h.
+// [H, W, C] uint8 -> [out_h, out_w, C] uint8: the box (x0, y0, x1, y1) of the source (in pixels,
+// Pillow's `box`; the whole image by default) resampled to out_w x out_h. On the CPU, or on a
+// CUDA device with the same bytes (kernels/resample.hpp; the build's CUDA kernels).
 torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w);
 torch::Tensor resize_bicubic_pil(const torch::Tensor& hwc, int64_t out_h, int64_t out_w, double x0, double y0,
                                  double x1, double y1);
