@@ -7,6 +7,7 @@
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -188,7 +189,10 @@ static torch::Tensor seam_targets() {
 // outputs bit for bit (deterministic cuDNN), in float32 and under bf16 autocast. Its parameter
 // gradients: bit for bit at the head seam (no atomics there); at the network seam (the decoder's
 // deformable attention and query gathers accumulate their gradients with atomics) within four
-// times the difference of two eager backward passes (at least 1e-5 of the gradients' norm).
+// times the largest difference among three eager backward passes, and at least a floor for the
+// dtype: 1e-5 of the gradients' norm in float32; 5e-2 under bf16, whose atomic sums round at 8
+// bits (two eager passes of D-FINE-n differed by 2.0% of the norm on an H100, and two others of
+// the same model agreed exactly, so one pair's difference is no measure of the spread).
 TEST_P(RtdetrLineGpu, GraphedHeadEqualsEagerHead) {
   LY_REQUIRE_CUDA();
   const libreyolo::test::CudnnSettings det(/*benchmark=*/false, /*deterministic=*/true,
@@ -218,13 +222,14 @@ TEST_P(RtdetrLineGpu, GraphedHeadEqualsEagerHead) {
       for (auto& p : params) g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
       return g;
     };
-    std::vector<torch::Tensor> eager_out, graph_out, eager_grad, eager_grad2, graph_grad;
+    std::vector<torch::Tensor> eager_out, graph_out, eager_grad, graph_grad;
+    std::vector<std::vector<torch::Tensor>> more_eager;  // two more eager passes
     std::unique_ptr<libreyolo::engine::GraphedSegment> seg;
     {
       libreyolo::AutocastGuard ac(kCuda, bf16, torch::kBFloat16, /*cache=*/false);
       for (const auto& o : model->train_head(c.seam, x, in.head)) eager_out.push_back(o.detach().clone());
       eager_grad = grads_of(model->train_head(c.seam, x, in.head));
-      eager_grad2 = grads_of(model->train_head(c.seam, x, in.head));
+      for (int k = 0; k < 2; ++k) more_eager.push_back(grads_of(model->train_head(c.seam, x, in.head)));
       seg = libreyolo::engine::GraphedSegment::capture(
           kCuda, [&](const torch::Tensor& input) { return model->train_head(c.seam, input, in.head); }, x, params);
       const auto outs = seg->run();
@@ -235,20 +240,29 @@ TEST_P(RtdetrLineGpu, GraphedHeadEqualsEagerHead) {
     ASSERT_EQ(graph_out.size(), eager_out.size());
     for (size_t i = 0; i < eager_out.size(); ++i) EXPECT_TRUE(torch::equal(eager_out[i], graph_out[i])) << "output " << i;
     int compared = 0;
-    double spread = 0, graphed = 0, norm = 0;
+    // Norm-wise distances between two sets of gradients.
+    const auto distance = [&](const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+      double d = 0;
+      for (size_t i = 0; i < params.size(); ++i)
+        if (a[i].defined() && b[i].defined()) d += (a[i] - b[i]).pow(2).sum().item<double>();
+      return std::sqrt(d);
+    };
+    const double spread = std::max({distance(eager_grad, more_eager[0]), distance(eager_grad, more_eager[1]),
+                                    distance(more_eager[0], more_eager[1])});
+    const double graphed = distance(graph_grad, eager_grad);
+    double norm = 0;
     for (size_t i = 0; i < params.size(); ++i) {
       ASSERT_EQ(eager_grad[i].defined(), graph_grad[i].defined()) << i;
       if (!eager_grad[i].defined()) continue;
       ++compared;
       norm += eager_grad[i].pow(2).sum().item<double>();
-      spread += (eager_grad2[i] - eager_grad[i]).pow(2).sum().item<double>();
-      graphed += (graph_grad[i] - eager_grad[i]).pow(2).sum().item<double>();
       if (exact_grads)
         EXPECT_TRUE(torch::equal(eager_grad[i], graph_grad[i]))
             << "parameter " << i << " max diff " << (eager_grad[i] - graph_grad[i]).abs().max().item<float>();
     }
-    norm = std::sqrt(norm), spread = std::sqrt(spread), graphed = std::sqrt(graphed);
-    if (!exact_grads) EXPECT_LE(graphed, std::max(4 * spread, 1e-5 * norm)) << graphed << " vs spread " << spread;
+    norm = std::sqrt(norm);
+    if (!exact_grads)
+      EXPECT_LE(graphed, std::max(4 * spread, (bf16 ? 5e-2 : 1e-5) * norm)) << graphed << " vs spread " << spread;
     EXPECT_GT(compared, 50);
     std::printf("[ REPORT   ] %s-%s %s seam %s: %zu outputs equal, %d parameter gradients: graphed vs eager %.3g, "
                 "eager vs eager %.3g (of norm %.3g)\n",

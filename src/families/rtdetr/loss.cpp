@@ -1,5 +1,6 @@
 #include "families/rtdetr/loss.hpp"
 
+#include <functional>
 #include <stdexcept>
 
 #include "libreyolo/errors.hpp"
@@ -20,13 +21,6 @@ RtdetrLoss::RtdetrLoss(int nc, RtdetrLossWeights weights) : nc_(nc), w_(weights)
   if (nc < 1) throw UsageError("RtdetrLoss: number of classes must be >= 1, got " + std::to_string(nc));
 }
 
-std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& level,
-                                                     const std::vector<rt::ImageTargets>& gts,
-                                                     const std::vector<rt::ImageMatch>& matches,
-                                                     const torch::Tensor& num_boxes) const {
-  return level_terms(level, concatenate(gts, level.logits.device()), matches, num_boxes, nc_);
-}
-
 RtdetrLoss::BatchTargets RtdetrLoss::concatenate(const std::vector<rt::ImageTargets>& gts,
                                                  const torch::Device& device) {
   BatchTargets t;
@@ -43,41 +37,61 @@ RtdetrLoss::BatchTargets RtdetrLoss::concatenate(const std::vector<rt::ImageTarg
   return t;
 }
 
-std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& level, const BatchTargets& gts,
-                                                     const std::vector<rt::ImageMatch>& matches,
-                                                     const torch::Tensor& num_boxes, int nc) const {
-  const auto logits = level.logits.to(torch::kFloat), boxes = level.boxes.to(torch::kFloat);
-  const auto device = logits.device();
-  const int64_t b = logits.size(0), n = logits.size(1);
-  if (static_cast<int64_t>(matches.size()) != b || static_cast<int64_t>(gts.counts.size()) != b)
-    throw UsageError("RT-DETR loss: matches or targets for another batch size");
-  // The pairs of every image as rows (image, query, GT row of the batch's concatenated targets),
-  // made on the host and copied once: a fixed number of device operations whatever the batch.
-  std::vector<int64_t> rows;
-  int64_t first_gt = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    const auto& m = matches[static_cast<size_t>(i)];
-    const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
-    const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
-    for (int64_t k = 0; k < m.size(); ++k) {
-      rows.push_back(i);
-      rows.push_back(q.data_ptr<int64_t>()[k]);
-      rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
-    }
-    first_gt += gts.counts[static_cast<size_t>(i)];
+std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::OutputLevel>& levels,
+                                                       const BatchTargets& gts,
+                                                       const std::vector<const std::vector<rt::ImageMatch>*>& matches,
+                                                       const torch::Tensor& num_boxes, int nc) const {
+  const auto nl = static_cast<int64_t>(levels.size());
+  if (nl == 0 || matches.size() != levels.size()) throw UsageError("RT-DETR loss: a match list per level");
+  std::vector<torch::Tensor> lg, bx;
+  for (const auto& lv : levels) {
+    lg.push_back(lv.logits);
+    bx.push_back(lv.boxes);
   }
-  const int64_t pairs = static_cast<int64_t>(rows.size()) / 3;
-  const auto index = torch::from_blob(rows.data(), {pairs, 3}, torch::kLong).t().contiguous().to(device);  // [3, P]
+  // [L * B, n, nc] and [L * B, n, 4]: level l's image i at row l * B + i.
+  const auto logits = (nl == 1 ? lg[0] : torch::cat(lg)).to(torch::kFloat);
+  const auto boxes = (nl == 1 ? bx[0] : torch::cat(bx)).to(torch::kFloat);
+  const auto device = logits.device();
+  const int64_t b = levels[0].logits.size(0), n = logits.size(1);
+  if (logits.size(0) != nl * b || static_cast<int64_t>(gts.counts.size()) != b)
+    throw UsageError("RT-DETR loss: levels, matches or targets for another batch size");
+  // The pairs of every level and image as rows (row of the stack, query, GT row of the batch's
+  // concatenated targets), made on the host and copied once. Every level has as many pairs (each
+  // image's GT count, or its queries where fewer): level l's are rows [l P, (l + 1) P).
+  std::vector<int64_t> rows;
+  int64_t pairs = -1;
+  for (int64_t l = 0; l < nl; ++l) {
+    const auto& ms = *matches[static_cast<size_t>(l)];
+    if (static_cast<int64_t>(ms.size()) != b) throw UsageError("RT-DETR loss: matches for another batch size");
+    int64_t first_gt = 0, count = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& m = ms[static_cast<size_t>(i)];
+      const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
+      const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
+      for (int64_t k = 0; k < m.size(); ++k) {
+        rows.push_back(l * b + i);
+        rows.push_back(q.data_ptr<int64_t>()[k]);
+        rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
+      }
+      count += m.size();
+      first_gt += gts.counts[static_cast<size_t>(i)];
+    }
+    if (pairs >= 0 && count != pairs) throw UsageError("RT-DETR loss: levels scored together have unequal match counts");
+    pairs = count;
+  }
+  auto host = torch::from_blob(rows.data(), {nl * pairs, 3}, torch::kLong).t().contiguous();  // [3, L P]
+  if (device.is_cuda()) host = host.pin_memory();
+  const auto index = host.to(device, /*non_blocking=*/true);
   const auto img = index[0], qry = index[1];
   const auto gt_labels = gts.labels.index_select(0, index[2]);
   const auto gt_boxes = gts.boxes.index_select(0, index[2]);
-  const auto src = boxes.index({img, qry});  // [P, 4]
+  const auto src = boxes.index({img, qry});  // [L P, 4]
   rt::Overlap overlap;
   if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
 
   // Varifocal: IoU-valued targets at the matched queries' GT classes.
-  auto cls = torch::full({b, n}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
-  auto score = torch::zeros({b, n}, logits.options());
+  auto cls = torch::full({nl * b, n}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto score = torch::zeros({nl * b, n}, logits.options());
   if (pairs > 0) {
     cls.index_put_({img, qry}, gt_labels);
     score.index_put_({img, qry}, overlap.iou.detach());
@@ -88,15 +102,15 @@ std::array<torch::Tensor, 3> RtdetrLoss::level_terms(const rt::OutputLevel& leve
   const auto weight = w_.vfl_alpha * p.pow(w_.vfl_gamma) * (1 - onehot) + target;
   const auto bce = F::binary_cross_entropy_with_logits(
       logits, target, F::BinaryCrossEntropyWithLogitsFuncOptions().weight(weight).reduction(torch::kNone));
-  const auto vfl = bce.mean(1).sum() * static_cast<double>(n) / num_boxes;
-
+  // Per level: sums over its images, queries and classes (its pairs).
+  const auto vfl = bce.view({nl, -1}).sum(1) / num_boxes;
   torch::Tensor l1, giou;
   if (pairs == 0) {
-    l1 = src.sum() * 0;
-    giou = src.sum() * 0;
+    l1 = boxes.view({nl, -1}).sum(1) * 0;
+    giou = l1;
   } else {
-    l1 = (src - gt_boxes).abs().sum() / num_boxes;
-    giou = (1 - overlap.giou).sum() / num_boxes;
+    l1 = (src - gt_boxes).abs().view({nl, -1}).sum(1) / num_boxes;
+    giou = (1 - overlap.giou).view({nl, -1}).sum(1) / num_boxes;
   }
   return {vfl * w_.vfl, l1 * w_.bbox, giou * w_.giou};
 }
@@ -146,8 +160,21 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
   t.matches = rt::hungarian_match_levels(levels, level_gts, w_.matcher);
   const size_t decoder_levels = 1 + in.aux.size();
   const BatchTargets gt_rows = concatenate(gts, device);
-  for (size_t l = 0; l < decoder_levels; ++l)
-    add(l == 0 ? "" : "_aux_" + std::to_string(l - 1), level_terms(levels[l], gt_rows, t.matches[l], t.num_boxes, nc_));
+  // Levels of one shape scored together; their terms added one level at a time, in order.
+  const auto score_levels = [&](const std::vector<rt::OutputLevel>& group, const BatchTargets& rows,
+                                const std::vector<const std::vector<rt::ImageMatch>*>& group_matches,
+                                const torch::Tensor& nb, int nc, const std::function<std::string(size_t)>& suffix) {
+    const auto v = stacked_terms(group, rows, group_matches, nb, nc);
+    const auto vfl = v[0].unbind(), l1 = v[1].unbind(), giou = v[2].unbind();
+    for (size_t l = 0; l < group.size(); ++l) add(suffix(l), {vfl[l], l1[l], giou[l]});
+  };
+  {
+    std::vector<rt::OutputLevel> group(levels.begin(), levels.begin() + static_cast<std::ptrdiff_t>(decoder_levels));
+    std::vector<const std::vector<rt::ImageMatch>*> group_matches;
+    for (size_t l = 0; l < decoder_levels; ++l) group_matches.push_back(&t.matches[l]);
+    score_levels(group, gt_rows, group_matches, t.num_boxes, nc_,
+                 [](size_t l) { return l == 0 ? std::string() : "_aux_" + std::to_string(l - 1); });
+  }
 
   if (!in.dn.empty()) {
     const auto pairs = in.dn_pairs.to(torch::kCPU, torch::kLong);
@@ -157,13 +184,12 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
       t.dn_matches.push_back({rows.select(1, 1).contiguous(), rows.select(1, 2).contiguous()});
     }
     const auto num_boxes_dn = t.num_boxes * static_cast<double>(in.dn_groups);
-    for (size_t l = 0; l < in.dn.size(); ++l)
-      add("_dn_" + std::to_string(l), level_terms(in.dn[l], gt_rows, t.dn_matches, num_boxes_dn, nc_));
+    score_levels(in.dn, gt_rows, std::vector<const std::vector<rt::ImageMatch>*>(in.dn.size(), &t.dn_matches),
+                 num_boxes_dn, nc_, [](size_t l) { return "_dn_" + std::to_string(l); });
   }
   for (size_t l = 0; l < in.enc.size(); ++l)
-    add("_enc_" + std::to_string(l), level_terms(in.enc[l], concatenate(enc_gts[l], device),
-                                                 t.matches[decoder_levels + l], t.num_boxes,
-                                                 static_cast<int>(in.enc[l].logits.size(-1))));
+    score_levels({in.enc[l]}, concatenate(enc_gts[l], device), {&t.matches[decoder_levels + l]}, t.num_boxes,
+                 static_cast<int>(in.enc[l].logits.size(-1)), [l](size_t) { return "_enc_" + std::to_string(l); });
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];
   return t;

@@ -62,12 +62,6 @@ class RtdetrLoss : public TrainingLoss {
   // The whole criterion, term by term.
   RtdetrLossTerms terms(const models::rtdetr::CriterionInputs& in,
                         const std::vector<models::rtdetr::ImageTargets>& gts) const;
-  // One level's weighted {vfl, bbox, giou} for given matches and normaliser.
-  std::array<torch::Tensor, 3> level_terms(const models::rtdetr::OutputLevel& level,
-                                           const std::vector<models::rtdetr::ImageTargets>& gts,
-                                           const std::vector<models::rtdetr::ImageMatch>& matches,
-                                           const torch::Tensor& num_boxes) const;
-
   int num_classes() const { return nc_; }
   const RtdetrLossWeights& weights() const { return w_; }
 
@@ -79,10 +73,13 @@ class RtdetrLoss : public TrainingLoss {
     std::vector<int64_t> counts;  // per image
   };
   static BatchTargets concatenate(const std::vector<models::rtdetr::ImageTargets>& gts, const torch::Device& device);
-  // With the class count of the level's logits (1: a class-agnostic encoder level).
-  std::array<torch::Tensor, 3> level_terms(const models::rtdetr::OutputLevel& level, const BatchTargets& gts,
-                                           const std::vector<models::rtdetr::ImageMatch>& matches,
-                                           const torch::Tensor& num_boxes, int nc) const;
+  // The weighted {vfl, bbox, giou} of several levels of one shape scored together (their outputs
+  // stacked: one set of operations for all), [L] each; matches[l] are level l's pairs and every
+  // level has as many. nc: the class count of the levels' logits (1: a class-agnostic encoder level).
+  std::array<torch::Tensor, 3> stacked_terms(const std::vector<models::rtdetr::OutputLevel>& levels,
+                                             const BatchTargets& gts,
+                                             const std::vector<const std::vector<models::rtdetr::ImageMatch>*>& matches,
+                                             const torch::Tensor& num_boxes, int nc) const;
   int nc_;
   RtdetrLossWeights w_;
 };

@@ -5,14 +5,13 @@
 
 namespace libreyolo::models::rtdetr {
 
-torch::Tensor matching_cost(const torch::Tensor& logits, const torch::Tensor& boxes,
-                            const std::vector<ImageTargets>& gts, const MatcherWeights& w) {
-  if (logits.dim() != 3 || boxes.dim() != 3 || boxes.size(2) != 4 || logits.size(0) != boxes.size(0) ||
-      logits.size(1) != boxes.size(1))
-    throw UsageError("matcher: logits [B, Q, nc] and boxes [B, Q, 4] of one level");
-  if (static_cast<int64_t>(gts.size()) != logits.size(0))
+torch::Tensor matching_costs(const torch::Tensor& logits, const torch::Tensor& boxes,
+                             const std::vector<ImageTargets>& gts, const MatcherWeights& w) {
+  if (logits.dim() != 4 || boxes.dim() != 4 || boxes.size(3) != 4 || logits.sizes().slice(0, 3) != boxes.sizes().slice(0, 3))
+    throw UsageError("matcher: logits [L, B, Q, nc] and boxes [L, B, Q, 4] of levels of one shape");
+  if (static_cast<int64_t>(gts.size()) != logits.size(1))
     throw UsageError("matcher: " + std::to_string(gts.size()) + " target lists for a batch of " +
-                     std::to_string(logits.size(0)));
+                     std::to_string(logits.size(1)));
   torch::NoGradGuard no_grad;
   std::vector<torch::Tensor> labels, gt_boxes;
   for (const auto& g : gts) {
@@ -23,16 +22,24 @@ torch::Tensor matching_cost(const torch::Tensor& logits, const torch::Tensor& bo
   const auto ids = torch::cat(labels).to(device);
   if (ids.numel() == 0) return {};
   const auto tgt = torch::cat(gt_boxes).to(device, torch::kFloat);
-  const int64_t b = logits.size(0), q = logits.size(1);
-  const auto p = torch::sigmoid(logits.detach().to(torch::kFloat).flatten(0, 1)).index_select(1, ids);  // [BQ, S]
-  const auto out = boxes.detach().to(torch::kFloat).flatten(0, 1);                                      // [BQ, 4]
+  const auto p = torch::sigmoid(logits.detach().to(torch::kFloat).flatten(0, 2)).index_select(1, ids);  // [LBQ, S]
+  const auto out = boxes.detach().to(torch::kFloat).flatten(0, 2);                                      // [LBQ, 4]
   const auto neg = (1 - w.alpha) * p.pow(w.gamma) * (-(1 - p + 1e-8).log());
   const auto pos = w.alpha * (1 - p).pow(w.gamma) * (-(p + 1e-8).log());
   const auto cost_class = pos - neg;
   const auto cost_bbox = (out.unsqueeze(1) - tgt.unsqueeze(0)).abs().sum(-1);
   const auto cost_giou = -box_overlap(cxcywh_to_xyxy(out).unsqueeze(1), cxcywh_to_xyxy(tgt).unsqueeze(0)).giou;
   const auto c = w.bbox * cost_bbox + w.cls * cost_class + w.giou * cost_giou;
-  return c.view({b, q, -1});
+  return c.view({logits.size(0), logits.size(1), logits.size(2), -1});
+}
+
+torch::Tensor matching_cost(const torch::Tensor& logits, const torch::Tensor& boxes,
+                            const std::vector<ImageTargets>& gts, const MatcherWeights& w) {
+  if (logits.dim() != 3 || boxes.dim() != 3 || boxes.size(2) != 4 || logits.size(0) != boxes.size(0) ||
+      logits.size(1) != boxes.size(1))
+    throw UsageError("matcher: logits [B, Q, nc] and boxes [B, Q, 4] of one level");
+  const auto c = matching_costs(logits.unsqueeze(0), boxes.unsqueeze(0), gts, w);
+  return c.defined() ? c[0] : c;
 }
 
 std::vector<ImageMatch> solve_matches(const torch::Tensor& cost, const std::vector<ImageTargets>& gts) {
@@ -65,10 +72,24 @@ std::vector<std::vector<ImageMatch>> hungarian_match_levels(const std::vector<Ou
   if (gts.size() != levels.size())
     throw UsageError("matcher: " + std::to_string(gts.size()) + " target sets for " + std::to_string(levels.size()) +
                      " levels");
+  // Consecutive levels of one shape matched against one target set: their costs in one computation.
   std::vector<torch::Tensor> costs, flat;
-  for (size_t l = 0; l < levels.size(); ++l) {
-    costs.push_back(matching_cost(levels[l].logits, levels[l].boxes, *gts[l], w));
-    if (costs.back().defined()) flat.push_back(costs.back().reshape({-1}));
+  for (size_t l = 0; l < levels.size();) {
+    size_t e = l + 1;
+    while (e < levels.size() && gts[e] == gts[l] && levels[e].logits.sizes() == levels[l].logits.sizes() &&
+           levels[e].boxes.sizes() == levels[l].boxes.sizes())
+      ++e;
+    std::vector<torch::Tensor> lg, bx;
+    for (size_t k = l; k < e; ++k) {
+      lg.push_back(levels[k].logits.detach());
+      bx.push_back(levels[k].boxes.detach());
+    }
+    const auto c = matching_costs(torch::stack(lg), torch::stack(bx), *gts[l], w);
+    for (size_t k = l; k < e; ++k) {
+      costs.push_back(c.defined() ? c[static_cast<int64_t>(k - l)] : c);
+      if (c.defined()) flat.push_back(costs.back().reshape({-1}));
+    }
+    l = e;
   }
   // One copy of every level's cost, then each level's block as a view of it.
   torch::Tensor host;

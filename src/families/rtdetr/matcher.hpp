@@ -33,14 +33,18 @@ struct ImageMatch {
 // [B, Q, nc], boxes [B, Q, 4] cxcywh. Undefined when the batch has no GT.
 torch::Tensor matching_cost(const torch::Tensor& logits, const torch::Tensor& boxes,
                             const std::vector<ImageTargets>& gts, const MatcherWeights& w = {});
+// The same for L levels of one shape at once: logits [L, B, Q, nc], boxes [L, B, Q, 4] -> [L, B, Q, S].
+torch::Tensor matching_costs(const torch::Tensor& logits, const torch::Tensor& boxes,
+                             const std::vector<ImageTargets>& gts, const MatcherWeights& w = {});
 // The minimum-cost assignment of each image's block of such a cost (copied to the host).
 std::vector<ImageMatch> solve_matches(const torch::Tensor& cost, const std::vector<ImageTargets>& gts);
 // Both: the matches of one output level.
 std::vector<ImageMatch> hungarian_match(const torch::Tensor& logits, const torch::Tensor& boxes,
                                         const std::vector<ImageTargets>& gts, const MatcherWeights& w = {});
 // The matches of several output levels, level l against *gts[l] (an encoder level may match
-// relabelled targets): the same as hungarian_match level by level, but the costs of every level
-// reach the host in one copy, so a step waits for the device once instead of once a level.
+// relabelled targets): the same as hungarian_match level by level, but the costs of consecutive
+// levels of one shape are computed together and every level's reach the host in one copy, so a
+// step waits for the device once instead of once a level.
 std::vector<std::vector<ImageMatch>> hungarian_match_levels(const std::vector<OutputLevel>& levels,
                                                             const std::vector<const std::vector<ImageTargets>*>& gts,
                                                             const MatcherWeights& w = {});
