@@ -41,39 +41,93 @@ std::pair<torch::Tensor, torch::Tensor> iou_giou(const torch::Tensor& a, const t
   return {iou, iou - (hull - uni) / hull};
 }
 
-// The matched pairs of a level, flattened: image and query indices on `device`, the GTs' labels
-// and cxcywh boxes.
-struct Pairs {
-  torch::Tensor img, qry, labels, boxes;
-  int64_t size() const { return img.numel(); }
+// The batch's targets, every image's after the one before, on the outputs' device.
+struct Targets {
+  torch::Tensor labels, boxes;  // [S] int64, [S, 4] float32 cxcywh
+  std::vector<int64_t> counts;  // per image
 };
 
-Pairs gather_pairs(const std::vector<rt::ImageMatch>& matches, const std::vector<rt::ImageTargets>& gts,
-                   const torch::Device& device) {
-  std::vector<torch::Tensor> images, queries, labels, boxes;
-  for (size_t i = 0; i < matches.size(); ++i) {
-    const auto& m = matches[i];
-    images.push_back(torch::full({m.size()}, static_cast<int64_t>(i), torch::kLong));
-    queries.push_back(m.query.to(torch::kLong));
-    const auto gt = m.gt.to(gts[i].labels.device(), torch::kLong);
-    labels.push_back(gts[i].labels.index_select(0, gt));
-    boxes.push_back(gts[i].boxes.index_select(0, gt));
+Targets concatenate(const std::vector<rt::ImageTargets>& gts, const torch::Device& device) {
+  Targets t;
+  std::vector<torch::Tensor> labels, boxes;
+  for (const auto& g : gts) {
+    labels.push_back(g.labels);
+    boxes.push_back(g.boxes);
+    t.counts.push_back(g.size());
   }
-  Pairs p;
-  p.img = torch::cat(images).to(device);
-  p.qry = torch::cat(queries).to(device);
-  p.labels = torch::cat(labels).to(device);
-  p.boxes = torch::cat(boxes).to(device, torch::kFloat);
-  return p;
+  t.labels = torch::cat(labels).to(device, torch::kLong);
+  t.boxes = torch::cat(boxes).to(device, torch::kFloat);
+  return t;
 }
 
-// One level's logits, boxes and (where it has them) corners and references, in float32.
+// One level's logits, boxes and (where it has them) corners and references, in float32; or
+// several levels of one shape stacked, level l's image i at row l B + i.
 struct Level {
   torch::Tensor logits, boxes, corners, refs;
 };
 
+Level stack(const std::vector<Level>& levels) {
+  const auto cat = [&](torch::Tensor Level::*field) {
+    std::vector<torch::Tensor> parts;
+    for (const auto& lv : levels) {
+      if (!(lv.*field).defined()) return torch::Tensor();  // a level without it (pre, encoder)
+      parts.push_back(lv.*field);
+    }
+    return parts.size() == 1 ? parts[0] : torch::cat(parts);
+  };
+  return {cat(&Level::logits), cat(&Level::boxes), cat(&Level::corners), cat(&Level::refs)};
+}
+
+// The matched pairs of L stacked levels (level l's matches[l]; every level as many, P), flattened:
+// stack row and query indices on the device, the GTs' labels and cxcywh boxes; level l's pairs
+// are [l P, (l + 1) P). Made on the host and copied once.
+struct Pairs {
+  torch::Tensor row, qry, labels, boxes;
+  int64_t levels = 0, per_level = 0;
+  bool empty() const { return per_level == 0; }
+};
+
+Pairs stack_pairs(const std::vector<const std::vector<rt::ImageMatch>*>& matches, const Targets& gts,
+                  const torch::Device& device) {
+  const auto nl = static_cast<int64_t>(matches.size());
+  const auto b = static_cast<int64_t>(gts.counts.size());
+  std::vector<int64_t> rows;
+  Pairs p;
+  p.levels = nl;
+  p.per_level = -1;
+  for (int64_t l = 0; l < nl; ++l) {
+    const auto& ms = *matches[static_cast<size_t>(l)];
+    if (static_cast<int64_t>(ms.size()) != b) throw UsageError("D-FINE loss: matches for another batch size");
+    int64_t first_gt = 0, count = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& m = ms[static_cast<size_t>(i)];
+      const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
+      const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
+      for (int64_t k = 0; k < m.size(); ++k) {
+        rows.push_back(l * b + i);
+        rows.push_back(q.data_ptr<int64_t>()[k]);
+        rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
+      }
+      count += m.size();
+      first_gt += gts.counts[static_cast<size_t>(i)];
+    }
+    if (p.per_level >= 0 && count != p.per_level)
+      throw UsageError("D-FINE loss: levels scored together have unequal match counts");
+    p.per_level = count;
+  }
+  auto host = torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size() / 3), 3}, torch::kLong).t().contiguous();
+  if (device.is_cuda()) host = host.pin_memory();
+  const auto index = host.to(device, /*non_blocking=*/true);
+  p.row = index[0];
+  p.qry = index[1];
+  p.labels = gts.labels.index_select(0, index[2]);
+  p.boxes = gts.boxes.index_select(0, index[2]);
+  return p;
+}
+
 // The soft two-bin targets of each edge: the left neighbour's bin index (clamped to
-// [0, reg_max - 0.1]) and the right and left weights.
+// [0, reg_max - 0.1]) and the right and left weights. Without host synchronisation: every edge is
+// computed and the out-of-range ones replaced.
 struct EdgeTargets {
   torch::Tensor index, weight_right, weight_left;
 };
@@ -89,27 +143,18 @@ EdgeTargets edge_targets(const torch::Tensor& refs, const torch::Tensor& gt_xyxy
   const auto gt = torch::stack({left, top, right, bottom}, -1).reshape({-1});
   const auto values = rt::weighting_function(reg_max, up, reg_scale);
   const auto below = (values.unsqueeze(0) - gt.unsqueeze(1)) <= 0;
-  auto index = (below.sum(1) - 1).to(torch::kFloat);
-  auto wr = torch::zeros_like(index), wl = torch::zeros_like(index);
+  const auto index = (below.sum(1) - 1).to(torch::kFloat);
   const auto valid = (index >= 0) & (index < reg_max);
-  if (valid.any().item<bool>()) {
-    const auto vi = index.index({valid}).to(torch::kLong);
-    const auto g = gt.index({valid});
-    const auto ld = (g - values.index_select(0, vi)).abs();
-    const auto rd = (values.index_select(0, vi + 1) - g).abs();
-    const auto r = ld / (ld + rd);
-    wr.index_put_({valid}, r);
-    wl.index_put_({valid}, 1.0 - r);
-  }
-  const auto neg = index < 0;
-  wr.index_put_({neg}, 0.0);
-  wl.index_put_({neg}, 1.0);
-  index.index_put_({neg}, 0.0);
-  const auto pos = index >= reg_max;
-  wr.index_put_({pos}, 1.0);
-  wl.index_put_({pos}, 0.0);
-  index.index_put_({pos}, static_cast<double>(reg_max) - 0.1);
-  return {index.clamp(0.0, static_cast<double>(reg_max) - 0.1).detach(), wr.detach(), wl.detach()};
+  const auto vi = index.clamp(0.0, static_cast<double>(reg_max) - 1.0).to(torch::kLong);
+  const auto ld = (gt - values.index_select(0, vi)).abs();
+  const auto rd = (values.index_select(0, vi + 1) - gt).abs();
+  const auto r = ld / (ld + rd);
+  const auto neg = index < 0, pos = index >= reg_max;
+  const auto zero = torch::zeros_like(index), one = torch::ones_like(index);
+  const auto wr = torch::where(neg, zero, torch::where(pos, one, torch::where(valid, r, zero)));
+  const auto wl = torch::where(neg, one, torch::where(pos, zero, torch::where(valid, 1.0 - r, zero)));
+  const auto idx = torch::where(neg, zero, torch::where(pos, torch::full_like(index, reg_max - 0.1), index));
+  return {idx.clamp(0.0, static_cast<double>(reg_max) - 0.1).detach(), wr.detach(), wl.detach()};
 }
 
 }  // namespace
@@ -201,18 +246,22 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   const std::string cls_name = "loss_" + names_[0];
   auto add = [&](const std::string& name, const torch::Tensor& v) {
     t.names.push_back(name);
-    t.values.push_back(torch::nan_to_num(v, 0.0));
+    t.values.push_back(v);
   };
+  const Targets rows = concatenate(gts, device);
+  // Every term below is computed for L stacked levels at once ([L] values, NaN taken as 0).
+  const auto per_level = [](const torch::Tensor& v, int64_t nl) { return v.reshape({nl, -1}); };
+  const auto finish = [](const torch::Tensor& v) { return torch::nan_to_num(v, 0.0).unbind(); };
 
   const auto cls_term = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
     const auto& logits = lv.logits;
-    const int64_t b = logits.size(0), n = logits.size(1);
-    auto cls = torch::full({b, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
-    auto score = torch::zeros({b, n}, logits.options());
-    if (p.size() > 0) {
-      const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.img, p.qry})), to_xyxy(p.boxes)).first.detach();
-      cls.index_put_({p.img, p.qry}, p.labels);
-      score.index_put_({p.img, p.qry}, iou);
+    const int64_t rows_n = logits.size(0), n = logits.size(1);
+    auto cls = torch::full({rows_n, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
+    auto score = torch::zeros({rows_n, n}, logits.options());
+    if (!p.empty()) {
+      const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.row, p.qry})), to_xyxy(p.boxes)).first.detach();
+      cls.index_put_({p.row, p.qry}, p.labels);
+      score.index_put_({p.row, p.qry}, iou);
     }
     const auto onehot = F::one_hot(cls, nc_ + 1).narrow(-1, 0, nc_).to(logits.scalar_type());
     const auto prob = torch::sigmoid(logits).detach();
@@ -223,113 +272,135 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
                                : w_.vfl_alpha * prob.pow(w_.vfl_gamma) * (1 - onehot) + target;
     const auto bce = F::binary_cross_entropy_with_logits(
         logits, target, F::BinaryCrossEntropyWithLogitsFuncOptions().weight(weight).reduction(torch::kNone));
-    return bce.mean(1).sum() * static_cast<double>(n) / nb * w_.vfl;
+    return finish(per_level(bce, p.levels).sum(1) / nb * w_.vfl);
   };
-  const auto boxes = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) -> std::pair<torch::Tensor, torch::Tensor> {
-    if (p.size() == 0) return {lv.boxes.sum() * 0, lv.boxes.sum() * 0};
-    const auto src = lv.boxes.index({p.img, p.qry});
+  const auto boxes = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
+    if (p.empty()) {
+      const auto zero = per_level(lv.boxes, p.levels).sum(1) * 0;
+      return std::make_pair(finish(zero), finish(zero));
+    }
+    const auto src = lv.boxes.index({p.row, p.qry});
     const auto giou = iou_giou(to_xyxy(src), to_xyxy(p.boxes)).second;
-    return {(src - p.boxes).abs().sum() / nb * w_.bbox, (1 - giou).sum() / nb * w_.giou};
+    return std::make_pair(finish(per_level((src - p.boxes).abs(), p.levels).sum(1) / nb * w_.bbox),
+                          finish(per_level(1 - giou, p.levels).sum(1) / nb * w_.giou));
   };
   const auto fgl = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
-    if (p.size() == 0) return lv.corners.sum() * 0;
-    const auto refs = lv.refs.index({p.img, p.qry}).detach();
+    if (p.empty()) return finish(per_level(lv.corners, p.levels).sum(1) * 0);
+    const auto refs = lv.refs.index({p.row, p.qry}).detach();
     const auto e = edge_targets(refs, to_xyxy(p.boxes), reg_max, reg_scale, up);
-    const auto pred = lv.corners.index({p.img, p.qry}).reshape({-1, reg_max + 1});
-    const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.img, p.qry})), to_xyxy(p.boxes)).first;
+    const auto pred = lv.corners.index({p.row, p.qry}).reshape({-1, reg_max + 1});
+    const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.row, p.qry})), to_xyxy(p.boxes)).first;
     const auto weight = iou.unsqueeze(-1).expand({-1, 4}).reshape({-1}).detach();
     const auto left = e.index.to(torch::kLong);
     const auto ce = [&](const torch::Tensor& target) {
       return F::cross_entropy(pred, target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
     };
     const auto loss = (ce(left) * e.weight_left + ce(left + 1) * e.weight_right) * weight;
-    return loss.sum() / nb * w_.fgl;
+    return finish(per_level(loss, p.levels).sum(1) / nb * w_.fgl);
   };
-  // The mixing counts of the distillation term, set by the first matching level that computes it.
+  // The mixing counts of the distillation term, set by the matching levels (a denoising level
+  // reuses theirs).
   torch::Tensor num_pos, num_neg;
+  // lv: the stacked students, teacher one level; none of the students is the teacher.
   const auto ddf = [&](const Level& lv, const Level& teacher, const Pairs& p, bool is_dn) {
+    const int64_t nl = p.levels, b = teacher.logits.size(0);
     const auto pred = lv.corners.reshape({-1, reg_max + 1});
-    const auto target = teacher.corners.reshape({-1, reg_max + 1});
-    if (torch::equal(pred, target)) return pred.sum() * 0;
-    auto wloc = std::get<0>(torch::sigmoid(teacher.logits).max(-1));
+    const auto target = teacher.corners.unsqueeze(0).expand({nl, -1, -1, -1}).reshape({-1, reg_max + 1});
+    auto wloc = std::get<0>(torch::sigmoid(teacher.logits).max(-1)).repeat({nl, 1});  // [L B, n]
     auto mask = torch::zeros_like(wloc, torch::kBool);
-    if (p.size() > 0) {
-      mask.index_put_({p.img, p.qry}, true);
-      const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.img, p.qry})), to_xyxy(p.boxes)).first;
-      wloc = wloc.index_put({p.img, p.qry}, iou.to(wloc.scalar_type()));
+    if (!p.empty()) {
+      mask.index_put_({p.row, p.qry}, true);
+      const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.row, p.qry})), to_xyxy(p.boxes)).first;
+      wloc = wloc.index_put({p.row, p.qry}, iou.to(wloc.scalar_type()));
     }
     const auto edges = [](const torch::Tensor& x) { return x.unsqueeze(-1).expand({-1, -1, 4}).reshape({-1}); };
     const auto w = edges(wloc).detach();
-    const auto m4 = edges(mask);
+    const auto m4 = per_level(edges(mask), nl).to(torch::kFloat);
     const double temp = w_.ddf_temperature;
     const auto kl = torch::kl_div(torch::log_softmax(pred / temp, 1), torch::softmax(target.detach() / temp, 1),
                                   at::Reduction::None);
-    const auto loss = w * (temp * temp) * kl.sum(-1);
-    if (!is_dn || !num_pos.defined()) {  // a denoising level reuses the matching levels' counts
-      const double scale = 8.0 / static_cast<double>(lv.boxes.size(0));
-      num_pos = (m4.sum() * scale).pow(0.5);
-      num_neg = ((~m4).sum() * scale).pow(0.5);
+    const auto loss = per_level(w * (temp * temp) * kl.sum(-1), nl);
+    if (!is_dn || !num_pos.defined()) {
+      const double scale = 8.0 / static_cast<double>(b);
+      const auto first = m4[0];
+      num_pos = (first.sum() * scale).pow(0.5);
+      num_neg = ((1 - first).sum() * scale).pow(0.5);
     }
-    const auto pos = m4.any().item<bool>() ? loss.index({m4}).mean() : torch::zeros({}, loss.options());
-    const auto neg = (~m4).any().item<bool>() ? loss.index({~m4}).mean() : torch::zeros({}, loss.options());
-    return (pos * num_pos + neg * num_neg) / (num_pos + num_neg) * w_.ddf;
+    // The means over the matched and the other edges (0 where there are none).
+    const auto pos = (loss * m4).sum(1) / m4.sum(1).clamp_min(1.0);
+    const auto neg = (loss * (1 - m4)).sum(1) / (1 - m4).sum(1).clamp_min(1.0);
+    return finish((pos * num_pos + neg * num_neg) / (num_pos + num_neg) * w_.ddf);
+  };
+  const auto repeat = [](const std::vector<rt::ImageMatch>& m, size_t n) {
+    return std::vector<const std::vector<rt::ImageMatch>*>(n, &m);
   };
 
-  const auto go = gather_pairs(t.go, gts, device);
-  const Level& last = matched[0];
+  // The matching levels: [last, layers 0..L-2, pre, encoder], the first L with corners.
+  const size_t nm = matched.size();
+  std::vector<const std::vector<rt::ImageMatch>*> own;
+  for (const auto& m : t.matches) own.push_back(&m);
+  const Level all = stack(matched);
+  const Level decoder = stack(std::vector<Level>(matched.begin(), matched.begin() + static_cast<std::ptrdiff_t>(layers)));
+  const auto cls_v = cls_term(all, stack_pairs(own, rows, device), t.num_boxes);
+  const auto go_all = stack_pairs(repeat(t.go, nm), rows, device);
+  const auto [l1_v, giou_v] = boxes(all, go_all, t.num_go);
+  const auto fgl_v = fgl(decoder, stack_pairs(repeat(t.go, layers), rows, device), t.num_go);
+  std::vector<torch::Tensor> ddf_v;
+  if (layers > 1)
+    ddf_v = ddf(stack(std::vector<Level>(matched.begin() + 1, matched.begin() + static_cast<std::ptrdiff_t>(layers))),
+                matched[0], stack_pairs(repeat(t.go, layers - 1), rows, device), false);
   // The last layer: no distillation (it is the teacher).
-  {
-    const auto own = gather_pairs(t.matches[0], gts, device);
-    add(cls_name, cls_term(last, own, t.num_boxes));
-    const auto [l1, gi] = boxes(last, go, t.num_go);
-    add("loss_bbox", l1);
-    add("loss_giou", gi);
-    add("loss_fgl", fgl(last, go, t.num_go));
-  }
+  add(cls_name, cls_v[0]);
+  add("loss_bbox", l1_v[0]);
+  add("loss_giou", giou_v[0]);
+  add("loss_fgl", fgl_v[0]);
   for (size_t l = 0; l + 1 < layers; ++l) {
-    const Level& lv = matched[1 + l];
-    const auto own = gather_pairs(t.matches[1 + l], gts, device);
     const std::string s = "_aux_" + std::to_string(l);
-    add(cls_name + s, cls_term(lv, own, t.num_boxes));
-    const auto [l1, gi] = boxes(lv, go, t.num_go);
-    add("loss_bbox" + s, l1);
-    add("loss_giou" + s, gi);
-    add("loss_fgl" + s, fgl(lv, go, t.num_go));
-    add("loss_ddf" + s, ddf(lv, last, go, false));
+    add(cls_name + s, cls_v[1 + l]);
+    add("loss_bbox" + s, l1_v[1 + l]);
+    add("loss_giou" + s, giou_v[1 + l]);
+    add("loss_fgl" + s, fgl_v[1 + l]);
+    add("loss_ddf" + s, ddf_v[l]);
   }
   for (const auto& [index, suffix] : {std::pair<size_t, const char*>{layers, "_pre"}, {layers + 1, "_enc_0"}}) {
-    const auto own = gather_pairs(t.matches[index], gts, device);
-    add(cls_name + suffix, cls_term(matched[index], own, t.num_boxes));
-    const auto [l1, gi] = boxes(matched[index], go, t.num_go);
-    add(std::string("loss_bbox") + suffix, l1);
-    add(std::string("loss_giou") + suffix, gi);
+    add(cls_name + suffix, cls_v[index]);
+    add(std::string("loss_bbox") + suffix, l1_v[index]);
+    add(std::string("loss_giou") + suffix, giou_v[index]);
   }
 
   if (!out.dn.logits.empty()) {
     const auto pairs = out.dn_pairs.to(torch::kCPU, torch::kLong);
     if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("D-FINE loss: denoising pairs must be [P, 3]");
     for (int64_t b = 0; b < batch; ++b) {
-      const auto rows = pairs.index({pairs.select(1, 0) == b});
-      t.dn_matches.push_back({rows.select(1, 1).contiguous(), rows.select(1, 2).contiguous()});
+      const auto r = pairs.index({pairs.select(1, 0) == b});
+      t.dn_matches.push_back({r.select(1, 1).contiguous(), r.select(1, 2).contiguous()});
     }
     const auto nb = out.dn_groups > 0 ? t.num_boxes * static_cast<double>(out.dn_groups) : torch::ones({}, opts);
-    const auto dp = gather_pairs(t.dn_matches, gts, device);
-    const Level dn_last = level_of(out.dn, layers - 1);
+    // [layers 0..L-1, pre]; the last layer is the distillation's teacher.
+    std::vector<Level> dn;
+    for (size_t l = 0; l < layers; ++l) dn.push_back(level_of(out.dn, l));
+    dn.push_back({f32(out.dn.pre_logits), f32(out.dn.pre_boxes), {}, {}});
+    const Level dn_all = stack(dn);
+    const auto dp_all = stack_pairs(repeat(t.dn_matches, layers + 1), rows, device);
+    const auto dcls = cls_term(dn_all, dp_all, nb);
+    const auto [dl1, dgiou] = boxes(dn_all, dp_all, nb);
+    const auto dfgl = fgl(stack(std::vector<Level>(dn.begin(), dn.begin() + static_cast<std::ptrdiff_t>(layers))),
+                          stack_pairs(repeat(t.dn_matches, layers), rows, device), nb);
+    std::vector<torch::Tensor> dddf;
+    if (layers > 1)
+      dddf = ddf(stack(std::vector<Level>(dn.begin(), dn.begin() + static_cast<std::ptrdiff_t>(layers - 1))),
+                 dn[layers - 1], stack_pairs(repeat(t.dn_matches, layers - 1), rows, device), true);
     for (size_t l = 0; l < layers; ++l) {
-      const Level lv = level_of(out.dn, l);
       const std::string s = "_dn_" + std::to_string(l);
-      add(cls_name + s, cls_term(lv, dp, nb));
-      const auto [l1, gi] = boxes(lv, dp, nb);
-      add("loss_bbox" + s, l1);
-      add("loss_giou" + s, gi);
-      add("loss_fgl" + s, fgl(lv, dp, nb));
-      add("loss_ddf" + s, ddf(lv, dn_last, dp, true));
+      add(cls_name + s, dcls[l]);
+      add("loss_bbox" + s, dl1[l]);
+      add("loss_giou" + s, dgiou[l]);
+      add("loss_fgl" + s, dfgl[l]);
+      add("loss_ddf" + s, l + 1 < layers ? dddf[l] : torch::nan_to_num(dn[l].corners.sum() * 0, 0.0));  // the teacher: 0
     }
-    const Level pre{f32(out.dn.pre_logits), f32(out.dn.pre_boxes), {}, {}};
-    add(cls_name + "_dn_pre", cls_term(pre, dp, nb));
-    const auto [l1, gi] = boxes(pre, dp, nb);
-    add("loss_bbox_dn_pre", l1);
-    add("loss_giou_dn_pre", gi);
+    add(cls_name + "_dn_pre", dcls[layers]);
+    add("loss_bbox_dn_pre", dl1[layers]);
+    add("loss_giou_dn_pre", dgiou[layers]);
   }
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];
