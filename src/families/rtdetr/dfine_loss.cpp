@@ -41,25 +41,6 @@ std::pair<torch::Tensor, torch::Tensor> iou_giou(const torch::Tensor& a, const t
   return {iou, iou - (hull - uni) / hull};
 }
 
-// The batch's targets, every image's after the one before, on the outputs' device.
-struct Targets {
-  torch::Tensor labels, boxes;  // [S] int64, [S, 4] float32 cxcywh
-  std::vector<int64_t> counts;  // per image
-};
-
-Targets concatenate(const std::vector<rt::ImageTargets>& gts, const torch::Device& device) {
-  Targets t;
-  std::vector<torch::Tensor> labels, boxes;
-  for (const auto& g : gts) {
-    labels.push_back(g.labels);
-    boxes.push_back(g.boxes);
-    t.counts.push_back(g.size());
-  }
-  t.labels = torch::cat(labels).to(device, torch::kLong);
-  t.boxes = torch::cat(boxes).to(device, torch::kFloat);
-  return t;
-}
-
 // One level's logits, boxes and (where it has them) corners and references, in float32; or
 // several levels of one shape stacked, level l's image i at row l B + i.
 struct Level {
@@ -78,50 +59,24 @@ Level stack(const std::vector<Level>& levels) {
   return {cat(&Level::logits), cat(&Level::boxes), cat(&Level::corners), cat(&Level::refs)};
 }
 
-// The matched pairs of L stacked levels (level l's matches[l]; every level as many, P), flattened:
-// stack row and query indices on the device, the GTs' labels and cxcywh boxes; level l's pairs
-// are [l P, (l + 1) P). Made on the host and copied once.
+// The matched pairs of L stacked levels (rt::stacked_pairs), flattened: stack row and query
+// indices on the device, the GTs' labels and cxcywh boxes; level l's pairs are [l P, (l + 1) P).
 struct Pairs {
   torch::Tensor row, qry, labels, boxes;
   int64_t levels = 0, per_level = 0;
   bool empty() const { return per_level == 0; }
 };
 
-Pairs stack_pairs(const std::vector<const std::vector<rt::ImageMatch>*>& matches, const Targets& gts,
+Pairs stack_pairs(const std::vector<const std::vector<rt::ImageMatch>*>& matches, const rt::TargetRows& gts,
                   const torch::Device& device) {
-  const auto nl = static_cast<int64_t>(matches.size());
-  const auto b = static_cast<int64_t>(gts.counts.size());
-  std::vector<int64_t> rows;
+  const auto sp = rt::stacked_pairs(matches, gts, device);
   Pairs p;
-  p.levels = nl;
-  p.per_level = -1;
-  for (int64_t l = 0; l < nl; ++l) {
-    const auto& ms = *matches[static_cast<size_t>(l)];
-    if (static_cast<int64_t>(ms.size()) != b) throw UsageError("D-FINE loss: matches for another batch size");
-    int64_t first_gt = 0, count = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const auto& m = ms[static_cast<size_t>(i)];
-      const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
-      const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
-      for (int64_t k = 0; k < m.size(); ++k) {
-        rows.push_back(l * b + i);
-        rows.push_back(q.data_ptr<int64_t>()[k]);
-        rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
-      }
-      count += m.size();
-      first_gt += gts.counts[static_cast<size_t>(i)];
-    }
-    if (p.per_level >= 0 && count != p.per_level)
-      throw UsageError("D-FINE loss: levels scored together have unequal match counts");
-    p.per_level = count;
-  }
-  auto host = torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size() / 3), 3}, torch::kLong).t().contiguous();
-  if (device.is_cuda()) host = host.pin_memory();
-  const auto index = host.to(device, /*non_blocking=*/true);
-  p.row = index[0];
-  p.qry = index[1];
-  p.labels = gts.labels.index_select(0, index[2]);
-  p.boxes = gts.boxes.index_select(0, index[2]);
+  p.levels = static_cast<int64_t>(matches.size());
+  p.per_level = sp.per_level;
+  p.row = sp.index[0];
+  p.qry = sp.index[1];
+  p.labels = gts.labels.index_select(0, sp.index[2]);
+  p.boxes = gts.boxes.index_select(0, sp.index[2]);
   return p;
 }
 
@@ -248,7 +203,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     t.names.push_back(name);
     t.values.push_back(v);
   };
-  const Targets rows = concatenate(gts, device);
+  const rt::TargetRows rows = rt::concatenate_targets(gts, device);
   // Every term below is computed for L stacked levels at once ([L] values, NaN taken as 0).
   const auto per_level = [](const torch::Tensor& v, int64_t nl) { return v.reshape({nl, -1}); };
   const auto finish = [](const torch::Tensor& v) { return torch::nan_to_num(v, 0.0).unbind(); };

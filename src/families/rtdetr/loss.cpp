@@ -21,24 +21,8 @@ RtdetrLoss::RtdetrLoss(int nc, RtdetrLossWeights weights) : nc_(nc), w_(weights)
   if (nc < 1) throw UsageError("RtdetrLoss: number of classes must be >= 1, got " + std::to_string(nc));
 }
 
-RtdetrLoss::BatchTargets RtdetrLoss::concatenate(const std::vector<rt::ImageTargets>& gts,
-                                                 const torch::Device& device) {
-  BatchTargets t;
-  std::vector<torch::Tensor> labels, boxes;
-  for (const auto& g : gts) {
-    labels.push_back(g.labels);
-    boxes.push_back(g.boxes);
-    t.counts.push_back(g.size());
-  }
-  if (!gts.empty()) {
-    t.labels = torch::cat(labels).to(device);
-    t.boxes = torch::cat(boxes).to(device, torch::kFloat);
-  }
-  return t;
-}
-
 std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::OutputLevel>& levels,
-                                                       const BatchTargets& gts,
+                                                       const rt::TargetRows& gts,
                                                        const std::vector<const std::vector<rt::ImageMatch>*>& matches,
                                                        const torch::Tensor& num_boxes, int nc) const {
   const auto nl = static_cast<int64_t>(levels.size());
@@ -55,33 +39,11 @@ std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::Out
   const int64_t b = levels[0].logits.size(0), n = logits.size(1);
   if (logits.size(0) != nl * b || static_cast<int64_t>(gts.counts.size()) != b)
     throw UsageError("RT-DETR loss: levels, matches or targets for another batch size");
-  // The pairs of every level and image as rows (row of the stack, query, GT row of the batch's
-  // concatenated targets), made on the host and copied once. Every level has as many pairs (each
-  // image's GT count, or its queries where fewer): level l's are rows [l P, (l + 1) P).
-  std::vector<int64_t> rows;
-  int64_t pairs = -1;
-  for (int64_t l = 0; l < nl; ++l) {
-    const auto& ms = *matches[static_cast<size_t>(l)];
-    if (static_cast<int64_t>(ms.size()) != b) throw UsageError("RT-DETR loss: matches for another batch size");
-    int64_t first_gt = 0, count = 0;
-    for (int64_t i = 0; i < b; ++i) {
-      const auto& m = ms[static_cast<size_t>(i)];
-      const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
-      const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
-      for (int64_t k = 0; k < m.size(); ++k) {
-        rows.push_back(l * b + i);
-        rows.push_back(q.data_ptr<int64_t>()[k]);
-        rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
-      }
-      count += m.size();
-      first_gt += gts.counts[static_cast<size_t>(i)];
-    }
-    if (pairs >= 0 && count != pairs) throw UsageError("RT-DETR loss: levels scored together have unequal match counts");
-    pairs = count;
-  }
-  auto host = torch::from_blob(rows.data(), {nl * pairs, 3}, torch::kLong).t().contiguous();  // [3, L P]
-  if (device.is_cuda()) host = host.pin_memory();
-  const auto index = host.to(device, /*non_blocking=*/true);
+  // Level l's pairs are [l P, (l + 1) P): as many per level (each image's GT count, or its
+  // queries where fewer).
+  const auto sp = rt::stacked_pairs(matches, gts, device);
+  const int64_t pairs = sp.per_level;
+  const auto& index = sp.index;
   const auto img = index[0], qry = index[1];
   const auto gt_labels = gts.labels.index_select(0, index[2]);
   const auto gt_boxes = gts.boxes.index_select(0, index[2]);
@@ -159,9 +121,9 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
   }
   t.matches = rt::hungarian_match_levels(levels, level_gts, w_.matcher);
   const size_t decoder_levels = 1 + in.aux.size();
-  const BatchTargets gt_rows = concatenate(gts, device);
+  const rt::TargetRows gt_rows = rt::concatenate_targets(gts, device);
   // Levels of one shape scored together; their terms added one level at a time, in order.
-  const auto score_levels = [&](const std::vector<rt::OutputLevel>& group, const BatchTargets& rows,
+  const auto score_levels = [&](const std::vector<rt::OutputLevel>& group, const rt::TargetRows& rows,
                                 const std::vector<const std::vector<rt::ImageMatch>*>& group_matches,
                                 const torch::Tensor& nb, int nc, const std::function<std::string(size_t)>& suffix) {
     const auto v = stacked_terms(group, rows, group_matches, nb, nc);
@@ -188,7 +150,7 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
                  num_boxes_dn, nc_, [](size_t l) { return "_dn_" + std::to_string(l); });
   }
   for (size_t l = 0; l < in.enc.size(); ++l)
-    score_levels({in.enc[l]}, concatenate(enc_gts[l], device), {&t.matches[decoder_levels + l]}, t.num_boxes,
+    score_levels({in.enc[l]}, rt::concatenate_targets(enc_gts[l], device), {&t.matches[decoder_levels + l]}, t.num_boxes,
                  static_cast<int>(in.enc[l].logits.size(-1)), [l](size_t) { return "_enc_" + std::to_string(l); });
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];

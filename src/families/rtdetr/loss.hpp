@@ -66,18 +66,11 @@ class RtdetrLoss : public TrainingLoss {
   const RtdetrLossWeights& weights() const { return w_; }
 
  private:
-  // A target set's rows, every image's after the one before, on the outputs' device: made once
-  // per step for each set and read by every level matched against it.
-  struct BatchTargets {
-    torch::Tensor labels, boxes;  // [S] int64, [S, 4] float32 cxcywh
-    std::vector<int64_t> counts;  // per image
-  };
-  static BatchTargets concatenate(const std::vector<models::rtdetr::ImageTargets>& gts, const torch::Device& device);
   // The weighted {vfl, bbox, giou} of several levels of one shape scored together (their outputs
   // stacked: one set of operations for all), [L] each; matches[l] are level l's pairs and every
   // level has as many. nc: the class count of the levels' logits (1: a class-agnostic encoder level).
   std::array<torch::Tensor, 3> stacked_terms(const std::vector<models::rtdetr::OutputLevel>& levels,
-                                             const BatchTargets& gts,
+                                             const models::rtdetr::TargetRows& gts,
                                              const std::vector<const std::vector<models::rtdetr::ImageMatch>*>& matches,
                                              const torch::Tensor& num_boxes, int nc) const;
   int nc_;

@@ -1,9 +1,60 @@
 #include "families/rtdetr/matcher.hpp"
 
+#include <algorithm>
+
 #include "families/rtdetr/assignment.hpp"
 #include "libreyolo/errors.hpp"
 
 namespace libreyolo::models::rtdetr {
+
+TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch::Device& device) {
+  TargetRows t;
+  std::vector<torch::Tensor> labels, boxes;
+  for (const auto& g : gts) {
+    labels.push_back(g.labels);
+    boxes.push_back(g.boxes);
+    t.counts.push_back(g.size());
+  }
+  if (!gts.empty()) {
+    t.labels = torch::cat(labels).to(device, torch::kLong);
+    t.boxes = torch::cat(boxes).to(device, torch::kFloat);
+  }
+  return t;
+}
+
+StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& matches, const TargetRows& gts,
+                           const torch::Device& device) {
+  const auto nl = static_cast<int64_t>(matches.size());
+  const auto b = static_cast<int64_t>(gts.counts.size());
+  std::vector<int64_t> rows;
+  StackedPairs p;
+  p.per_level = -1;
+  for (int64_t l = 0; l < nl; ++l) {
+    const auto& ms = *matches[static_cast<size_t>(l)];
+    if (static_cast<int64_t>(ms.size()) != b) throw UsageError("matcher: matches for another batch size");
+    int64_t first_gt = 0, count = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      const auto& m = ms[static_cast<size_t>(i)];
+      const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
+      const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
+      for (int64_t k = 0; k < m.size(); ++k) {
+        rows.push_back(l * b + i);
+        rows.push_back(q.data_ptr<int64_t>()[k]);
+        rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
+      }
+      count += m.size();
+      first_gt += gts.counts[static_cast<size_t>(i)];
+    }
+    if (p.per_level >= 0 && count != p.per_level)
+      throw UsageError("matcher: levels scored together have unequal match counts");
+    p.per_level = count;
+  }
+  p.per_level = std::max<int64_t>(p.per_level, 0);
+  auto host = torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size() / 3), 3}, torch::kLong).t().contiguous();
+  if (device.is_cuda()) host = host.pin_memory();
+  p.index = host.to(device, /*non_blocking=*/true);
+  return p;
+}
 
 torch::Tensor matching_costs(const torch::Tensor& logits, const torch::Tensor& boxes,
                              const std::vector<ImageTargets>& gts, const MatcherWeights& w) {

@@ -28,6 +28,24 @@ struct ImageMatch {
   int64_t size() const { return query.size(0); }
 };
 
+// A batch's targets as rows, every image's after the one before, on one device.
+struct TargetRows {
+  torch::Tensor labels, boxes;  // [S] int64, [S, 4] float32 cxcywh
+  std::vector<int64_t> counts;  // per image
+};
+TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch::Device& device);
+
+// The matched pairs of L levels scored together (level l's matches[l]; every level has as many, P):
+// rows (row of the levels' stack: level l's image i is l B + i, query, row of the targets),
+// int64 [3, L P] on `device`, made on the host and copied once (from pinned memory on a GPU);
+// level l's pairs are columns [l P, (l + 1) P). Throws UsageError for unequal counts.
+struct StackedPairs {
+  torch::Tensor index;  // [3, L P]
+  int64_t per_level = 0;
+};
+StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& matches, const TargetRows& gts,
+                           const torch::Device& device);
+
 // The cost of every query against every GT of the batch, [B, Q, S] float32 (S = sum of the
 // images' counts, image b's columns after those of images < b), on the outputs' device; logits
 // [B, Q, nc], boxes [B, Q, 4] cxcywh. Undefined when the batch has no GT.
