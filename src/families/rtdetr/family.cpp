@@ -346,6 +346,9 @@ Family make_rtdetrv4_family() {
   // DEIM's network and training at sizes s, m, l, x, with its own learning rate, decay and length.
   static const std::vector<std::string> sizes{"s", "m", "l", "x"};
   Family f = dfine_line_family("rtdetrv4", sizes, /*silu=*/true);
+  // The head replayed equals eager bit for bit (outputs and gradients, fp32 and bf16); head-graphed
+  // steps stay within the eager runs' spread (H100, Seam/RtdetrLineGpu.*/rtdetrv4_head).
+  f.capture_train_head = true;
   f.can_load = [](const io::StateDict& sd) { return dfine_keys(without_distillation(sd)); };
   f.normalize_keys = [](io::StateDict& sd) {
     sd = without_distillation(sd);
