@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace libreyolo::ops {
@@ -80,6 +81,17 @@ inline uint8_t clip8(int64_t v) {
 
 namespace {
 
+// The source rows [row0, row1) that output rows [top, top + win_h) read: their vertical taps' span,
+// or those rows themselves without a vertical pass.
+std::pair<int64_t, int64_t> source_rows(const Taps& ty, bool vertical, int64_t top, int64_t win_h) {
+  if (!vertical) return {top, top + win_h};
+  const int64_t row0 = ty.first[static_cast<size_t>(top)];
+  int64_t row1 = row0;
+  for (int64_t yy = top; yy < top + win_h; ++yy)
+    row1 = std::max(row1, ty.first[static_cast<size_t>(yy)] + ty.count[static_cast<size_t>(yy)]);
+  return {row0, row1};
+}
+
 // Rows [top, top + win_h) and columns [left, left + win_w) of the resampling of `src` by the taps
 // tx, ty (each output pixel depends on its own taps only: a window is computed alone, the same
 // bytes as in the whole output). `horizontal` / `vertical`: whether that pass resamples (else the
@@ -93,12 +105,7 @@ torch::Tensor resample(const torch::Tensor& src, const Taps& tx, const Taps& ty,
     const int64_t grain = std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(1, work_per_row));
     at::parallel_for(0, n, grain, fn);
   };
-  // The source rows the window's vertical taps read (all of the window's rows without a vertical pass).
-  const int64_t row0 = vertical ? ty.first[static_cast<size_t>(top)] : top;
-  int64_t row1 = vertical ? row0 : top + win_h;
-  if (vertical)
-    for (int64_t yy = top; yy < top + win_h; ++yy)
-      row1 = std::max(row1, ty.first[static_cast<size_t>(yy)] + ty.count[static_cast<size_t>(yy)]);
+  const auto [row0, row1] = source_rows(ty, vertical, top, win_h);
   // The horizontal pass (or the window's columns) of those rows: [row1 - row0, win_w, c].
   torch::Tensor mid;
   if (horizontal) {
@@ -184,11 +191,7 @@ torch::Tensor resample_device(const torch::Tensor& src, const Taps& tx, const Ta
     k.ksize = t.ksize;
     return k;
   };
-  const int64_t row0 = vertical ? ty.first[static_cast<size_t>(top)] : top;
-  int64_t row1 = vertical ? row0 : top + win_h;
-  if (vertical)
-    for (int64_t yy = top; yy < top + win_h; ++yy)
-      row1 = std::max(row1, ty.first[static_cast<size_t>(yy)] + ty.count[static_cast<size_t>(yy)]);
+  const auto [row0, row1] = source_rows(ty, vertical, top, win_h);
   torch::Tensor xf, xc, xw, yf, yc, yw;
   torch::Tensor mid;
   if (horizontal) {
