@@ -12,6 +12,7 @@
 #include "engine/optimizer.hpp"
 #include "engine/schedule.hpp"
 #include "families/rtdetr/dfine.hpp"
+#include "families/rtdetr/dfine_loss.hpp"
 #include "io/checkpoint.hpp"
 #include "io/pickle.hpp"
 #include "loss/loss.hpp"
@@ -198,3 +199,69 @@ TEST(DfineTrain, OptimizerGroupsAreTheReferences) {
   EXPECT_EQ(find(true, 1.0).params.size(), 111u);
   EXPECT_EQ(find(true, 1.0).weight_decay, 1e-4);
 }
+
+// A plan padded to a box count per image scores as the exact one, for D-FINE's varifocal and
+// DEIM's matchability-aware class terms: the same terms and gradients (the union's pairs, the
+// denoising positives, the distillation's masks with padding), with fixed shapes for two batches
+// of different box counts.
+class DfineLossPlan : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(DfineLossPlan, PaddedPlanScoresAsTheExactOne) {
+  torch::manual_seed(0);
+  auto model = std::make_shared<rtdetr::DfineModel>(narrow(3));
+  model->train();
+  const auto* fam = models::find_family(GetParam());
+  ASSERT_NE(fam, nullptr);
+  auto owned = fam->make_loss(*model);
+  auto* loss = dynamic_cast<libreyolo::loss::DfineLoss*>(owned.get());
+  ASSERT_NE(loss, nullptr);
+  const auto x = torch::rand({3, 3, 128, 128});
+  std::vector<std::vector<int64_t>> shapes;
+  for (const int first : {3, 1}) {
+    SCOPED_TRACE("first image with " + std::to_string(first) + " boxes");
+    auto targets = torch::full({3, 4, 5}, -1.0f);
+    const float rows[3][5] = {{0, 0.10f, 0.15f, 0.45f, 0.60f}, {2, 0.55f, 0.50f, 0.90f, 0.85f}, {1, 0.3f, 0.1f, 0.6f, 0.4f}};
+    for (int r = 0; r < first; ++r) targets[0][r] = torch::tensor(std::vector<float>(rows[r], rows[r] + 5));
+    // Image 1: no box; image 2: three, so that the denoising group's shape (set by the largest
+    // count) is the same in both batches.
+    targets[2][0] = torch::tensor({1.f, 0.20f, 0.30f, 0.70f, 0.75f});
+    targets[2][1] = torch::tensor({0.f, 0.05f, 0.05f, 0.25f, 0.30f});
+    targets[2][2] = torch::tensor({2.f, 0.60f, 0.10f, 0.95f, 0.45f});
+    const auto raw = model->forward_train(x, targets);
+    const auto out = rtdetr::unpack_dfine_outputs(raw);
+    ASSERT_FALSE(out.dn.logits.empty());
+    const auto gts = rtdetr::split_targets(targets);
+    const auto exact_plan = loss->plan(out, gts);
+    const auto padded_plan = loss->plan(out, gts, /*pad=*/4);
+    const auto exact = loss->planned_terms(out, exact_plan);
+    const auto padded = loss->planned_terms(out, padded_plan);
+    ASSERT_EQ(padded.names, exact.names);
+    for (size_t i = 0; i < exact.values.size(); ++i)
+      EXPECT_NEAR(padded.values[i].item<double>(), exact.values[i].item<double>(),
+                  1e-6 * std::max(1.0, std::abs(exact.values[i].item<double>())))
+          << exact.names[i];
+    std::vector<torch::Tensor> params;
+    for (auto& p : model->parameters())
+      if (p.requires_grad()) params.push_back(p);
+    const auto ge = torch::autograd::grad({exact.total}, params, {}, /*retain_graph=*/true, false, /*allow_unused=*/true);
+    const auto gp = torch::autograd::grad({padded.total}, params, {}, /*retain_graph=*/false, false, /*allow_unused=*/true);
+    int compared = 0;
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSERT_EQ(ge[i].defined(), gp[i].defined()) << i;
+      if (!ge[i].defined()) continue;
+      ++compared;
+      EXPECT_TRUE(torch::isfinite(gp[i]).all().item<bool>()) << i;
+      const double scale = std::max(ge[i].abs().max().item<double>(), 1e-12);
+      EXPECT_LE((gp[i] - ge[i]).abs().max().item<double>() / scale, 1e-5) << "parameter " << i;
+    }
+    EXPECT_GT(compared, 50);
+    std::vector<int64_t> s;
+    for (const auto& t : padded_plan.tensors()) s.insert(s.end(), t.sizes().begin(), t.sizes().end());
+    shapes.push_back(s);
+    EXPECT_FALSE(exact_plan.own.weight.defined());
+    EXPECT_EQ(padded_plan.own.weight.sum().item<double>(), static_cast<double>(exact_plan.own.index.size(1)));
+  }
+  EXPECT_EQ(shapes[0], shapes[1]);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, DfineLossPlan, ::testing::Values("dfine", "deim"));

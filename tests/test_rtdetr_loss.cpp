@@ -176,3 +176,126 @@ TEST(RtdetrLoss, BatchWithoutBoxes) {
   ASSERT_TRUE(g.defined());
   EXPECT_GT(g.min().item<double>(), 0.0);  // every logit pushed down
 }
+
+// A plan padded to a box count per image scores as the exact one: the same terms and gradients,
+// for RT-DETR (denoising, an image without boxes) and RT-DETRv2's class-agnostic encoder level;
+// its index, target and weight tensors have the same shapes for batches with different box
+// counts, so that the scoring can be replayed from a graph.
+namespace {
+
+struct PlanCase {
+  const char* name;
+  bool v2;
+};
+
+rtdetr::Config tiny_config(bool v2) {
+  rtdetr::Config c = v2 ? rtdetr::v2_size_config("r18", 5) : rtdetr::Config{};
+  c.size.clear();
+  c.depth = 18;
+  c.stem = 8;
+  c.stages = {8, 16, 32, 64};
+  c.hidden = c.dec_hidden = 32;
+  c.enc_ffn = c.dec_ffn = 64;
+  c.queries = 20;
+  c.nc = 5;
+  c.denoising = 12;
+  if (v2) {
+    c.v2.anchor_size = 128;
+    c.v2.query_select = rtdetr::QuerySelect::Agnostic;
+  }
+  return c;
+}
+
+// Three images: 3 boxes, none, 1 box (normalised xyxy rows, class -1 padding).
+torch::Tensor plan_targets(int64_t first_count) {
+  auto t = torch::full({3, 4, 5}, -1.0f);
+  const float rows[4][5] = {{0, 0.1f, 0.1f, 0.3f, 0.4f}, {3, 0.5f, 0.2f, 0.9f, 0.6f}, {4, 0.2f, 0.6f, 0.4f, 0.9f},
+                            {1, 0.3f, 0.3f, 0.7f, 0.8f}};
+  for (int64_t r = 0; r < first_count; ++r)
+    for (int k = 0; k < 5; ++k) t[0][r][k] = rows[r][k];
+  for (int k = 0; k < 5; ++k) t[2][0][k] = rows[3][k];
+  return t;
+}
+
+std::vector<torch::Tensor> grads_of(torch::nn::Module& m) {
+  std::vector<torch::Tensor> g;
+  for (auto& p : m.parameters()) {
+    g.push_back(p.grad().defined() ? p.grad().clone() : torch::Tensor());
+    p.mutable_grad() = torch::Tensor();
+  }
+  return g;
+}
+
+}  // namespace
+
+class RtdetrLossPlan : public ::testing::TestWithParam<PlanCase> {};
+
+TEST_P(RtdetrLossPlan, PaddedPlanScoresAsTheExactOne) {
+  torch::manual_seed(0);
+  rtdetr::RtdetrModel model(tiny_config(GetParam().v2));
+  model.train();
+  RtdetrLoss loss(5);
+  const auto x = torch::rand({3, 3, 64, 64});
+  std::vector<int64_t> shapes_seen;
+  for (const int64_t first : {3, 2}) {
+    SCOPED_TRACE("first image with " + std::to_string(first) + " boxes");
+    const auto targets = plan_targets(first);
+    torch::manual_seed(1);  // the same denoising draws for both forwards
+    const auto raw = model.forward_train(x, targets);
+    const auto in = rtdetr::unpack_train_outputs(raw);
+    ASSERT_FALSE(in.dn.empty());
+    ASSERT_EQ(in.enc.size(), GetParam().v2 ? 1u : 0u);
+    const auto gts = rtdetr::split_targets(targets);
+    const auto exact_plan = loss.plan(in, gts);
+    const auto padded_plan = loss.plan(in, gts, /*pad=*/12);
+    const auto exact = loss.planned_terms(in, exact_plan);
+    exact.total.backward(torch::Tensor(), /*retain_graph=*/true);
+    const auto exact_grads = grads_of(model);
+    const auto padded = loss.planned_terms(in, padded_plan);
+    padded.total.backward();
+    const auto padded_grads = grads_of(model);
+
+    ASSERT_EQ(padded.names, exact.names);
+    for (size_t i = 0; i < exact.values.size(); ++i)
+      EXPECT_NEAR(padded.values[i].item<double>(), exact.values[i].item<double>(),
+                  1e-6 * std::max(1.0, std::abs(exact.values[i].item<double>())))
+          << exact.names[i];
+    EXPECT_GT(exact.value("loss_giou").item<double>(), 0.0);
+    int compared = 0;
+    for (size_t i = 0; i < exact_grads.size(); ++i) {
+      ASSERT_EQ(exact_grads[i].defined(), padded_grads[i].defined()) << i;
+      if (!exact_grads[i].defined()) continue;
+      ++compared;
+      EXPECT_TRUE(torch::isfinite(padded_grads[i]).all().item<bool>()) << i;
+      const double scale = std::max(exact_grads[i].abs().max().item<double>(), 1e-12);
+      EXPECT_LE((padded_grads[i] - exact_grads[i]).abs().max().item<double>() / scale, 1e-5) << "parameter " << i;
+    }
+    EXPECT_GT(compared, 50);
+
+    // Every pair block is B pad wide whatever the boxes; the padding is weighted 0.
+    for (const auto& g : padded_plan.groups) {
+      EXPECT_EQ(g.pairs.per_level, 3 * 12);
+      EXPECT_EQ(g.pairs.index.size(1), static_cast<int64_t>(g.levels.size()) * 3 * 12);
+      ASSERT_TRUE(g.pairs.weight.defined());
+      shapes_seen.push_back(g.pairs.index.size(1));
+    }
+    EXPECT_EQ(padded_plan.targets[0].labels.size(0), 3 * 12);
+    // Of the matched levels' pairs, as many carry weight as the exact plan has pairs.
+    EXPECT_EQ(padded_plan.groups[0].pairs.weight.sum().item<double>(),
+              static_cast<double>(exact_plan.groups[0].pairs.index.size(1)));
+    EXPECT_FALSE(exact_plan.groups[0].pairs.weight.defined());
+  }
+  // The second batch's plan has the first's shapes.
+  ASSERT_EQ(shapes_seen.size() % 2, 0u);
+  const size_t half = shapes_seen.size() / 2;
+  for (size_t i = 0; i < half; ++i) EXPECT_EQ(shapes_seen[i], shapes_seen[half + i]);
+  // An image with more boxes than the room asked for makes the room larger, never drops a box.
+  const auto targets = plan_targets(3);
+  const auto raw = model.forward_train(x, targets);
+  const auto in = rtdetr::unpack_train_outputs(raw);
+  const auto small = loss.plan(in, rtdetr::split_targets(targets), /*pad=*/2);
+  EXPECT_EQ(small.targets[0].pad, 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, RtdetrLossPlan, ::testing::Values(PlanCase{"rtdetr", false}, PlanCase{"rtdetrv2", true}),
+                         [](const ::testing::TestParamInfo<PlanCase>& i) { return std::string(i.param.name); });

@@ -1,9 +1,11 @@
 // Training loss interface. Implementations must not synchronise with the host (no .item(),
 // no boolean-mask indexing with data-dependent shapes): the step may be captured in a CUDA graph.
+// A loss that cannot avoid it (a matcher solved on the host) plans that part first (plan/score).
 #pragma once
 #include <torch/torch.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,15 @@ struct LossOutput {
   }
 };
 
+// The host-side part of a loss resolved into device tensors (TrainingLoss::plan).
+class LossPlan {
+ public:
+  virtual ~LossPlan() = default;
+  // Every tensor score() reads of the plan (handles to the plan's own storage): copying another
+  // plan's tensors into these, shape for shape, makes this plan that one for score().
+  virtual std::vector<torch::Tensor> tensors() const = 0;
+};
+
 class TrainingLoss {
  public:
   virtual ~TrainingLoss() = default;
@@ -41,6 +52,28 @@ class TrainingLoss {
   // compute() would change with host-side state (a switch such as an L1 term that starts later) needs the
   // trainer to invalidate captured steps when that state changes (Family::on_close_mosaic).
   virtual std::vector<std::shared_ptr<const void>> capture_keep_alive() const { return {}; }
+
+  // A loss whose compute() must read the host (a matcher solved there) may split it in two:
+  // plan() does what needs the host and returns it as device tensors whose shapes depend only on
+  // the outputs' shapes and `pad` (room for that many boxes per image; a batch with more gets
+  // larger tensors); score() computes the loss from the outputs and a plan without reading the
+  // host, so that it can be captured: of `raw` it reads the device tensors, and the host entries
+  // only for the layout (which the device entries' number and shapes then tell apart).
+  // compute(raw, targets) equals score(raw, *plan(raw, targets, 0)).
+  // The default: nullptr (the loss does not plan).
+  virtual std::unique_ptr<LossPlan> plan(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
+                                         int64_t pad) {
+    (void)raw;
+    (void)targets;
+    (void)pad;
+    return nullptr;
+  }
+  // Throws std::logic_error for a loss that does not plan.
+  virtual LossOutput score(const std::vector<torch::Tensor>& raw, const LossPlan& plan) {
+    (void)raw;
+    (void)plan;
+    throw std::logic_error("this loss does not plan: score() has no plan to read");
+  }
 };
 
 }  // namespace libreyolo

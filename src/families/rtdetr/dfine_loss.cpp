@@ -59,25 +59,44 @@ Level stack(const std::vector<Level>& levels) {
   return {cat(&Level::logits), cat(&Level::boxes), cat(&Level::corners), cat(&Level::refs)};
 }
 
-// The matched pairs of L stacked levels (rt::stacked_pairs), flattened: stack row and query
+// The pairs of L stacked levels (a plan's rt::StackedPairs), flattened: stack row and query
 // indices on the device, the GTs' labels and cxcywh boxes; level l's pairs are [l P, (l + 1) P).
+// Padded pairs (rt::stacked_pairs with pad > 0) also have the query their class target is
+// written to (past the last on padding) and which pairs are real.
 struct Pairs {
-  torch::Tensor row, qry, labels, boxes;
+  torch::Tensor row, qry, scatter, keep, labels, boxes;
   int64_t levels = 0, per_level = 0;
   bool empty() const { return per_level == 0; }
+  bool padded() const { return keep.defined(); }
 };
 
-Pairs stack_pairs(const std::vector<const std::vector<rt::ImageMatch>*>& matches, const rt::TargetRows& gts,
-                  const torch::Device& device) {
-  const auto sp = rt::stacked_pairs(matches, gts, device);
+Pairs gather_pairs(const rt::StackedPairs& sp, int64_t levels, const rt::TargetRows& rows) {
   Pairs p;
-  p.levels = static_cast<int64_t>(matches.size());
+  p.levels = levels;
   p.per_level = sp.per_level;
   p.row = sp.index[0];
   p.qry = sp.index[1];
-  p.labels = gts.labels.index_select(0, sp.index[2]);
-  p.boxes = gts.boxes.index_select(0, sp.index[2]);
+  p.labels = rows.labels.index_select(0, sp.index[2]);
+  p.boxes = rows.boxes.index_select(0, sp.index[2]);
+  if (sp.weight.defined()) {
+    p.scatter = sp.scatter;
+    p.keep = sp.weight > 0;
+  }
   return p;
+}
+
+// Per pair (or per pair's four edges: `per`), v where the pair is real, 0 on padding.
+torch::Tensor real_only(const torch::Tensor& v, const Pairs& p, int64_t per = 1) {
+  if (!p.padded()) return v;
+  const auto keep = per == 1 ? p.keep : p.keep.unsqueeze(-1).expand({-1, per}).reshape({-1});
+  return torch::where(v.dim() > keep.dim() ? keep.unsqueeze(-1) : keep, v, torch::zeros_like(v));
+}
+
+// values [rows, n] with `v` written at the pairs (padding: at a column past the last, dropped).
+torch::Tensor put_at_pairs(const torch::Tensor& values, const Pairs& p, const torch::Tensor& v) {
+  if (!p.padded()) return values.index_put({p.row, p.qry}, v);
+  const auto wide = torch::cat({values, torch::zeros({values.size(0), 1}, values.options())}, 1);
+  return wide.index_put({p.row, p.scatter}, v).narrow(1, 0, values.size(1));
 }
 
 // The soft two-bin targets of each edge: the left neighbour's bin index (clamped to
@@ -159,7 +178,29 @@ DfineLoss::DfineLoss(int nc, DfineLossWeights weights)
   if (nc < 1) throw UsageError("DfineLoss: number of classes must be >= 1, got " + std::to_string(nc));
 }
 
-DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vector<rt::ImageTargets>& gts) const {
+namespace {
+std::vector<const std::vector<rt::ImageMatch>*> repeated(const std::vector<rt::ImageMatch>& m, size_t n) {
+  return std::vector<const std::vector<rt::ImageMatch>*>(n, &m);
+}
+int64_t most_pairs(const std::vector<rt::ImageMatch>& m) {
+  int64_t n = 0;
+  for (const auto& i : m) n = std::max(n, i.size());
+  return n;
+}
+}  // namespace
+
+std::vector<torch::Tensor> DfinePlan::tensors() const {
+  std::vector<torch::Tensor> out = {rows.labels, rows.boxes, num_boxes, num_go, num_fg};
+  if (num_boxes_dn.defined()) out.push_back(num_boxes_dn);
+  for (const auto* sp : {&own, &go_all, &go_layers, &go_students, &dn_all, &dn_layers, &dn_students}) {
+    if (!sp->index.defined()) continue;
+    out.push_back(sp->index);
+    if (sp->weight.defined()) out.insert(out.end(), {sp->scatter, sp->weight});
+  }
+  return out;
+}
+
+DfinePlan DfineLoss::plan(const rt::DfineTrainOutputs& out, const std::vector<rt::ImageTargets>& gts, int64_t pad) const {
   const auto& m = out.matching;
   const int64_t batch = m.logits.back().size(0);
   if (static_cast<int64_t>(gts.size()) != batch)
@@ -168,6 +209,77 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   if (m.logits.back().size(-1) != nc_)
     throw UsageError("D-FINE loss: logits of " + std::to_string(m.logits.back().size(-1)) +
                      " classes, the loss has " + std::to_string(nc_));
+  const auto device = m.logits.back().device();
+  const size_t layers = m.logits.size();
+  const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
+  DfinePlan p;
+  int64_t count = 0;
+  for (const auto& g : gts) count += g.size();
+  p.num_boxes = loss_normalizer(torch::tensor(static_cast<float>(count), opts));
+
+  // Matching: the last layer, layers 0..L-2, pre, the encoder.
+  std::vector<rt::OutputLevel> levels = {{m.logits[layers - 1], m.boxes[layers - 1]}};
+  for (size_t l = 0; l + 1 < layers; ++l) levels.push_back({m.logits[l], m.boxes[l]});
+  levels.push_back({m.pre_logits, m.pre_boxes});
+  levels.push_back({out.enc_topk_logits, out.enc_topk_boxes});
+  const size_t nm = levels.size();
+  p.matches = rt::hungarian_match_levels(levels, std::vector<const std::vector<rt::ImageTargets>*>(nm, &gts), w_.matcher);
+  p.go = union_matches(p.matches);
+  int64_t go_count = 0;
+  for (const auto& g : p.go) go_count += g.size();
+  p.num_go = loss_normalizer(torch::tensor(static_cast<float>(go_count), opts));
+
+  // Padded: room for every image's boxes, its union pairs (at most one per query, and per box
+  // one per matched level) and its denoising positives (half the denoising queries at most).
+  const int64_t queries = m.logits.back().size(1);
+  int64_t room = 0, go_room = 0;
+  if (pad > 0) {
+    room = pad;
+    for (const auto& g : gts) room = std::max(room, g.size());
+    go_room = std::max(std::min(queries, static_cast<int64_t>(nm) * room), most_pairs(p.go));
+  }
+  p.rows = rt::concatenate_targets(gts, device, room);
+  std::vector<const std::vector<rt::ImageMatch>*> own;
+  for (const auto& mm : p.matches) own.push_back(&mm);
+  p.own = rt::stacked_pairs(own, p.rows, device, queries, room);
+  p.go_all = rt::stacked_pairs(repeated(p.go, nm), p.rows, device, queries, go_room);
+  p.go_layers = rt::stacked_pairs(repeated(p.go, layers), p.rows, device, queries, go_room);
+  if (layers > 1) p.go_students = rt::stacked_pairs(repeated(p.go, layers - 1), p.rows, device, queries, go_room);
+
+  if (!out.dn.logits.empty()) {
+    const auto pairs = out.dn_pairs.to(torch::kCPU, torch::kLong);
+    if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("D-FINE loss: denoising pairs must be [P, 3]");
+    std::vector<std::vector<int64_t>> query(static_cast<size_t>(batch)), gt(static_cast<size_t>(batch));
+    const auto* row = pairs.data_ptr<int64_t>();
+    for (int64_t k = 0; k < pairs.size(0); ++k, row += 3) {
+      if (row[0] < 0 || row[0] >= batch) throw UsageError("D-FINE loss: a denoising pair of another batch");
+      query[static_cast<size_t>(row[0])].push_back(row[1]);
+      gt[static_cast<size_t>(row[0])].push_back(row[2]);
+    }
+    for (int64_t b = 0; b < batch; ++b)
+      p.dn_matches.push_back({torch::tensor(query[static_cast<size_t>(b)], torch::kLong),
+                              torch::tensor(gt[static_cast<size_t>(b)], torch::kLong)});
+    const int64_t dn_queries = out.dn.logits.front().size(1);
+    const int64_t dn_room = pad > 0 ? std::max({room, dn_queries / 2, most_pairs(p.dn_matches)}) : 0;
+    p.num_boxes_dn = out.dn_groups > 0 ? p.num_boxes * static_cast<double>(out.dn_groups) : torch::ones({}, opts);
+    // [layers 0..L-1, pre]; the last layer is the distillation's teacher.
+    p.dn_all = rt::stacked_pairs(repeated(p.dn_matches, layers + 1), p.rows, device, dn_queries, dn_room);
+    p.dn_layers = rt::stacked_pairs(repeated(p.dn_matches, layers), p.rows, device, dn_queries, dn_room);
+    if (layers > 1)
+      p.dn_students = rt::stacked_pairs(repeated(p.dn_matches, layers - 1), p.rows, device, dn_queries, dn_room);
+  }
+  int64_t matched = 0;
+  for (const auto& mm : p.matches.front()) matched += mm.size();
+  p.num_fg = torch::tensor(static_cast<float>(static_cast<double>(matched) / static_cast<double>(batch)), opts);
+  return p;
+}
+
+DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vector<rt::ImageTargets>& gts) const {
+  return planned_terms(out, plan(out, gts));
+}
+
+DfineLossTerms DfineLoss::planned_terms(const rt::DfineTrainOutputs& out, const DfinePlan& plan) const {
+  const auto& m = out.matching;
   const auto device = m.logits.back().device();
   const int reg_max = static_cast<int>(m.corners.back().size(-1) / 4 - 1);
   const auto up = out.up.detach().to(device, torch::kFloat), reg_scale = out.reg_scale.detach().to(device, torch::kFloat);
@@ -178,24 +290,16 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   };
 
   DfineLossTerms t;
-  int64_t count = 0;
-  for (const auto& g : gts) count += g.size();
-  const auto opts = torch::TensorOptions().dtype(torch::kFloat).device(device);
-  t.num_boxes = loss_normalizer(torch::tensor(static_cast<float>(count), opts));
-
-  // Matching: the last layer, layers 0..L-2, pre, the encoder.
+  t.num_boxes = plan.num_boxes;
+  t.num_go = plan.num_go;
+  t.matches = plan.matches;
+  t.go = plan.go;
+  t.dn_matches = plan.dn_matches;
   std::vector<Level> matched = {level_of(m, layers - 1)};
   for (size_t l = 0; l + 1 < layers; ++l) matched.push_back(level_of(m, l));
   matched.push_back({f32(m.pre_logits), f32(m.pre_boxes), {}, {}});
   matched.push_back({f32(out.enc_topk_logits), f32(out.enc_topk_boxes), {}, {}});
-  std::vector<rt::OutputLevel> levels;
-  for (const auto& lv : matched) levels.push_back({lv.logits, lv.boxes});
-  t.matches = rt::hungarian_match_levels(levels, std::vector<const std::vector<rt::ImageTargets>*>(levels.size(), &gts),
-                                         w_.matcher);
-  t.go = union_matches(t.matches);
-  int64_t go_count = 0;
-  for (const auto& g : t.go) go_count += g.size();
-  t.num_go = loss_normalizer(torch::tensor(static_cast<float>(go_count), opts));
+  if (plan.matches.size() != matched.size()) throw UsageError("D-FINE loss: a plan for other outputs");
 
   // The class term's name: loss_vfl, or loss_mal.
   const std::string cls_name = "loss_" + names_[0];
@@ -203,7 +307,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     t.names.push_back(name);
     t.values.push_back(v);
   };
-  const rt::TargetRows rows = rt::concatenate_targets(gts, device);
+  const rt::TargetRows& rows = plan.rows;
   // Every term below is computed for L stacked levels at once ([L] values, NaN taken as 0).
   const auto per_level = [](const torch::Tensor& v, int64_t nl) { return v.reshape({nl, -1}); };
   const auto finish = [](const torch::Tensor& v) { return torch::nan_to_num(v, 0.0).unbind(); };
@@ -215,8 +319,8 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     auto score = torch::zeros({rows_n, n}, logits.options());
     if (!p.empty()) {
       const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.row, p.qry})), to_xyxy(p.boxes)).first.detach();
-      cls.index_put_({p.row, p.qry}, p.labels);
-      score.index_put_({p.row, p.qry}, iou);
+      cls = put_at_pairs(cls, p, p.labels);
+      score = put_at_pairs(score, p, iou);
     }
     const auto onehot = F::one_hot(cls, nc_ + 1).narrow(-1, 0, nc_).to(logits.scalar_type());
     const auto prob = torch::sigmoid(logits).detach();
@@ -236,8 +340,8 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     }
     const auto src = lv.boxes.index({p.row, p.qry});
     const auto giou = iou_giou(to_xyxy(src), to_xyxy(p.boxes)).second;
-    return std::make_pair(finish(per_level((src - p.boxes).abs(), p.levels).sum(1) / nb * w_.bbox),
-                          finish(per_level(1 - giou, p.levels).sum(1) / nb * w_.giou));
+    return std::make_pair(finish(per_level(real_only((src - p.boxes).abs(), p), p.levels).sum(1) / nb * w_.bbox),
+                          finish(per_level(real_only(1 - giou, p), p.levels).sum(1) / nb * w_.giou));
   };
   const auto fgl = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
     if (p.empty()) return finish(per_level(lv.corners, p.levels).sum(1) * 0);
@@ -250,7 +354,7 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     const auto ce = [&](const torch::Tensor& target) {
       return F::cross_entropy(pred, target, F::CrossEntropyFuncOptions().reduction(torch::kNone));
     };
-    const auto loss = (ce(left) * e.weight_left + ce(left + 1) * e.weight_right) * weight;
+    const auto loss = real_only((ce(left) * e.weight_left + ce(left + 1) * e.weight_right) * weight, p, 4);
     return finish(per_level(loss, p.levels).sum(1) / nb * w_.fgl);
   };
   // The mixing counts of the distillation term, set by the matching levels (a denoising level
@@ -264,9 +368,9 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     auto wloc = std::get<0>(torch::sigmoid(teacher.logits).max(-1)).repeat({nl, 1});  // [L B, n]
     auto mask = torch::zeros_like(wloc, torch::kBool);
     if (!p.empty()) {
-      mask.index_put_({p.row, p.qry}, true);
+      mask = put_at_pairs(mask, p, torch::ones({}, mask.options()));
       const auto iou = iou_giou(to_xyxy(lv.boxes.index({p.row, p.qry})), to_xyxy(p.boxes)).first;
-      wloc = wloc.index_put({p.row, p.qry}, iou.to(wloc.scalar_type()));
+      wloc = put_at_pairs(wloc, p, iou.to(wloc.scalar_type()));
     }
     const auto edges = [](const torch::Tensor& x) { return x.unsqueeze(-1).expand({-1, -1, 4}).reshape({-1}); };
     const auto w = edges(wloc).detach();
@@ -286,24 +390,19 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
     const auto neg = (loss * (1 - m4)).sum(1) / (1 - m4).sum(1).clamp_min(1.0);
     return finish((pos * num_pos + neg * num_neg) / (num_pos + num_neg) * w_.ddf);
   };
-  const auto repeat = [](const std::vector<rt::ImageMatch>& m, size_t n) {
-    return std::vector<const std::vector<rt::ImageMatch>*>(n, &m);
-  };
 
   // The matching levels: [last, layers 0..L-2, pre, encoder], the first L with corners.
-  const size_t nm = matched.size();
-  std::vector<const std::vector<rt::ImageMatch>*> own;
-  for (const auto& m : t.matches) own.push_back(&m);
+  const auto nm = static_cast<int64_t>(matched.size());
+  const auto nl = static_cast<int64_t>(layers);
   const Level all = stack(matched);
   const Level decoder = stack(std::vector<Level>(matched.begin(), matched.begin() + static_cast<std::ptrdiff_t>(layers)));
-  const auto cls_v = cls_term(all, stack_pairs(own, rows, device), t.num_boxes);
-  const auto go_all = stack_pairs(repeat(t.go, nm), rows, device);
-  const auto [l1_v, giou_v] = boxes(all, go_all, t.num_go);
-  const auto fgl_v = fgl(decoder, stack_pairs(repeat(t.go, layers), rows, device), t.num_go);
+  const auto cls_v = cls_term(all, gather_pairs(plan.own, nm, rows), plan.num_boxes);
+  const auto [l1_v, giou_v] = boxes(all, gather_pairs(plan.go_all, nm, rows), plan.num_go);
+  const auto fgl_v = fgl(decoder, gather_pairs(plan.go_layers, nl, rows), plan.num_go);
   std::vector<torch::Tensor> ddf_v;
   if (layers > 1)
     ddf_v = ddf(stack(std::vector<Level>(matched.begin() + 1, matched.begin() + static_cast<std::ptrdiff_t>(layers))),
-                matched[0], stack_pairs(repeat(t.go, layers - 1), rows, device), false);
+                matched[0], gather_pairs(plan.go_students, nl - 1, rows), false);
   // The last layer: no distillation (it is the teacher).
   add(cls_name, cls_v[0]);
   add("loss_bbox", l1_v[0]);
@@ -324,27 +423,22 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   }
 
   if (!out.dn.logits.empty()) {
-    const auto pairs = out.dn_pairs.to(torch::kCPU, torch::kLong);
-    if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("D-FINE loss: denoising pairs must be [P, 3]");
-    for (int64_t b = 0; b < batch; ++b) {
-      const auto r = pairs.index({pairs.select(1, 0) == b});
-      t.dn_matches.push_back({r.select(1, 1).contiguous(), r.select(1, 2).contiguous()});
-    }
-    const auto nb = out.dn_groups > 0 ? t.num_boxes * static_cast<double>(out.dn_groups) : torch::ones({}, opts);
+    if (!plan.dn_all.index.defined()) throw UsageError("D-FINE loss: a plan for other outputs");
+    const auto& nb = plan.num_boxes_dn;
     // [layers 0..L-1, pre]; the last layer is the distillation's teacher.
     std::vector<Level> dn;
     for (size_t l = 0; l < layers; ++l) dn.push_back(level_of(out.dn, l));
     dn.push_back({f32(out.dn.pre_logits), f32(out.dn.pre_boxes), {}, {}});
     const Level dn_all = stack(dn);
-    const auto dp_all = stack_pairs(repeat(t.dn_matches, layers + 1), rows, device);
+    const auto dp_all = gather_pairs(plan.dn_all, nl + 1, rows);
     const auto dcls = cls_term(dn_all, dp_all, nb);
     const auto [dl1, dgiou] = boxes(dn_all, dp_all, nb);
     const auto dfgl = fgl(stack(std::vector<Level>(dn.begin(), dn.begin() + static_cast<std::ptrdiff_t>(layers))),
-                          stack_pairs(repeat(t.dn_matches, layers), rows, device), nb);
+                          gather_pairs(plan.dn_layers, nl, rows), nb);
     std::vector<torch::Tensor> dddf;
     if (layers > 1)
       dddf = ddf(stack(std::vector<Level>(dn.begin(), dn.begin() + static_cast<std::ptrdiff_t>(layers - 1))),
-                 dn[layers - 1], stack_pairs(repeat(t.dn_matches, layers - 1), rows, device), true);
+                 dn[layers - 1], gather_pairs(plan.dn_students, nl - 1, rows), true);
     for (size_t l = 0; l < layers; ++l) {
       const std::string s = "_dn_" + std::to_string(l);
       add(cls_name + s, dcls[l]);
@@ -362,13 +456,15 @@ DfineLossTerms DfineLoss::terms(const rt::DfineTrainOutputs& out, const std::vec
   return t;
 }
 
-LossOutput DfineLoss::compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
-                              int64_t img_w) {
-  (void)img_h;
-  (void)img_w;
-  const auto out = rt::unpack_dfine_outputs(raw);
-  const auto gts = rt::split_targets(targets);
-  const auto t = terms(out, gts);
+std::unique_ptr<LossPlan> DfineLoss::plan(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
+                                          int64_t pad) {
+  return std::make_unique<DfinePlan>(plan(rt::unpack_dfine_outputs(raw), rt::split_targets(targets), pad));
+}
+
+LossOutput DfineLoss::score(const std::vector<torch::Tensor>& raw, const LossPlan& plan) {
+  const auto* p = dynamic_cast<const DfinePlan*>(&plan);
+  if (!p) throw UsageError("D-FINE loss: a plan of another loss");
+  const auto t = planned_terms(rt::unpack_dfine_outputs(raw), *p);
   std::vector<std::string> kinds;
   for (const auto& n : names_) kinds.push_back("loss_" + n);
   std::vector<torch::Tensor> sums(kinds.size());
@@ -380,15 +476,19 @@ LossOutput DfineLoss::compute(const std::vector<torch::Tensor>& raw, const torch
       }
   for (auto& s : sums)
     if (!s.defined()) s = torch::zeros({}, t.total.options());
-  int64_t matched = 0;
-  for (const auto& m : t.matches.front()) matched += m.size();
   LossOutput o;
   o.total = t.total;
   o.terms = torch::stack(sums);
-  o.num_fg = torch::tensor(static_cast<double>(matched) / static_cast<double>(gts.size()),
-                           torch::TensorOptions().dtype(torch::kFloat).device(t.total.device()));
+  o.num_fg = p->num_fg;
   o.names = &term_names();
   return o;
+}
+
+LossOutput DfineLoss::compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
+                              int64_t img_w) {
+  (void)img_h;
+  (void)img_w;
+  return score(raw, *plan(raw, targets, 0));
 }
 
 }  // namespace libreyolo::loss

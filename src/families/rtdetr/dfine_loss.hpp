@@ -61,6 +61,21 @@ struct DfineLossTerms {
 std::vector<models::rtdetr::ImageMatch> union_matches(
     const std::vector<std::vector<models::rtdetr::ImageMatch>>& levels);
 
+// What the criterion resolves before scoring (DfineLoss::plan): the matching of every level, the
+// union, the denoising pairs, as stacked pairs per group of levels scored together, the target
+// rows and the normalisers; with `pad` > 0 of shapes fixed by the outputs' and pad.
+struct DfinePlan final : LossPlan {
+  models::rtdetr::TargetRows rows;
+  // Every matched level's own pairs; the union's over all matched levels, over the decoder layers,
+  // over layers 0..L-2; with denoising the positives' over [layers, pre], the layers, layers 0..L-2.
+  models::rtdetr::StackedPairs own, go_all, go_layers, go_students, dn_all, dn_layers, dn_students;
+  torch::Tensor num_boxes, num_go, num_boxes_dn, num_fg;
+  std::vector<std::vector<models::rtdetr::ImageMatch>> matches;
+  std::vector<models::rtdetr::ImageMatch> go, dn_matches;
+
+  std::vector<torch::Tensor> tensors() const override;
+};
+
 class DfineLoss : public TrainingLoss {
  public:
   explicit DfineLoss(int nc, DfineLossWeights weights = {});
@@ -70,8 +85,17 @@ class DfineLoss : public TrainingLoss {
   // raw: DfineModel::forward_train in training mode (pack_dfine_outputs' layout).
   LossOutput compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
                      int64_t img_w) override;
+  // compute() in two parts (TrainingLoss::plan): a DfinePlan, and the loss from it.
+  std::unique_ptr<LossPlan> plan(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
+                                 int64_t pad) override;
+  LossOutput score(const std::vector<torch::Tensor>& raw, const LossPlan& plan) override;
+  // The whole criterion, term by term: planned_terms(out, plan(out, gts)).
   DfineLossTerms terms(const models::rtdetr::DfineTrainOutputs& out,
                        const std::vector<models::rtdetr::ImageTargets>& gts) const;
+  // The matching and what the scoring reads (pad: as RtdetrLoss::plan).
+  DfinePlan plan(const models::rtdetr::DfineTrainOutputs& out, const std::vector<models::rtdetr::ImageTargets>& gts,
+                 int64_t pad = 0) const;
+  DfineLossTerms planned_terms(const models::rtdetr::DfineTrainOutputs& out, const DfinePlan& plan) const;
 
  private:
   int nc_;

@@ -1,5 +1,6 @@
 #include "families/rtdetr/loss.hpp"
 
+#include <algorithm>
 #include <functional>
 #include <stdexcept>
 
@@ -22,11 +23,10 @@ RtdetrLoss::RtdetrLoss(int nc, RtdetrLossWeights weights) : nc_(nc), w_(weights)
 }
 
 std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::OutputLevel>& levels,
-                                                       const rt::TargetRows& gts,
-                                                       const std::vector<const std::vector<rt::ImageMatch>*>& matches,
+                                                       const rt::TargetRows& gts, const rt::StackedPairs& sp,
                                                        const torch::Tensor& num_boxes, int nc) const {
   const auto nl = static_cast<int64_t>(levels.size());
-  if (nl == 0 || matches.size() != levels.size()) throw UsageError("RT-DETR loss: a match list per level");
+  if (nl == 0) throw UsageError("RT-DETR loss: no level to score");
   std::vector<torch::Tensor> lg, bx;
   for (const auto& lv : levels) {
     lg.push_back(lv.logits);
@@ -40,9 +40,9 @@ std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::Out
   if (logits.size(0) != nl * b || static_cast<int64_t>(gts.counts.size()) != b)
     throw UsageError("RT-DETR loss: levels, matches or targets for another batch size");
   // Level l's pairs are [l P, (l + 1) P): as many per level (each image's GT count, or its
-  // queries where fewer).
-  const auto sp = rt::stacked_pairs(matches, gts, device);
+  // queries where fewer; padded: B pad, the padding weighted 0).
   const int64_t pairs = sp.per_level;
+  const bool padded = sp.weight.defined();
   const auto& index = sp.index;
   const auto img = index[0], qry = index[1];
   const auto gt_labels = gts.labels.index_select(0, index[2]);
@@ -51,12 +51,19 @@ std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::Out
   rt::Overlap overlap;
   if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
 
-  // Varifocal: IoU-valued targets at the matched queries' GT classes.
-  auto cls = torch::full({nl * b, n}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
-  auto score = torch::zeros({nl * b, n}, logits.options());
+  // Varifocal: IoU-valued targets at the matched queries' GT classes (padding writes a column
+  // past the queries, dropped).
+  const int64_t cols = padded ? n + 1 : n;
+  auto cls = torch::full({nl * b, cols}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto score = torch::zeros({nl * b, cols}, logits.options());
   if (pairs > 0) {
-    cls.index_put_({img, qry}, gt_labels);
-    score.index_put_({img, qry}, overlap.iou.detach());
+    const auto at = padded ? sp.scatter : qry;
+    cls.index_put_({img, at}, gt_labels);
+    score.index_put_({img, at}, overlap.iou.detach());
+  }
+  if (padded) {
+    cls = cls.narrow(1, 0, n);
+    score = score.narrow(1, 0, n);
   }
   const auto onehot = F::one_hot(cls, nc + 1).narrow(-1, 0, nc);
   const auto target = score.unsqueeze(-1) * onehot;
@@ -71,13 +78,20 @@ std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::Out
     l1 = boxes.view({nl, -1}).sum(1) * 0;
     giou = l1;
   } else {
-    l1 = (src - gt_boxes).abs().view({nl, -1}).sum(1) / num_boxes;
-    giou = (1 - overlap.giou).view({nl, -1}).sum(1) / num_boxes;
+    auto l1_pairs = (src - gt_boxes).abs();
+    auto giou_pairs = 1 - overlap.giou;
+    if (padded) {  // selected, not multiplied: a padding pair's gradient is 0 whatever its terms'
+      const auto keep = sp.weight > 0;
+      l1_pairs = torch::where(keep.unsqueeze(1), l1_pairs, torch::zeros_like(l1_pairs));
+      giou_pairs = torch::where(keep, giou_pairs, torch::zeros_like(giou_pairs));
+    }
+    l1 = l1_pairs.view({nl, -1}).sum(1) / num_boxes;
+    giou = giou_pairs.view({nl, -1}).sum(1) / num_boxes;
   }
   return {vfl * w_.vfl, l1 * w_.bbox, giou * w_.giou};
 }
 
-RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vector<rt::ImageTargets>& gts) const {
+RtdetrPlan RtdetrLoss::plan(const rt::CriterionInputs& in, const std::vector<rt::ImageTargets>& gts, int64_t pad) const {
   const int64_t batch = in.last.logits.size(0);
   if (static_cast<int64_t>(gts.size()) != batch)
     throw UsageError("RT-DETR loss: " + std::to_string(gts.size()) + " target lists for a batch of " +
@@ -86,18 +100,11 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
     throw UsageError("RT-DETR loss: logits of " + std::to_string(in.last.logits.size(-1)) + " classes, the loss has " +
                      std::to_string(nc_));
   const auto device = in.last.logits.device();
-  RtdetrLossTerms t;
+  RtdetrPlan plan;
   int64_t count = 0;
   for (const auto& g : gts) count += g.size();
-  t.num_boxes = loss_normalizer(torch::tensor(static_cast<float>(count), torch::TensorOptions().device(device)));
+  plan.num_boxes = loss_normalizer(torch::tensor(static_cast<float>(count), torch::TensorOptions().device(device)));
 
-  auto add = [&](const std::string& suffix, const std::array<torch::Tensor, 3>& v) {
-    static const char* kinds[3] = {"loss_vfl", "loss_bbox", "loss_giou"};
-    for (int k = 0; k < 3; ++k) {
-      t.names.push_back(kinds[k] + suffix);
-      t.values.push_back(v[k]);
-    }
-  };
   // The encoder top-k as its own level (RT-DETRv2): matched and scored like an auxiliary level,
   // against GT relabelled to one class when its score head is class-agnostic.
   std::vector<std::vector<rt::ImageTargets>> enc_gts;
@@ -119,65 +126,141 @@ RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vect
     levels.push_back(in.enc[l]);
     level_gts.push_back(&enc_gts[l]);
   }
-  t.matches = rt::hungarian_match_levels(levels, level_gts, w_.matcher);
+  plan.matches = rt::hungarian_match_levels(levels, level_gts, w_.matcher);
   const size_t decoder_levels = 1 + in.aux.size();
-  const rt::TargetRows gt_rows = rt::concatenate_targets(gts, device);
-  // Levels of one shape scored together; their terms added one level at a time, in order.
-  const auto score_levels = [&](const std::vector<rt::OutputLevel>& group, const rt::TargetRows& rows,
-                                const std::vector<const std::vector<rt::ImageMatch>*>& group_matches,
-                                const torch::Tensor& nb, int nc, const std::function<std::string(size_t)>& suffix) {
-    const auto v = stacked_terms(group, rows, group_matches, nb, nc);
-    const auto vfl = v[0].unbind(), l1 = v[1].unbind(), giou = v[2].unbind();
-    for (size_t l = 0; l < group.size(); ++l) add(suffix(l), {vfl[l], l1[l], giou[l]});
+  // Room for every image's boxes and, per denoising level, its positive copies.
+  int64_t room = pad;
+  if (pad > 0) {
+    for (const auto& g : gts) room = std::max(room, g.size());
+  }
+  plan.targets.push_back(rt::concatenate_targets(gts, device, room));
+
+  static const char* kinds[3] = {"loss_vfl", "loss_bbox", "loss_giou"};
+  size_t next_level = 0;
+  // A group of levels with `queries` queries each, `pairs_pad` pair columns per image (padded).
+  const auto add_group = [&](size_t levels_in_group, int64_t queries, int64_t pairs_pad, size_t targets,
+                             const std::vector<const std::vector<rt::ImageMatch>*>& group_matches,
+                             const torch::Tensor& nb, int nc, const std::function<std::string(size_t)>& suffix) {
+    RtdetrPlan::Group g;
+    for (size_t l = 0; l < levels_in_group; ++l) {
+      g.levels.push_back(next_level++);
+      for (const char* k : kinds) plan.names.push_back(k + suffix(l));
+    }
+    g.pairs = rt::stacked_pairs(group_matches, plan.targets[targets], device, queries, pairs_pad);
+    g.targets = targets;
+    g.num_boxes = nb;
+    g.nc = nc;
+    plan.groups.push_back(std::move(g));
   };
   {
-    std::vector<rt::OutputLevel> group(levels.begin(), levels.begin() + static_cast<std::ptrdiff_t>(decoder_levels));
     std::vector<const std::vector<rt::ImageMatch>*> group_matches;
-    for (size_t l = 0; l < decoder_levels; ++l) group_matches.push_back(&t.matches[l]);
-    score_levels(group, gt_rows, group_matches, t.num_boxes, nc_,
-                 [](size_t l) { return l == 0 ? std::string() : "_aux_" + std::to_string(l - 1); });
+    for (size_t l = 0; l < decoder_levels; ++l) group_matches.push_back(&plan.matches[l]);
+    add_group(decoder_levels, in.last.logits.size(1), room, 0, group_matches, plan.num_boxes, nc_,
+              [](size_t l) { return l == 0 ? std::string() : "_aux_" + std::to_string(l - 1); });
   }
-
   if (!in.dn.empty()) {
     const auto pairs = in.dn_pairs.to(torch::kCPU, torch::kLong);
     if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("RT-DETR loss: denoising pairs must be [P, 3]");
-    for (int64_t b = 0; b < batch; ++b) {
-      const auto rows = pairs.index({pairs.select(1, 0) == b});
-      t.dn_matches.push_back({rows.select(1, 1).contiguous(), rows.select(1, 2).contiguous()});
+    std::vector<std::vector<int64_t>> query(static_cast<size_t>(batch)), gt(static_cast<size_t>(batch));
+    const auto* row = pairs.data_ptr<int64_t>();
+    for (int64_t k = 0; k < pairs.size(0); ++k, row += 3) {
+      if (row[0] < 0 || row[0] >= batch) throw UsageError("RT-DETR loss: a denoising pair of another batch");
+      query[static_cast<size_t>(row[0])].push_back(row[1]);
+      gt[static_cast<size_t>(row[0])].push_back(row[2]);
     }
-    const auto num_boxes_dn = t.num_boxes * static_cast<double>(in.dn_groups);
-    score_levels(in.dn, gt_rows, std::vector<const std::vector<rt::ImageMatch>*>(in.dn.size(), &t.dn_matches),
-                 num_boxes_dn, nc_, [](size_t l) { return "_dn_" + std::to_string(l); });
+    // Padded: room for the positives of half the denoising queries (the most a batch can have
+    // at this shape), so that the rows' shape follows the outputs'.
+    int64_t dn_room = pad > 0 ? std::max(room, in.dn.front().logits.size(1) / 2) : room;
+    for (int64_t b = 0; b < batch; ++b) {
+      plan.dn_matches.push_back({torch::tensor(query[static_cast<size_t>(b)], torch::kLong),
+                                 torch::tensor(gt[static_cast<size_t>(b)], torch::kLong)});
+      if (pad > 0) dn_room = std::max<int64_t>(dn_room, plan.dn_matches.back().size());
+    }
+    const auto num_boxes_dn = plan.num_boxes * static_cast<double>(in.dn_groups);
+    add_group(in.dn.size(), in.dn.front().logits.size(1), dn_room, 0, std::vector<const std::vector<rt::ImageMatch>*>(in.dn.size(), &plan.dn_matches),
+              num_boxes_dn, nc_, [](size_t l) { return "_dn_" + std::to_string(l); });
   }
-  for (size_t l = 0; l < in.enc.size(); ++l)
-    score_levels({in.enc[l]}, rt::concatenate_targets(enc_gts[l], device), {&t.matches[decoder_levels + l]}, t.num_boxes,
-                 static_cast<int>(in.enc[l].logits.size(-1)), [l](size_t) { return "_enc_" + std::to_string(l); });
+  for (size_t l = 0; l < in.enc.size(); ++l) {
+    plan.targets.push_back(rt::concatenate_targets(enc_gts[l], device, room));
+    add_group(1, in.enc[l].logits.size(1), room, plan.targets.size() - 1, {&plan.matches[decoder_levels + l]}, plan.num_boxes,
+              static_cast<int>(in.enc[l].logits.size(-1)), [l](size_t) { return "_enc_" + std::to_string(l); });
+  }
+  int64_t matched = 0;
+  for (const auto& m : plan.matches.front()) matched += m.size();
+  plan.num_fg = torch::tensor(static_cast<float>(static_cast<double>(matched) / static_cast<double>(batch)),
+                              torch::TensorOptions().device(device));
+  return plan;
+}
+
+RtdetrLossTerms RtdetrLoss::planned_terms(const rt::CriterionInputs& in, const RtdetrPlan& plan) const {
+  // The plan's level order: last, auxiliary, denoising, encoder.
+  std::vector<const rt::OutputLevel*> order = {&in.last};
+  for (const auto& lv : in.aux) order.push_back(&lv);
+  for (const auto& lv : in.dn) order.push_back(&lv);
+  for (const auto& lv : in.enc) order.push_back(&lv);
+  RtdetrLossTerms t;
+  t.names = plan.names;
+  t.num_boxes = plan.num_boxes;
+  t.matches = plan.matches;
+  t.dn_matches = plan.dn_matches;
+  for (const auto& g : plan.groups) {
+    std::vector<rt::OutputLevel> group;
+    for (size_t l : g.levels) {
+      if (l >= order.size()) throw UsageError("RT-DETR loss: a plan for other outputs");
+      group.push_back(*order[l]);
+    }
+    // Levels of one shape scored together; their terms in order, one level at a time.
+    const auto v = stacked_terms(group, plan.targets[g.targets], g.pairs, g.num_boxes, g.nc);
+    const auto vfl = v[0].unbind(), l1 = v[1].unbind(), giou = v[2].unbind();
+    for (size_t l = 0; l < group.size(); ++l) t.values.insert(t.values.end(), {vfl[l], l1[l], giou[l]});
+  }
+  if (t.values.size() != t.names.size()) throw UsageError("RT-DETR loss: a plan for other outputs");
   t.total = t.values[0];
   for (size_t i = 1; i < t.values.size(); ++i) t.total = t.total + t.values[i];
   return t;
+}
+
+RtdetrLossTerms RtdetrLoss::terms(const rt::CriterionInputs& in, const std::vector<rt::ImageTargets>& gts) const {
+  return planned_terms(in, plan(in, gts));
+}
+
+std::vector<torch::Tensor> RtdetrPlan::tensors() const {
+  std::vector<torch::Tensor> out = {num_boxes, num_fg};
+  for (const auto& t : targets) out.insert(out.end(), {t.labels, t.boxes});
+  for (const auto& g : groups) {
+    out.insert(out.end(), {g.pairs.index, g.num_boxes});
+    if (g.pairs.weight.defined()) out.insert(out.end(), {g.pairs.scatter, g.pairs.weight});
+  }
+  return out;
+}
+
+std::unique_ptr<LossPlan> RtdetrLoss::plan(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets,
+                                           int64_t pad) {
+  return std::make_unique<RtdetrPlan>(plan(rt::unpack_train_outputs(raw), rt::split_targets(targets), pad));
+}
+
+LossOutput RtdetrLoss::score(const std::vector<torch::Tensor>& raw, const LossPlan& plan) {
+  const auto* p = dynamic_cast<const RtdetrPlan*>(&plan);
+  if (!p) throw UsageError("RT-DETR loss: a plan of another loss");
+  const auto t = planned_terms(rt::unpack_train_outputs(raw), *p);
+  std::array<torch::Tensor, 3> sums;
+  for (size_t i = 0; i < t.values.size(); ++i) {
+    auto& s = sums[i % 3];
+    s = s.defined() ? s + t.values[i].detach() : t.values[i].detach();
+  }
+  LossOutput o;
+  o.total = t.total;
+  o.terms = torch::stack({sums[0], sums[1], sums[2]});
+  o.num_fg = p->num_fg;
+  o.names = &term_names();
+  return o;
 }
 
 LossOutput RtdetrLoss::compute(const std::vector<torch::Tensor>& raw, const torch::Tensor& targets, int64_t img_h,
                                int64_t img_w) {
   (void)img_h;
   (void)img_w;
-  const auto in = rt::unpack_train_outputs(raw);
-  const auto gts = rt::split_targets(targets);
-  const auto t = terms(in, gts);
-  std::array<torch::Tensor, 3> sums;
-  for (size_t i = 0; i < t.values.size(); ++i) {
-    auto& s = sums[i % 3];
-    s = s.defined() ? s + t.values[i].detach() : t.values[i].detach();
-  }
-  int64_t matched = 0;
-  for (const auto& m : t.matches.front()) matched += m.size();
-  LossOutput o;
-  o.total = t.total;
-  o.terms = torch::stack({sums[0], sums[1], sums[2]});
-  o.num_fg = torch::tensor(static_cast<double>(matched) / static_cast<double>(gts.size()),
-                           torch::TensorOptions().dtype(torch::kFloat).device(t.total.device()));
-  o.names = &term_names();
-  return o;
+  return score(raw, *plan(raw, targets, 0));
 }
 
 }  // namespace libreyolo::loss

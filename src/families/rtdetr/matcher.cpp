@@ -7,52 +7,100 @@
 
 namespace libreyolo::models::rtdetr {
 
-TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch::Device& device) {
+namespace {
+// A host tensor on `device`: from pinned memory without waiting on a GPU.
+torch::Tensor upload(torch::Tensor host, const torch::Device& device) {
+  if (device.is_cuda()) host = host.pin_memory();
+  return host.to(device, /*non_blocking=*/true);
+}
+}  // namespace
+
+int64_t TargetRows::first_row(size_t image) const {
+  if (pad > 0) return static_cast<int64_t>(image) * pad;
+  int64_t first = 0;
+  for (size_t i = 0; i < image; ++i) first += counts[i];
+  return first;
+}
+
+TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch::Device& device, int64_t pad) {
   TargetRows t;
+  t.pad = std::max<int64_t>(pad, 0);
   std::vector<torch::Tensor> labels, boxes;
   for (const auto& g : gts) {
-    labels.push_back(g.labels);
-    boxes.push_back(g.boxes);
+    if (t.pad > 0 && g.size() > t.pad)
+      throw UsageError("matcher: an image with " + std::to_string(g.size()) + " boxes in rows padded to " +
+                       std::to_string(t.pad));
+    labels.push_back(g.labels.to(torch::kLong));
+    boxes.push_back(g.boxes.to(torch::kFloat));
     t.counts.push_back(g.size());
+    if (t.pad > 0 && g.size() < t.pad) {
+      labels.push_back(torch::zeros({t.pad - g.size()}, labels.back().options()));
+      boxes.push_back(torch::full({t.pad - g.size(), 4}, 0.5f, boxes.back().options()));
+    }
   }
   if (!gts.empty()) {
-    t.labels = torch::cat(labels).to(device, torch::kLong);
-    t.boxes = torch::cat(boxes).to(device, torch::kFloat);
+    t.labels = torch::cat(labels).to(device);
+    t.boxes = torch::cat(boxes).to(device);
   }
   return t;
 }
 
 StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& matches, const TargetRows& gts,
-                           const torch::Device& device) {
+                           const torch::Device& device, int64_t queries, int64_t pad) {
   const auto nl = static_cast<int64_t>(matches.size());
   const auto b = static_cast<int64_t>(gts.counts.size());
-  std::vector<int64_t> rows;
+  pad = std::max<int64_t>(pad, 0);
+  const bool padded = pad > 0;
+  std::vector<int64_t> rows, scatter;
+  std::vector<float> weight;
   StackedPairs p;
   p.per_level = -1;
   for (int64_t l = 0; l < nl; ++l) {
     const auto& ms = *matches[static_cast<size_t>(l)];
     if (static_cast<int64_t>(ms.size()) != b) throw UsageError("matcher: matches for another batch size");
-    int64_t first_gt = 0, count = 0;
+    int64_t count = 0;
     for (int64_t i = 0; i < b; ++i) {
       const auto& m = ms[static_cast<size_t>(i)];
       const auto q = m.query.to(torch::kCPU, torch::kLong).contiguous();
       const auto g = m.gt.to(torch::kCPU, torch::kLong).contiguous();
+      const int64_t first_gt = gts.first_row(static_cast<size_t>(i));
+      if (padded && m.size() > pad)
+        throw UsageError("matcher: an image with " + std::to_string(m.size()) + " pairs, padded to " +
+                         std::to_string(pad));
       for (int64_t k = 0; k < m.size(); ++k) {
-        rows.push_back(l * b + i);
-        rows.push_back(q.data_ptr<int64_t>()[k]);
-        rows.push_back(first_gt + g.data_ptr<int64_t>()[k]);
+        rows.insert(rows.end(), {l * b + i, q.data_ptr<int64_t>()[k], first_gt + g.data_ptr<int64_t>()[k]});
+        scatter.push_back(q.data_ptr<int64_t>()[k]);
+        weight.push_back(1.0f);
       }
-      count += m.size();
-      first_gt += gts.counts[static_cast<size_t>(i)];
+      for (int64_t k = padded ? m.size() : pad; k < pad; ++k) {
+        rows.insert(rows.end(), {l * b + i, 0, first_gt});
+        scatter.push_back(queries);
+        weight.push_back(0.0f);
+      }
+      count += padded ? pad : m.size();
     }
     if (p.per_level >= 0 && count != p.per_level)
       throw UsageError("matcher: levels scored together have unequal match counts");
     p.per_level = count;
   }
   p.per_level = std::max<int64_t>(p.per_level, 0);
-  auto host = torch::from_blob(rows.data(), {static_cast<int64_t>(rows.size() / 3), 3}, torch::kLong).t().contiguous();
-  if (device.is_cuda()) host = host.pin_memory();
-  p.index = host.to(device, /*non_blocking=*/true);
+  const auto n = static_cast<int64_t>(scatter.size());
+  // One upload: the three index rows, then (padded) the scatter queries and the weights' bits.
+  std::vector<int64_t> all(rows.size() + (padded ? 2 * scatter.size() : 0));
+  for (int64_t k = 0; k < n; ++k)
+    for (int64_t r = 0; r < 3; ++r) all[static_cast<size_t>(r * n + k)] = rows[static_cast<size_t>(3 * k + r)];
+  if (padded)
+    for (int64_t k = 0; k < n; ++k) {
+      all[static_cast<size_t>(3 * n + k)] = scatter[static_cast<size_t>(k)];
+      all[static_cast<size_t>(4 * n + k)] = weight[static_cast<size_t>(k)] > 0 ? 1 : 0;
+    }
+  const auto device_all =
+      upload(torch::from_blob(all.data(), {padded ? 5 : 3, n}, torch::kLong).clone(), device);
+  p.index = device_all.narrow(0, 0, 3);
+  if (padded) {
+    p.scatter = device_all[3];
+    p.weight = device_all[4].to(torch::kFloat);
+  }
   return p;
 }
 

@@ -28,23 +28,33 @@ struct ImageMatch {
   int64_t size() const { return query.size(0); }
 };
 
-// A batch's targets as rows, every image's after the one before, on one device.
+// A batch's targets as rows on one device: every image's after the one before, or with `pad` > 0
+// image b's in rows [b pad, b pad + n_b) of B pad rows (the rest label 0 and a unit-centred box,
+// read by no loss), a shape that depends only on B and pad (which must be at least every n_b).
 struct TargetRows {
   torch::Tensor labels, boxes;  // [S] int64, [S, 4] float32 cxcywh
   std::vector<int64_t> counts;  // per image
+  int64_t pad = 0;
+  int64_t first_row(size_t image) const;  // image's first row
 };
-TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch::Device& device);
+TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch::Device& device, int64_t pad = 0);
 
 // The matched pairs of L levels scored together (level l's matches[l]; every level has as many, P):
 // rows (row of the levels' stack: level l's image i is l B + i, query, row of the targets),
 // int64 [3, L P] on `device`, made on the host and copied once (from pinned memory on a GPU);
 // level l's pairs are columns [l P, (l + 1) P). Throws UsageError for unequal counts.
+// With `pad` > 0, each image has `pad` columns per level, its pairs first, so that P = B pad for
+// any batch whose images have at most `pad` pairs each (more: UsageError); the padding columns
+// gather query 0 of their image and its first target row, `scatter` sends them to query `queries`
+// (one past the last) and `weight` is 0 on them, 1 on pairs. Without padding both are undefined.
 struct StackedPairs {
-  torch::Tensor index;  // [3, L P]
+  torch::Tensor index;    // [3, L P]
+  torch::Tensor scatter;  // [L P] int64: the query a pair's class target is written to
+  torch::Tensor weight;   // [L P] float32
   int64_t per_level = 0;
 };
 StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& matches, const TargetRows& gts,
-                           const torch::Device& device);
+                           const torch::Device& device, int64_t queries = 0, int64_t pad = 0);
 
 // The cost of every query against every GT of the batch, [B, Q, S] float32 (S = sum of the
 // images' counts, image b's columns after those of images < b), on the outputs' device; logits
