@@ -9,6 +9,7 @@
 #include "data/synthetic.hpp"
 #include "io/checkpoint.hpp"
 #include "io/image.hpp"
+#include "io/pickle.hpp"
 #include "io/sample_image.hpp"
 #include "engine/validator.hpp"
 #include "support.hpp"
@@ -153,6 +154,8 @@ TEST(Trainer, DatasetsWithoutLabelsAreNamedNotTrainedOn) {
   } catch (const DataError& e) {
     EXPECT_EQ(e.code(), "no_labels");
     EXPECT_NE(std::string(e.what()).find("24 images have no labels"), std::string::npos) << e.what();
+    // Where the labels were looked for: the user sees which rule missed them.
+    EXPECT_NE(std::string(e.what()).find((dir / "labels" / "train").string()), std::string::npos) << e.what();
   }
   fs::create_directories(dir / "labels");
   fs::create_directory_symlink(src / "labels" / "train", dir / "labels" / "train");
@@ -160,6 +163,40 @@ TEST(Trainer, DatasetsWithoutLabelsAreNamedNotTrainedOn) {
   const TrainResult r = model.train(o);
   EXPECT_TRUE(r.best_checkpoint.empty());
   EXPECT_TRUE(fs::exists(fs::path(r.save_dir) / "weights" / "last.pt"));
+  // val of a split without labels has no mAP to give: a data error naming the split and the path.
+  LibreYOLO trained((fs::path(r.save_dir) / "weights" / "last.pt").string(), "cpu");
+  try {
+    trained.val({{"data", (dir / "data.yaml").string()}, {"imgsz", "64"}, {"project", test::temp_dir("trainer_nolabels_val")}});
+    FAIL() << "expected DataError";
+  } catch (const DataError& e) {
+    EXPECT_EQ(e.code(), "no_labels");
+    EXPECT_NE(std::string(e.what()).find("split 'val'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find((dir / "labels" / "val").string()), std::string::npos) << e.what();
+  }
+}
+
+// predict save=true keeps the sources' file names: into a source's own folder (exist_ok=true with
+// that folder as project/name) it would replace the images, and is refused before any is written.
+TEST(Predict, SavingIntoTheSourcesFolderIsRefused) {
+  const fs::path dir = test::temp_dir("predict_into_source");
+  fs::create_directories(dir / "imgs");
+  const fs::path img = dir / "imgs" / "photo.png";
+  io::save_image(img.string(), io::make_sample_image());
+  const auto before = fs::file_size(img);
+  LibreYOLO model("yolo9t", "cpu");
+  try {
+    model.predict(img.string(), {{"imgsz", "64"}, {"save", "true"}, {"project", dir.string()}, {"name", "imgs"},
+                                 {"exist_ok", "true"}});
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(e.code(), "config_conflict");
+    EXPECT_NE(std::string(e.what()).find("photo.png"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(fs::file_size(img), before);
+  // Elsewhere it saves as usual.
+  const auto r = model.predict(img.string(), {{"imgsz", "64"}, {"save", "true"}, {"project", dir.string()}, {"name", "out"}});
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_TRUE(fs::exists(r[0].saved_path));
 }
 
 TEST(Trainer, ResumeFromAnotherWorkingDirectoryFindsTheDataAndTheRun) {
@@ -479,4 +516,23 @@ TEST(Predict, CudaGraphOnTheCpuRunsEagerAndCaptureSaysWhy) {
     EXPECT_NE(std::string(e.what()).find("CUDA device"), std::string::npos) << e.what();
   }
   EXPECT_THROW(model.predict("SAMPLE_IMAGE", {{"cuda_graph", "sometimes"}}), UsageError);
+}
+
+// A checkpoint whose stored image size is outside any usable range (damaged or edited by hand)
+// loads with a warning and the family's default size instead of sending that size to the
+// allocator in predict and val.
+TEST(Predict, CheckpointImageSizeOutOfRangeFallsBackToTheDefault) {
+  const fs::path dir = test::temp_dir("ckpt_imgsz");
+  const std::string good = (dir / "good.pt").string();
+  LibreYOLO("yolo9t", "cpu").save(good);
+  for (const int64_t bad : {int64_t{100000}, int64_t{2147483616}}) {
+    auto root = libreyolo::io::load_torch_file(good);
+    root->set("imgsz", libreyolo::io::PyValue::from_int(bad));
+    const std::string path = (dir / ("imgsz_" + std::to_string(bad) + ".pt")).string();
+    libreyolo::io::save_torch_file(path, *root);
+    LibreYOLO model(path, "cpu");
+    EXPECT_EQ(model.info().imgsz, 640) << bad;
+    const auto r = model.predict("SAMPLE_IMAGE", {{"imgsz", "64"}});
+    EXPECT_EQ(r.size(), 1u);
+  }
 }

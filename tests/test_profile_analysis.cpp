@@ -444,9 +444,15 @@ TEST(ProfileReaders, ExitCodesAndRawTraces) {
   std::string out, err;
   EXPECT_EQ(cli({"summary", d + "/missing.json"}, &out, &err), 2);
   EXPECT_NE(err.find("not found: "), std::string::npos) << err;
+  // A file that is not JSON, or cut short, is a bad file (exit 2) named with where it stops, in
+  // the product's words (no JSON library text).
   write_file(d + "/bad.json", "{not json");
-  EXPECT_EQ(cli({"summary", d + "/bad.json"}, &out, &err), 1);
-  EXPECT_NE(err.find("failed to analyse"), std::string::npos) << err;
+  EXPECT_EQ(cli({"summary", d + "/bad.json"}, &out, &err), 2);
+  EXPECT_NE(err.find("bad.json is not a profile: it is not valid JSON"), std::string::npos) << err;
+  EXPECT_EQ(err.find("json.exception"), std::string::npos) << err;
+  write_file(d + "/cut.json", lp::analyze_trace(synthetic_trace(), nullptr, "t").dump().substr(0, 200));
+  EXPECT_EQ(cli({"summary", d + "/cut.json"}, &out, &err), 2);
+  EXPECT_NE(err.find("stops parsing at byte"), std::string::npos) << err;
   write_file(d + "/other.json", "{\"a\": 1}");
   EXPECT_EQ(cli({"summary", d + "/other.json"}, &out, &err), 1);
   EXPECT_EQ(cli({"run", "data.yaml"}, &out, &err), 2);

@@ -288,7 +288,21 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   io_opt.graph_mode = models::parse_graph_mode(cfg.cuda_graph);
   InferenceRunner runner(model, *impl.family, io_opt);
   std::string out_dir;
-  if (cfg.save) out_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+  if (cfg.save) {
+    out_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+    // The pictures keep their sources' file names: written into a source's own folder they
+    // would replace it.
+    std::error_code ec;
+    for (const auto& src : sources) {
+      if (src.pixels.defined() || src.name == "SAMPLE_IMAGE") continue;
+      const fs::path folder = fs::path(src.name).parent_path().empty() ? fs::path(".") : fs::path(src.name).parent_path();
+      if (fs::equivalent(folder, out_dir, ec))
+        throw UsageError("predict save=true would write its pictures into " + out_dir + ", the folder of the image " +
+                             src.name + ", replacing it",
+                         "Save elsewhere: another project= or name= (or exist_ok=false, which numbers a new folder).",
+                         "config_conflict");
+    }
+  }
 
   std::vector<PredictResult> results;
   std::set<std::string> used_names;

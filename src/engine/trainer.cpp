@@ -389,14 +389,16 @@ void Trainer::setup_data() {
     loader_note = "; samples decoded (nvJPEG, " + train_loader_->gpu_decoder() + ") and augmented on the GPU";
   if (train_set_->num_boxes() == 0)
     throw DataError(strfmt("the training split's %lld images have no labels (no label file, or only empty ones): "
-                           "there is nothing to learn",
-                           static_cast<long long>(train_set_->size())),
+                           "there is nothing to learn; looked for %s first",
+                           static_cast<long long>(train_set_->size()),
+                           data::label_path_for(train_set_->image_path(0)).c_str()),
                     "Labels go beside the images: .../images/x.jpg -> .../labels/x.txt, one 'class cx cy w h' row "
                     "per object.",
                     "no_labels");
   if (val_set_ && val_set_->num_boxes() == 0) {
-    log_warn("The validation split has no labels: its mAP is undefined, so training runs without validation "
-             "(no best.pt; weights/last.pt is the result)");
+    log_warn("The validation split has no labels (looked for " + data::label_path_for(val_set_->image_path(0)) +
+             " first): its mAP is undefined, so training runs without validation (no best.pt; weights/last.pt is the "
+             "result)");
     val_set_.reset();
   }
   if (train_loader_->size() == 0)

@@ -246,6 +246,14 @@ ValResult run_validation(models::LoadedModel& impl, const ValConfig& requested) 
     log_warn(std::string(e.what()) + " (an untrained model: validating anyway)");
   }
   auto ds = std::make_shared<data::YoloDataset>(data::list_split_images(spec, cfg.split), dopt);
+  if (ds->num_boxes() == 0)
+    throw DataError(strfmt("split '%s' of %s: its %lld images have no labels (no label file, or only empty ones), so "
+                           "its mAP is undefined; looked for %s first",
+                           cfg.split.c_str(), cfg.data.c_str(), static_cast<long long>(ds->size()),
+                           data::label_path_for(ds->image_path(0)).c_str()),
+                    "Labels go beside the images: .../images/x.jpg -> .../labels/x.txt, one 'class cx cy w h' row per "
+                    "object.",
+                    "no_labels");
   EvalOptions eo;
   eo.imgsz = cfg.imgsz;
   eo.batch = cfg.batch;

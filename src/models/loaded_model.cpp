@@ -133,7 +133,13 @@ std::unique_ptr<LoadedModel> model_from_checkpoint(const io::PyValuePtr& root, c
              " entries in the weights were not used (first: " + report.unexpected.front() + ")");
   impl->names = ck.meta.names ? *ck.meta.names : default_names(*nc);
   if (static_cast<int>(impl->names.size()) != *nc) impl->names = default_names(*nc);
-  if (ck.meta.imgsz && *ck.meta.imgsz > 0)
+  // The image size predict and val default to, held to the range of the imgsz option (a damaged or
+  // hand-edited value would otherwise reach the allocator).
+  const bool imgsz_usable = ck.meta.imgsz && *ck.meta.imgsz >= 1 && *ck.meta.imgsz <= 8192;
+  if (ck.meta.imgsz && !imgsz_usable)
+    log_warn(origin + ": its imgsz " + std::to_string(*ck.meta.imgsz) +
+             " is outside 1..8192 (a damaged or edited checkpoint): ignored, the family's default is used");
+  if (imgsz_usable)
     impl->imgsz = static_cast<int>(*ck.meta.imgsz);
   else if (fam->input_size)
     impl->imgsz = fam->input_size(impl->model->size());

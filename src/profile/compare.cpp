@@ -206,6 +206,18 @@ json aggregate_repeat(const std::vector<json>& profiles, const std::vector<std::
 }
 
 // ------------------------------------------------------------------ loading
+namespace {
+// The JSON library's reason without its "[json.exception.kind.N] " prefix.
+std::string json_reason(const std::exception& e) {
+  std::string w = e.what();
+  if (w.rfind("[json.exception.", 0) == 0) {
+    const auto end = w.find("] ");
+    if (end != std::string::npos) w = w.substr(end + 2);
+  }
+  return w;
+}
+}  // namespace
+
 json load_profile(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec) || fs::is_directory(path, ec)) throw UsageError("not found: " + path);
@@ -214,6 +226,10 @@ json load_profile(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     if (!in) throw std::runtime_error("cannot open the file");
     j = json::parse(in);
+  } catch (const json::parse_error& e) {
+    throw UsageError(path + " is not a profile: it is not valid JSON (it stops parsing at byte " +
+                         std::to_string(e.byte) + "; a truncated file, or another kind)",
+                     "Profiles are written by `libreyolo profile run|infer` or train profile=true.", "profile_invalid");
   } catch (const std::exception& e) {
     throw RuntimeError("failed to analyse " + path + ": " + e.what(), "", "profile_analysis_failed");
   }
@@ -232,6 +248,9 @@ json load_profile(const std::string& path) {
     return analyze_trace(j, sp, path);
   } catch (const Error&) {
     throw;
+  } catch (const json::type_error& e) {
+    throw UsageError(path + " is not a profile this build reads: " + json_reason(e),
+                     "Profiles are written by `libreyolo profile run|infer` or train profile=true.", "profile_invalid");
   } catch (const std::exception& e) {
     throw RuntimeError("failed to analyse " + path + ": " + e.what(), "", "profile_analysis_failed");
   }

@@ -459,21 +459,27 @@ int run_profile_command(const std::vector<std::string>& args, std::ostream& out,
     // the JSON library's text.
     const std::string files = a.pos.size() > 2 && sub == "compare" ? a.pos[1] + " or " + a.pos[2] : a.pos[1];
     try {
-      if (sub == "summary") return cmd_summary(p, a, out);
-      if (sub == "get") return cmd_get(p, a, out);
-      if (sub == "phases") return cmd_phases(p, a, out);
-      if (sub == "kernels") return cmd_kernels(p, a, out);
-      if (sub == "ops") return cmd_ops(p, a, out);
-      if (sub == "what-if") return cmd_what_if(p, a, out);
-      const json after = load_profile(a.pos[2]);
-      return cmd_compare(p, after, a, out);
+      // Written out only when the command gets through: no partial report before an error.
+      std::ostringstream report;
+      const int rc = [&] {
+        if (sub == "summary") return cmd_summary(p, a, report);
+        if (sub == "get") return cmd_get(p, a, report);
+        if (sub == "phases") return cmd_phases(p, a, report);
+        if (sub == "kernels") return cmd_kernels(p, a, report);
+        if (sub == "ops") return cmd_ops(p, a, report);
+        if (sub == "what-if") return cmd_what_if(p, a, report);
+        const json after = load_profile(a.pos[2]);
+        return cmd_compare(p, after, a, report);
+      }();
+      out << report.str();
+      return rc;
     } catch (const json::exception& e) {
       std::string what = e.what();
       if (const size_t cut = what.find("] "); what.rfind("[json.exception", 0) == 0 && cut != std::string::npos)
         what = what.substr(cut + 2);
-      throw DataError(files + " is not a profile this build reads: " + what,
-                      "Profiles are written by `libreyolo profile run|infer` or train profile=true.",
-                      "profile_invalid");
+      throw UsageError(files + " is not a profile this build reads: " + what,
+                       "Profiles are written by `libreyolo profile run|infer` or train profile=true.",
+                       "profile_invalid");
     }
   } catch (const Error& e) {
     report_error(e, json_out, out, err);
