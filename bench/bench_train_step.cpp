@@ -432,7 +432,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
     const auto g = b->runner->graph_stats();
     r["graph"] = {{"enabled", g.enabled}, {"off_reason", g.off_reason}, {"captured_shapes", g.captured_shapes},
                   {"update_captured", g.update_captured}, {"replayed_steps", g.replayed_micro_steps},
-                  {"eager_steps", g.eager_micro_steps}, {"replayed_heads", g.replayed_heads},
+                  {"eager_steps", g.eager_micro_steps}, {"replayed_heads", g.replayed_heads}, {"replayed_losses", g.replayed_losses},
                   {"scope", scope_name(graph_scope(o, fam))}};
   }
   return r;

@@ -308,14 +308,19 @@ TEST_P(RtdetrLineGpu, GraphedStepsStayWithinTheEagerSpread) {
     graphed = std::max(graphed, std::abs(lg - la) / std::abs(la));
   }
   std::printf("[ REPORT   ] %s-%s %s seam, 16 steps: eager vs eager worst loss difference %.3g relative, graphed vs "
-              "eager %.3g; %lld steps with the seam's part replayed\n",
+              "eager %.3g; %lld steps with the seam's part replayed, %lld with the loss replayed\n",
               c.family, c.size, libreyolo::models::seam_name(c.seam), spread, graphed,
-              static_cast<long long>(g.stats.replayed_heads));
+              static_cast<long long>(g.stats.replayed_heads), static_cast<long long>(g.stats.replayed_losses));
   EXPECT_LE(graphed, std::max(4 * spread, 1e-3));
   EXPECT_EQ(g.stats.captured_shapes, 1);
   EXPECT_TRUE(g.stats.update_captured);
   EXPECT_GE(g.stats.replayed_heads, 12);
   EXPECT_EQ(a.stats.replayed_heads, 0);
+  // The line's criteria plan their matching (RtdetrLoss, DfineLoss: TrainingLoss::plan): under the
+  // network seam their scoring is replayed too, from the step after the network's capture and one
+  // eager padded scoring on.
+  if (network) EXPECT_GE(g.stats.replayed_losses, 10);
+  if (!network) EXPECT_EQ(g.stats.replayed_losses, 0);
 }
 
 static std::vector<SeamCase> seam_cases() {

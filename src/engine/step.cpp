@@ -32,6 +32,14 @@ struct StepRunner::Slot {
   LossOutput out;
   std::unique_ptr<GraphedSegment> head;   // seam scopes
   std::vector<torch::Tensor> head_inputs;  // seam scopes: the seam's static inputs once captured
+  // Network scope with a loss that plans (TrainingLoss::plan): the loss and its backward to the
+  // network's outputs replayed from a graph that reads static copies of the outputs and of the
+  // plan, and writes the loss and the outputs' gradients.
+  int criterion_seen = 0;  // steps scored from a padded plan
+  std::unique_ptr<CapturedGraph> criterion;
+  std::unique_ptr<LossPlan> plan;
+  std::vector<torch::Tensor> plan_tensors, raw_static, raw_grads;
+  LossOutput criterion_out;
 };
 
 namespace {
@@ -71,7 +79,8 @@ StepRunner::~StepRunner() {
 }
 
 bool StepRunner::has_graphs() const {
-  return update_graph_ || std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph || s->head; });
+  return update_graph_ ||
+         std::any_of(slots_.begin(), slots_.end(), [](const auto& s) { return s->graph || s->head || s->criterion; });
 }
 
 void StepRunner::set_global_step(int64_t s) {
@@ -108,7 +117,7 @@ StepRunner::Slot& StepRunner::slot_for(const torch::Tensor& images, const torch:
   if (Slot* hit = lru_touch(slots_, key)) return *hit;
   // The least recently used shape goes, with its graph (after queued work that may use it).
   lru_make_room(slots_, kMaxSlots, [&](const Slot& old) {
-    if (old.graph) synchronize(cfg_.device);
+    if (old.graph || old.head || old.criterion) synchronize(cfg_.device);
   });
   torch::NoGradGuard ng;
   auto s = std::make_unique<Slot>();
@@ -164,19 +173,36 @@ LossOutput StepRunner::micro_step(Slot& s, bool capturing) {
   // No phase reports while capturing: an observer may synchronise, which a capture forbids.
   PhaseObserver* obs = capturing ? nullptr : phases_;
   LossOutput out;
+  std::vector<torch::Tensor> raw;
+  bool graphed_loss = false;
   {
     // The autocast cache would keep casts made inside the capture beyond it.
     AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype, /*cache=*/!capturing);
-    std::vector<torch::Tensor> raw;
     {
       PhaseScope ps(obs, Phase::Forward);
       convert_input(s);
       raw = graphs_on_ && scope_ != GraphScope::Step ? seam_forward(s) : model_->forward_train(s.input, s.targets);
     }
     PhaseScope ps(obs, Phase::Loss);
-    out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));
+    // With the whole network replayed, a loss that plans is scored from a graph too.
+    if (graphs_on_ && scope_ == GraphScope::Network && s.head && !capturing)
+      graphed_loss = planned_loss(s, raw, out);
+    if (!graphed_loss && !out.total.defined()) out = loss_->compute(raw, s.targets, s.input.size(2), s.input.size(3));
   }
   PhaseScope ps(obs, Phase::Backward);
+  if (graphed_loss) {
+    // The outputs' gradients the graph computed, into the network's replayed backward.
+    std::vector<torch::Tensor> outs, grads;
+    for (size_t i = 0; i < raw.size(); ++i)
+      if (s.raw_grads[i].defined() && raw[i].requires_grad()) {
+        outs.push_back(raw[i]);
+        grads.push_back(s.raw_grads[i]);
+      }
+    models::DeferredWeightGrads weight_grads;
+    if (!outs.empty()) torch::autograd::backward(outs, grads);
+    weight_grads.flush();
+    return out;
+  }
   // Always divided (by 1 outside accumulation: the same values), so that the last, shorter
   // accumulation window is the same computation with another divisor.
   torch::Tensor loss = out.total / divisor_;
@@ -199,7 +225,87 @@ bool same_shapes(const std::vector<torch::Tensor>& a, const std::vector<torch::T
       return false;
   return true;
 }
+// The same entries, and the same shapes where they are device tensors (a loss's score() reads
+// its outputs' host entries for their layout only: TrainingLoss::plan).
+bool same_device_shapes(const std::vector<torch::Tensor>& a, const std::vector<torch::Tensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (a[i].is_cuda() != b[i].is_cuda() || (a[i].is_cuda() && !same_shapes({a[i]}, {b[i]}))) return false;
+  return true;
+}
 }  // namespace
+
+bool StepRunner::planned_loss(Slot& s, const std::vector<torch::Tensor>& raw, LossOutput& out) {
+  // Room for the loader's box slots per image: the plan's shapes then stay those of the slot.
+  auto plan = loss_->plan(raw, s.targets, s.targets.size(1));
+  if (!plan) return false;
+  const auto fresh = plan->tensors();
+  if (!s.criterion && s.criterion_seen++ >= 1) {  // scored eagerly from a padded plan once first
+    try {
+      s.raw_static.clear();
+      for (const auto& r : raw) {
+        if (!r.is_cuda()) {
+          s.raw_static.push_back(r);  // host entries (sizes, counts) are read as they are
+          continue;
+        }
+        auto leaf = r.detach().clone();
+        if (r.requires_grad()) leaf.requires_grad_(true);
+        s.raw_static.push_back(leaf);
+      }
+      s.plan = std::move(plan);
+      s.plan_tensors = s.plan->tensors();
+      std::vector<torch::Tensor> leaves;
+      std::vector<size_t> at;
+      for (size_t i = 0; i < s.raw_static.size(); ++i)
+        if (s.raw_static[i].requires_grad()) {
+          leaves.push_back(s.raw_static[i]);
+          at.push_back(i);
+        }
+      release_cached_blocks(cfg_.device);
+      LossOutput o;
+      std::vector<torch::Tensor> g;
+      s.criterion = CapturedGraph::capture(cfg_.device, [&] {
+        torch::AutoGradMode grad_on(true);
+        o = loss_->score(s.raw_static, *s.plan);
+        g = torch::autograd::grad({scaler_->scale(o.total / divisor_)}, leaves, {}, /*retain_graph=*/false,
+                                  /*create_graph=*/false, /*allow_unused=*/true);
+      });
+      s.raw_grads.assign(s.raw_static.size(), torch::Tensor());
+      for (size_t k = 0; k < at.size(); ++k) s.raw_grads[at[k]] = g[k];
+      s.criterion_out = o;
+      s.criterion_out.total = o.total.detach();
+      if (o.terms.defined()) s.criterion_out.terms = o.terms.detach();
+      if (o.num_fg.defined()) s.criterion_out.num_fg = o.num_fg.detach();
+      log_info(strfmt("CUDA graphs: training loss captured for input %s (scored from its matching, and its backward)",
+                      s.name.c_str()));
+    } catch (const CaptureError& e) {
+      graphs_failed("capturing the training loss for input " + s.name, e.what());
+      return false;
+    }
+  }
+  if (plan && (!s.criterion || !same_shapes(fresh, s.plan_tensors) || !same_device_shapes(raw, s.raw_static))) {
+    // Not captured yet, or a batch of other shapes (more boxes than the slots, no denoising):
+    // scored eagerly from this plan, backward as usual.
+    out = loss_->score(raw, *plan);
+    return false;
+  }
+  {
+    torch::NoGradGuard ng;
+    for (size_t i = 0; i < raw.size(); ++i)
+      if (raw[i].is_cuda()) s.raw_static[i].copy_(raw[i], /*non_blocking=*/true);
+    if (plan)  // (else the plan the graph was just captured with)
+      for (size_t k = 0; k < fresh.size(); ++k) s.plan_tensors[k].copy_(fresh[k], /*non_blocking=*/true);
+  }
+  try {
+    s.criterion->replay();
+  } catch (const CaptureError& e) {
+    graphs_failed("replaying the training loss for input " + s.name, e.what());
+    return false;  // computed eagerly by the caller
+  }
+  ++counts_.replayed_losses;
+  out = s.criterion_out;
+  return true;
+}
 
 std::vector<torch::Tensor> StepRunner::seam_forward(Slot& s) {
   const models::Seam cut = seam();
@@ -312,6 +418,13 @@ void StepRunner::invalidate_cuda_graphs(const std::string& why) {
     s->graph.reset();
     s->head.reset();
     s->head_inputs.clear();
+    s->criterion.reset();
+    s->plan.reset();
+    s->plan_tensors.clear();
+    s->raw_static.clear();
+    s->raw_grads.clear();
+    s->criterion_out = {};
+    s->criterion_seen = 0;
     s->out = {};
     s->seen = 0;
   }

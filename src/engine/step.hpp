@@ -23,7 +23,9 @@
 // micro-step runs eager except the part before the seam, which is replayed from a forward and a
 // backward graph per shape (engine/graphed_segment.hpp), and the update is one graph as above.
 // The Head scope cuts after the backbone and encoder; the Network scope after the whole network,
-// so that only the loss (with its host-side matching) runs eager. Every micro-step of a seam scope
+// so that only the loss runs eager, and of a loss that plans (TrainingLoss::plan: a matcher on
+// the host) only the plan: its scoring and backward to the network's outputs are one more graph
+// per shape, fed the plan through static buffers padded to the targets' box slots. Every micro-step of a seam scope
 // goes through the seam (train_head, then train_tail), replayed or not; a batch whose seam inputs
 // do not have the captured shapes runs its head eager.
 #pragma once
@@ -111,6 +113,7 @@ struct StepGraphStats {
   bool update_captured = false;  // the update graph is alive
   int64_t replayed_micro_steps = 0, eager_micro_steps = 0;
   int64_t replayed_heads = 0;  // seam scopes: eager micro-steps whose head was replayed
+  int64_t replayed_losses = 0;  // network scope: micro-steps whose loss was replayed (a planning loss)
   int64_t replayed_updates = 0, eager_updates = 0;
   int invalidations = 0;
   std::vector<std::string> eager_shapes;  // shapes staged but not (yet) captured, e.g. "4x3x160x160"
@@ -184,6 +187,10 @@ class StepRunner {
   LossOutput micro_step(Slot& s, bool capturing);
   LossOutput seam_scope_step(Slot& s);
   std::vector<torch::Tensor> seam_forward(Slot& s);  // the training forward through the seam
+  // Network scope: the loss of `raw` from a plan (TrainingLoss::plan), replayed from a graph once
+  // captured (true: `out` is the graph's, and the outputs' gradients are the slot's raw_grads);
+  // false: `out` computed eagerly (or left undefined for compute()).
+  bool planned_loss(Slot& s, const std::vector<torch::Tensor>& raw, LossOutput& out);
   models::Seam seam() const { return scope_ == GraphScope::Network ? models::Seam::Network : models::Seam::Head; }
   void graphs_failed(const std::string& what, const std::string& why);
   bool has_graphs() const;  // any micro-step or update graph alive
