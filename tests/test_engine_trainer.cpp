@@ -536,3 +536,28 @@ TEST(Predict, CheckpointImageSizeOutOfRangeFallsBackToTheDefault) {
     EXPECT_EQ(r.size(), 1u);
   }
 }
+
+// resume=<path> of another family's checkpoint: a model error naming both families (exit 4), in
+// the dry run too, not a complaint about an option of the other family's saved config.
+TEST(Trainer, ResumeFromAnotherFamilysCheckpointIsAModelError) {
+  const fs::path dir = test::temp_dir("resume_family");
+  const std::string yolox = (dir / "yolox.pt").string();
+  LibreYOLO("yoloxn", "cpu").save(yolox);
+  for (const bool dry : {true, false}) {
+    LibreYOLO model("yolo9t", "cpu");
+    const Kwargs o = {{"data", tiny_dataset()}, {"resume", yolox}, {"device", "cpu"}, {"epochs", "2"},
+                      {"project", (dir / "runs").string()}};
+    try {
+      if (dry)
+        model.check_train(o);
+      else
+        model.train(o);
+      FAIL() << "expected ModelError";
+    } catch (const ModelError& e) {
+      EXPECT_EQ(e.code(), "model_family_mismatch") << dry;
+      EXPECT_EQ(e.exit_code(), 4);
+      EXPECT_NE(std::string(e.what()).find("is a yolox checkpoint; the model being trained is yolo9"), std::string::npos)
+          << e.what();
+    }
+  }
+}

@@ -171,6 +171,15 @@ void Trainer::setup_resume_config() {
     if (!fs::exists(cfg_.resume)) throw ModelError("Resume checkpoint not found: " + cfg_.resume, "", "checkpoint_not_found");
     resume_ckpt_ = io::load_torch_file(cfg_.resume);
     resume_path_ = cfg_.resume;
+    // Its config and state are another family's: said as such, before they are read as this one's.
+    const auto fam = resume_ckpt_->get("model_family");
+    const models::Family* theirs = fam && fam->is_string() ? models::find_family(fam->s) : nullptr;
+    if (theirs && theirs != lm_.family)
+      throw ModelError("resume=" + cfg_.resume + " is a " + theirs->name + " checkpoint; the model being trained is " +
+                           lm_.family->name,
+                       "Resume a run with model=<run>/weights/last.pt resume=true, or give a " + lm_.family->name +
+                           " checkpoint.",
+                       "model_family_mismatch");
   }
   if (auto saved = resume_ckpt_->get("config"); saved && saved->is_dict()) {
     TrainConfig restored;
