@@ -491,7 +491,7 @@ void Trainer::setup_aux(bool from_weights) {
   log_info(strfmt("Auxiliary branch (training only): loss weight %g", weight));
   // Its tensors from the loaded weights, when they carried them (set aside at loading).
   if (from_weights && !resume_ckpt_ && !lm_.aux_state.empty()) {
-    const auto report = models::load_state_dict(*model_, lm_.aux_state, false);
+    const auto report = models::load_state_dict(*model_, lm_.aux_state, /*strict=*/false, /*part=*/true);
     if (!report.shape_mismatch.empty())
       log_warn("The weights' auxiliary branch does not fit (" + report.shape_mismatch.front() +
                "): it starts from fresh values");

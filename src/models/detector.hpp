@@ -254,10 +254,12 @@ const Family* detect_family(const io::StateDict& sd);
 
 // Copies `sd` into the model's parameters and buffers (shape-checked). Missing and unexpected
 // keys are collected; with strict=true they are an error (ModelError), otherwise a warning.
+// part=true: `sd` is meant for a part of the model (a branch's tensors): the model's other entries
+// are missing by design and not warned about (still listed in the report).
 struct LoadReport {
   std::vector<std::string> missing, unexpected, shape_mismatch;
 };
-LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bool strict);
+LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bool strict, bool part = false);
 // A build_like's class count: nc when > 0, else the count read from the weights (ModelError
 // naming `weights_of`, the family as the message should call it, when they give none).
 int class_count(int nc, const std::optional<int>& from_weights, const std::string& weights_of);

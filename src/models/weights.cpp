@@ -25,7 +25,7 @@ std::string join_some(const std::vector<std::string>& items, size_t limit = 8) {
 
 }  // namespace
 
-LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bool strict) {
+LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bool strict, bool part) {
   // PyTorch's order: every module's own parameters then its own buffers, modules pre-order.
   const io::StateDict mine = state_dict(model);
   std::unordered_map<std::string, size_t> index;
@@ -57,7 +57,7 @@ LoadReport load_state_dict(torch::nn::Module& model, const io::StateDict& sd, bo
   }
 
   std::string problems;
-  if (!report.missing.empty()) {
+  if (!report.missing.empty() && !part) {
     problems += strfmt("\n  %zu missing: ", report.missing.size()) + join_some(report.missing);
   }
   if (!report.unexpected.empty()) {
