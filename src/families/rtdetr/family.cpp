@@ -287,10 +287,15 @@ Family make_family() {
   // RtdetrGpu.GraphedHeadEqualsEagerHeadBitForBit), and head-graphed training stays within the
   // eager runs' own spread (RtdetrGpu.HeadGraphedStepsStayWithinTheEagerSpread: deformable
   // attention's backward accumulates with atomics): capture_train_head.
+  // The whole network (RtdetrModel's network seam, denoising in fixed slots) with the loss scored
+  // from its plan (RtdetrLoss::plan) replayed too: outputs equal eager bit for bit, gradients and
+  // 16-step runs within the eager runs' spread (H100, Seam/RtdetrLineGpu.*/rtdetr_network), and
+  // the step 36.5 ms against 58.5 head-graphed (r18, batch 8, bf16): capture_train_network.
   f.set_weight_functions(build, build_like, can_load, infer_size, infer_num_classes, normalize_keys);
   set_recipe(f);
   f.capture_inference = true;
   f.capture_train_head = true;
+  f.capture_train_network = true;
   return f;
 }
 
