@@ -247,18 +247,7 @@ DfinePlan DfineLoss::plan(const rt::DfineTrainOutputs& out, const std::vector<rt
   if (layers > 1) p.go_students = rt::stacked_pairs(repeated(p.go, layers - 1), p.rows, device, queries, go_room);
 
   if (!out.dn.logits.empty()) {
-    const auto pairs = out.dn_pairs.to(torch::kCPU, torch::kLong);
-    if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("D-FINE loss: denoising pairs must be [P, 3]");
-    std::vector<std::vector<int64_t>> query(static_cast<size_t>(batch)), gt(static_cast<size_t>(batch));
-    const auto* row = pairs.data_ptr<int64_t>();
-    for (int64_t k = 0; k < pairs.size(0); ++k, row += 3) {
-      if (row[0] < 0 || row[0] >= batch) throw UsageError("D-FINE loss: a denoising pair of another batch");
-      query[static_cast<size_t>(row[0])].push_back(row[1]);
-      gt[static_cast<size_t>(row[0])].push_back(row[2]);
-    }
-    for (int64_t b = 0; b < batch; ++b)
-      p.dn_matches.push_back({torch::tensor(query[static_cast<size_t>(b)], torch::kLong),
-                              torch::tensor(gt[static_cast<size_t>(b)], torch::kLong)});
+    p.dn_matches = rt::denoising_matches(out.dn_pairs, batch);
     const int64_t dn_queries = out.dn.logits.front().size(1);
     const int64_t dn_room = pad > 0 ? std::max({room, dn_queries / 2, most_pairs(p.dn_matches)}) : 0;
     p.num_boxes_dn = out.dn_groups > 0 ? p.num_boxes * static_cast<double>(out.dn_groups) : torch::ones({}, opts);

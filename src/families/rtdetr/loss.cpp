@@ -159,23 +159,12 @@ RtdetrPlan RtdetrLoss::plan(const rt::CriterionInputs& in, const std::vector<rt:
               [](size_t l) { return l == 0 ? std::string() : "_aux_" + std::to_string(l - 1); });
   }
   if (!in.dn.empty()) {
-    const auto pairs = in.dn_pairs.to(torch::kCPU, torch::kLong);
-    if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("RT-DETR loss: denoising pairs must be [P, 3]");
-    std::vector<std::vector<int64_t>> query(static_cast<size_t>(batch)), gt(static_cast<size_t>(batch));
-    const auto* row = pairs.data_ptr<int64_t>();
-    for (int64_t k = 0; k < pairs.size(0); ++k, row += 3) {
-      if (row[0] < 0 || row[0] >= batch) throw UsageError("RT-DETR loss: a denoising pair of another batch");
-      query[static_cast<size_t>(row[0])].push_back(row[1]);
-      gt[static_cast<size_t>(row[0])].push_back(row[2]);
-    }
+    plan.dn_matches = rt::denoising_matches(in.dn_pairs, batch);
     // Padded: room for the positives of half the denoising queries (the most a batch can have
     // at this shape), so that the rows' shape follows the outputs'.
     int64_t dn_room = pad > 0 ? std::max(room, in.dn.front().logits.size(1) / 2) : room;
-    for (int64_t b = 0; b < batch; ++b) {
-      plan.dn_matches.push_back({torch::tensor(query[static_cast<size_t>(b)], torch::kLong),
-                                 torch::tensor(gt[static_cast<size_t>(b)], torch::kLong)});
-      if (pad > 0) dn_room = std::max<int64_t>(dn_room, plan.dn_matches.back().size());
-    }
+    if (pad > 0)
+      for (const auto& m : plan.dn_matches) dn_room = std::max<int64_t>(dn_room, m.size());
     const auto num_boxes_dn = plan.num_boxes * static_cast<double>(in.dn_groups);
     add_group(in.dn.size(), in.dn.front().logits.size(1), dn_room, 0, std::vector<const std::vector<rt::ImageMatch>*>(in.dn.size(), &plan.dn_matches),
               num_boxes_dn, nc_, [](size_t l) { return "_dn_" + std::to_string(l); });

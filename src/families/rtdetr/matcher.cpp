@@ -104,6 +104,23 @@ StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& ma
   return p;
 }
 
+std::vector<ImageMatch> denoising_matches(const torch::Tensor& pairs_in, int64_t batch) {
+  const auto pairs = pairs_in.to(torch::kCPU, torch::kLong).contiguous();
+  if (pairs.dim() != 2 || pairs.size(1) != 3) throw UsageError("denoising pairs must be [P, 3]");
+  std::vector<std::vector<int64_t>> query(static_cast<size_t>(batch)), gt(static_cast<size_t>(batch));
+  const auto* row = pairs.data_ptr<int64_t>();
+  for (int64_t k = 0; k < pairs.size(0); ++k, row += 3) {
+    if (row[0] < 0 || row[0] >= batch) throw UsageError("a denoising pair of an image outside the batch");
+    query[static_cast<size_t>(row[0])].push_back(row[1]);
+    gt[static_cast<size_t>(row[0])].push_back(row[2]);
+  }
+  std::vector<ImageMatch> out;
+  for (int64_t b = 0; b < batch; ++b)
+    out.push_back({torch::tensor(query[static_cast<size_t>(b)], torch::kLong),
+                   torch::tensor(gt[static_cast<size_t>(b)], torch::kLong)});
+  return out;
+}
+
 torch::Tensor matching_costs(const torch::Tensor& logits, const torch::Tensor& boxes,
                              const std::vector<ImageTargets>& gts, const MatcherWeights& w) {
   if (logits.dim() != 4 || boxes.dim() != 4 || boxes.size(3) != 4 || logits.sizes().slice(0, 3) != boxes.sizes().slice(0, 3))

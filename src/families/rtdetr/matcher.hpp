@@ -56,6 +56,11 @@ struct StackedPairs {
 StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& matches, const TargetRows& gts,
                            const torch::Device& device, int64_t queries = 0, int64_t pad = 0);
 
+// The denoising group's positive pairs, int64 [P, 3] (image, denoising query, GT index) on the
+// CPU, as each of `batch` images' matches (in their order). Throws UsageError for another layout
+// or an image outside the batch.
+std::vector<ImageMatch> denoising_matches(const torch::Tensor& pairs, int64_t batch);
+
 // The cost of every query against every GT of the batch, [B, Q, S] float32 (S = sum of the
 // images' counts, image b's columns after those of images < b), on the outputs' device; logits
 // [B, Q, nc], boxes [B, Q, 4] cxcywh. Undefined when the batch has no GT.
