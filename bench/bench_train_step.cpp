@@ -35,6 +35,7 @@
 #include "bench_util.hpp"
 #include "engine/step.hpp"
 #include "core/config_schema.hpp"
+#include "core/crash_report.hpp"
 #include "core/device.hpp"
 #include "layers/conv_bn_act.hpp"
 #include "models/detector.hpp"
@@ -441,6 +442,7 @@ json run_config(const Options& o, const models::Family& fam, const torch::Device
 }  // namespace
 
 int main(int argc, char** argv) {
+  libreyolo::install_crash_report();  // a fatal signal prints its stack, as the CLI does
   Options o;
   if (!parse_args(argc, argv, o)) return 2;
   torch::Device dev = o.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);

@@ -266,8 +266,14 @@ TEST(ClassifyTrain, ApiTrainsValidatesSavesAndReloads) {
     EXPECT_GT(e.loss_term("ce", -1), 0.0);
   }
   EXPECT_GE(r.best_epoch, 1);
-  for (const char* f : {"results.csv", "results.png", "confusion_matrix.png", "weights/last.pt", "weights/best.pt"})
+  for (const char* f : {"results.csv", "results.png", "confusion_matrix.png", "weights/last.pt", "weights/best.pt",
+                        "train_config.yaml"})
     EXPECT_TRUE(fs::exists(fs::path(r.save_dir) / f)) << f;
+  {  // the run's options as a detection run keeps them, the dataset's path absolute
+    std::ifstream yml(fs::path(r.save_dir) / "train_config.yaml");
+    const std::string text((std::istreambuf_iterator<char>(yml)), std::istreambuf_iterator<char>());
+    EXPECT_NE(text.find("data: " + fs::absolute(data).lexically_normal().string()), std::string::npos) << text;
+  }
   std::ifstream csv(fs::path(r.save_dir) / "results.csv");
   std::string header;
   std::getline(csv, header);

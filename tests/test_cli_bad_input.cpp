@@ -373,6 +373,35 @@ TEST(BadInput, ProfileSubcommandTyposGetADidYouMean) {
   EXPECT_NE(err.str().find("did you mean 'summary'"), std::string::npos) << err.str();
 }
 
+// A host-only profile prints the product's report and nothing of the libraries under it: Kineto's
+// own device probe logged "ERROR: ... gpuGetDeviceCount failed" on machines without a GPU.
+TEST(BadInput, AHostProfilePrintsNoRawLibraryLines) {
+  const fs::path tmp = test::temp_dir("host_profile_quiet");
+  std::string output;
+  EXPECT_EQ(run_cli("profile infer --imgsz 64 --warmup 0 --runs 2 --device cpu --project '" + tmp.string() + "'",
+                    &output),
+            0)
+      << output;
+  EXPECT_NE(output.find("inference profile"), std::string::npos) << output;
+  EXPECT_EQ(output.find("gpuGetDeviceCount"), std::string::npos) << output;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) EXPECT_NE(line.rfind("ERROR:", 0), 0u) << line;
+}
+
+// A run directory's name is a folder under project: an empty name numbered project itself ("2",
+// "3"), an absolute one or one with ".." left it.
+TEST(BadInput, RunNamesThatLeaveTheProjectAreRangeErrors) {
+  for (const std::string cmd : {"train data=builtin --dry-run", "predict source=SAMPLE_IMAGE", "val data=builtin"})
+    for (const std::string name : {"name=", "name=/tmp/elsewhere", "name=../up", "name=a/./b"}) {
+      std::ostringstream out, err;
+      std::vector<std::string> args;
+      std::istringstream words(cmd + " model=yolo9t device=cpu imgsz=64 " + name);
+      for (std::string w; words >> w;) args.push_back(w);
+      EXPECT_EQ(run(args, out, err), 2) << cmd << " " << name << "\n" << err.str();
+      EXPECT_NE(err.str().find("'name'"), std::string::npos) << cmd << " " << name << "\n" << err.str();
+    }
+}
+
 TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
   // Each of these was reported valid by a dry run that only read the options and the YAML; the
   // real run stopped on it. Now the dry run stops on it too, with the real run's exit code.
@@ -432,6 +461,12 @@ TEST(BadInput, DryRunMakesEveryCheckTheRunMakesBeforeItsFirstStep) {
   EXPECT_EQ(run(args, out, err), 0) << err.str();
   EXPECT_NE(out.str().find("every check passed"), std::string::npos) << out.str();
   EXPECT_FALSE(fs::exists(tmp / "runs")) << "a dry run writes nothing";
+  // Nor beside the images: cache=disk is left to the run.
+  args.push_back("cache=disk");
+  std::ostringstream out2, err2;
+  EXPECT_EQ(run(args, out2, err2), 0) << err2.str();
+  for (const auto& e : fs::recursive_directory_iterator(tmp / "good"))
+    EXPECT_EQ(e.path().filename().string().find(".libreyolo_cache"), std::string::npos) << e.path();
 }
 
 TEST(BadInput, QuietAndVerboseTogetherAreAConflict) {

@@ -31,7 +31,7 @@ R=$(mktemp -d /tmp/speed.XXXXXX)
 mkdir -p "$FINAL"
 trap 'tar czf "$FINAL/speed.tar.gz" -C "$R" .; cat "$R/summary.txt" 2>/dev/null' EXIT
 for t in .carry/*.tar.xz; do [ -f "$t" ] && tar xJf "$t" -C .carry; done
-B=$ROOT/.carry/bin
+B=${BIN:-$ROOT/.carry/bin}  # BIN: another folder of prebuilt binaries
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$R/gpu.txt" 2>&1
 echo "gpu: $(tail -n +2 "$R/gpu.txt" | head -1); cores $(nproc)" | tee -a "$R/summary.txt"
 TORCH_LIB=$(python3 -c 'import torch,os;print(os.path.join(os.path.dirname(torch.__file__),"lib"))')

@@ -1,5 +1,6 @@
 #include "core/config_schema.hpp"
 
+#include <filesystem>
 #include <set>
 
 #include <libreyolo/errors.hpp>
@@ -16,7 +17,7 @@ const OptionSchema<TrainConfig>& train_schema() {
         .add("imgsz", &C::imgsz, "square training image size (multiple of 32)")
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
         .add("workers", &C::workers, "data loader threads")
-        .add("cache", &C::cache, "cache decoded images: false or ram")
+        .add("cache", &C::cache, "cache decoded images: false, ram, or disk (files beside the images)")
         .add("loader", &C::loader, "where samples are decoded and augmented: auto (cpu), cpu, gpu (nvJPEG + CUDA kernels)")
         .add("reduced_decode", &C::reduced_decode,
              "CPU loader: decode JPEGs at the reduced DCT scale covering the size they are shown at (faster); false: full decodes, the reference's pixels")
@@ -150,6 +151,18 @@ void check_one_of(const std::string& key, const std::string& v, std::initializer
   }
   range_error(key, "'" + v + "' is not one of: " + all);
 }
+// The run (or output) directory's name: a folder under project, made by the run. Empty, absolute
+// (which would leave project), or with a "." or ".." part, the run would land elsewhere than named
+// (an empty name numbered the project folder itself: "2", "3").
+void check_run_name(const std::string& name) {
+  if (name.empty()) range_error("name", "must not be empty (the run directory's name under project)");
+  const std::filesystem::path p(name);
+  if (p.is_absolute()) range_error("name", "'" + name + "' is absolute; name is a folder under project (set project= for the parent)");
+  for (const auto& part : p)
+    if (part == "." || part == "..")
+      range_error("name", "'" + name + "' has a '" + part.string() + "' part; name is a folder under project");
+}
+
 void check_unit(const std::string& key, double v) {
   if (v < 0.0 || v > 1.0) range_error(key, "must be within [0, 1]");
 }
@@ -179,6 +192,7 @@ std::pair<double, double> parse_scale_range(const std::string& key, const std::s
 
 void validate(const TrainConfig& c) {
   if (c.epochs < 1) range_error("epochs", "must be at least 1");
+  check_run_name(c.name);
   if (c.batch == 0 || c.batch < -1) range_error("batch", "must be positive, or -1 for autobatch");
   check_imgsz(c.imgsz);
   if (c.workers < 0) range_error("workers", "must be >= 0");
@@ -223,6 +237,7 @@ void validate(const TrainConfig& c) {
 
 void validate(const PredictConfig& c) {
   check_imgsz(c.imgsz, /*zero_ok=*/true);
+  check_run_name(c.name);
   check_one_of("cuda_graph", c.cuda_graph, {"false", "true", "auto", "0", "1", "off", "on"});
   check_unit("conf", c.conf);
   check_unit("iou", c.iou);
@@ -232,6 +247,7 @@ void validate(const PredictConfig& c) {
 
 void validate(const ValConfig& c) {
   check_imgsz(c.imgsz, /*zero_ok=*/true);
+  check_run_name(c.name);
   check_one_of("cuda_graph", c.cuda_graph, {"false", "true", "auto", "0", "1", "off", "on"});
   check_unit("conf", c.conf);
   check_unit("iou", c.iou);

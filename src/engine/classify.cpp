@@ -27,6 +27,7 @@
 #include "engine/step.hpp"
 #include "engine/train_hooks.hpp"
 #include "engine/train_loop.hpp"
+#include "engine/trainer.hpp"
 #include "eval/confusion.hpp"
 #include "io/checkpoint.hpp"
 #include "io/image.hpp"
@@ -395,6 +396,7 @@ class ClassifyRun final : public EpochSteps {
     if (cfg.cuda_graph) enable_declared_cuda_graphs(*runner_, *lm.family, cfg.cuda_graph_scope, false);
 
     result_.save_dir = make_run_dir(cfg.project, cfg.name, cfg.exist_ok);
+    write_train_config(result_.save_dir, cfg);
     const fs::path wdir = fs::path(result_.save_dir) / "weights";
     fs::create_directories(wdir);
     result_.last_checkpoint = (wdir / "last.pt").string();

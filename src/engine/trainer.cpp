@@ -122,7 +122,7 @@ void Trainer::setup(bool dry_run) {
   lr_shape(cfg_.scheduler, lm_.family->scheduler_names);
   make_paths_absolute(cfg_);
   setup_device();
-  setup_data();
+  setup_data(dry_run);
   setup_model();
   const int local_batch = std::max(1, cfg_.batch / std::max(1, state_.world_size));
   if (device_.is_cpu())
@@ -141,7 +141,7 @@ void Trainer::setup(bool dry_run) {
   // Rank 0 owns every file: it makes the run directory and tells the other ranks its name.
   if (state_.rank == 0) {
     state_.save_dir = make_run_dir(cfg_.project, cfg_.name, cfg_.exist_ok);
-    write_file_atomic((fs::path(state_.save_dir) / "train_config.yaml").string(), to_yaml(train_schema(), cfg_));
+    write_train_config(state_.save_dir, cfg_);
   }
   if (group_) state_.save_dir = group_->broadcast_string(state_.save_dir);
   setup_optimization();
@@ -156,6 +156,11 @@ void Trainer::setup(bool dry_run) {
 void Trainer::make_paths_absolute(TrainConfig& c) {
   if (!c.data.empty() && c.data != "builtin") c.data = fs::absolute(c.data).lexically_normal().string();
   if (!c.project.empty()) c.project = fs::absolute(c.project).lexically_normal().string();
+}
+
+void write_train_config(const std::string& save_dir, TrainConfig cfg) {
+  Trainer::make_paths_absolute(cfg);
+  write_file_atomic((fs::path(save_dir) / "train_config.yaml").string(), to_yaml(train_schema(), cfg));
 }
 
 // resume=true / resume=<path>: the checkpoint's config becomes the run's config and the caller's
@@ -333,7 +338,7 @@ void Trainer::sync_before_end(TrainState& s) {
   result_.last_checkpoint = group_->broadcast_string(result_.last_checkpoint);
 }
 
-void Trainer::setup_data() {
+void Trainer::setup_data(bool dry_run) {
   const std::string yaml = resolve_data_arg(cfg_.data);
   data::DatasetSpec spec = data::load_dataset_yaml(yaml);
   names_ = spec.names;
@@ -344,6 +349,12 @@ void Trainer::setup_data() {
   dopt.num_classes = spec.nc;
   dopt.reduced_decode = cfg_.reduced_decode;
   dopt.cache = data::cache_mode(cfg_.cache);
+  // A dry run writes nothing and loads no pixels: the images are checked as the run checks them,
+  // the cache (memory or files beside the images) is left to the run.
+  if (dry_run && dopt.cache != data::CacheMode::None) {
+    log_info("dry run: cache=" + cfg_.cache + " is not filled (the run fills it)");
+    dopt.cache = data::CacheMode::None;
+  }
   train_set_ = std::make_shared<data::YoloDataset>(data::list_split_images(spec, "train"), dopt);
   if (cfg_.val && spec.has_split("val")) {
     data::DatasetOptions vopt = dopt;

@@ -85,11 +85,13 @@ class Trainer : private EpochSteps {
   // Mean loss terms of this epoch so far (synchronises): ("loss", total), then each named term.
   std::vector<std::pair<std::string, double>> mean_losses() const;
 
- private:
+ // The config's dataset and project as absolute paths.
   static void make_paths_absolute(TrainConfig& c);
+
+ private:
   void setup_resume_config();
   void setup_device();
-  void setup_data();
+  void setup_data(bool dry_run);
   void setup_model();
   void setup_optimization();
   void resume();
@@ -155,5 +157,9 @@ class Trainer : private EpochSteps {
   std::optional<LogLevel> saved_log_level_;  // ranks other than 0 log warnings and errors only
 };
 
+
+// The run's options as <save_dir>/train_config.yaml (atomically), their paths made absolute: a
+// resume from another working directory finds the same dataset and run directory.
+void write_train_config(const std::string& save_dir, TrainConfig cfg);
 
 }  // namespace libreyolo::engine

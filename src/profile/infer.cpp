@@ -21,6 +21,7 @@
 #include "core/paths.hpp"
 #include "profile/analysis.hpp"
 #include "profile/user_scope.hpp"
+#include "profile/window.hpp"
 
 namespace libreyolo::profile {
 
@@ -120,7 +121,7 @@ InferReport profile_inference(const InferOptions& opt_in, const InferStages& st,
   bool tracing = false;
   if (opt.trace) {
     try {
-      setenv("TEARDOWN_CUPTI", "1", /*overwrite=*/0);  // as the training window: no CUPTI left behind
+      set_kineto_environment(cuda);
       kp::prepareProfiler(cfg, acts);
       kp::enableProfiler(cfg, acts);
       tracing = true;

@@ -34,6 +34,11 @@ using Clock = std::chrono::steady_clock;
 
 // The training loop's names, whose phases are these after its Dataload.
 static_assert(static_cast<int>(libreyolo::Phase::Optimizer) == static_cast<int>(Phase::Optimizer) + 1);
+void set_kineto_environment(bool device_trace) {
+  setenv("TEARDOWN_CUPTI", "1", /*overwrite=*/0);
+  if (!device_trace) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);  // above Kineto's ERROR (4)
+}
+
 const char* phase_name(Phase p) {
   return libreyolo::phase_name(static_cast<libreyolo::Phase>(static_cast<int>(p) + 1));
 }
@@ -177,10 +182,7 @@ Window::Window(int warmup, int steps, c10::Device device, Meta meta, std::string
 #endif
   if (s.opts.trace) {
     try {
-      // Kineto leaves CUPTI attached after a trace unless TEARDOWN_CUPTI=1: every later kernel
-      // launch then pays for its callbacks (measured on an H200: eager v9-t b16 training 16-20%
-      // slower after the window). Tear it down when the trace stops, unless the user chose.
-      setenv("TEARDOWN_CUPTI", "1", /*overwrite=*/0);
+      set_kineto_environment(device.is_cuda());
       kp::prepareProfiler(s.config(), s.activities);  // the Kineto/CUPTI set-up, outside the window
     } catch (const std::exception& e) {
       s.trace_failed = true;

@@ -26,6 +26,14 @@ enum class Phase { ToDevice = 0, Forward, Loss, Backward, Optimizer };
 inline constexpr int kPhaseCount = 5;
 const char* phase_name(Phase p);
 
+// The environment Kineto reads when a trace is prepared (call before prepareProfiler): CUPTI torn
+// down when the trace stops, unless the user chose (left attached, every later kernel launch pays
+// for its callbacks: eager v9-t b16 training 16-20% slower after the window on an H200); for a
+// host-only trace (device_trace false) Kineto's own device probe kept quiet unless
+// KINETO_LOG_LEVEL is set (on a machine without a GPU it logs "gpuGetDeviceCount failed" as an
+// error on stderr, about nothing the trace needs).
+void set_kineto_environment(bool device_trace);
+
 // Copied into every artifact.
 struct Meta {
   std::string model;           // the model's display name and size
