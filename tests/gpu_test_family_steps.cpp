@@ -100,3 +100,30 @@ TEST_P(GpuClassifierStepGraph, GraphedTrainingStepsEqualEagerBitForBit) {
 
 INSTANTIATE_TEST_SUITE_P(Classify, GpuClassifierStepGraph, ::testing::Values("resnet", "mobilenetv4", "efficientnetv2"),
                          [](const ::testing::TestParamInfo<std::string>& i) { return i.param; });
+
+// A model built like a state dict whose tensors live on the GPU (an EMA copy of a model already on
+// its device, a checkpoint mapped there): the same modules as built from the host copy. RT-DETRv2
+// read its points-per-level buffer through a host pointer into device memory (a segmentation fault
+// in every CUDA training).
+TEST(GpuFamilies, EveryFamilyBuildsLikeAStateDictOnTheGpu) {
+  LY_REQUIRE_CUDA();
+  const torch::Device dev(torch::kCUDA, 0);
+  int covered = 0;
+  for (const models::Family* fam : models::families()) {
+    const int nc = fam->task == "classify" ? 5 : 80;
+    torch::manual_seed(0);
+    auto model = fam->build(fam->default_size, nc);
+    const auto host_sd = models::state_dict(*model);
+    model->to(dev);
+    const auto device_sd = models::state_dict(*model);
+    const auto from_host = models::state_dict(*fam->build_like(host_sd, nc));
+    const auto from_device = models::state_dict(*fam->build_like(device_sd, nc));
+    ASSERT_EQ(from_host.size(), from_device.size()) << fam->name;
+    for (size_t i = 0; i < from_host.size(); ++i) {
+      EXPECT_EQ(from_host[i].first, from_device[i].first) << fam->name;
+      EXPECT_EQ(from_host[i].second.sizes(), from_device[i].second.sizes()) << fam->name << " " << from_host[i].first;
+    }
+    ++covered;
+  }
+  EXPECT_GE(covered, 13) << "every registered family";
+}

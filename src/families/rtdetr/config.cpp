@@ -229,7 +229,7 @@ std::optional<Config> config_from_state_dict(const io::StateDict& sd) {
     // The buffer holds 1/n n times per level, level by level; values that do not read so (a
     // state dict of shapes only) leave the points spread evenly over the levels.
     const torch::Tensor* scale = io::find_tensor(sd, "decoder.decoder.layers.0.cross_attn.num_points_scale", identity);
-    const auto s = scale->to(torch::kDouble).contiguous();
+    const auto s = scale->to(torch::kCPU, torch::kDouble).contiguous();  // the buffer may live on a GPU
     const double* v = s.data_ptr<double>();
     std::vector<int> counts;
     for (int64_t i = 0; i < s.numel();) {
