@@ -15,6 +15,7 @@
 #include "engine/graphed_segment.hpp"
 #include "families/rtdetr/loss.hpp"
 #include "families/rtdetr/matcher.hpp"
+#include "fold_check.hpp"
 #include "rtdetr_fixture.hpp"
 #include "step_check.hpp"
 
@@ -54,10 +55,47 @@ TEST(RtdetrGpu, Float32EvalPredictions) {
   auto f = libreyolo::test::load_rtdetr_fixture(dir);
   f.model->to(kCuda);
   torch::NoGradGuard no_grad;
+  const libreyolo::test::FoldSwitch unfolded(false);  // the reference's op order (top-k scores 6e-6 apart)
   const auto raw = f.model->forward_raw(f.input().to(kCuda));
   ASSERT_EQ(raw.size(), 3u);
   check_rel("pred_logits", raw[0].cpu(), f.expected("eval.pred_logits"), kOutputBound);
   check_rel("pred_boxes", raw[1].cpu(), f.expected("eval.pred_boxes"), kOutputBound);
+}
+
+// The conv + norm blocks folded for inference on the GPU (channels_last, the fused epilogues and
+// cuDNN's fused plans where they apply): the backbone's and encoder's maps folded against
+// unfolded, float32 (TF32 convolutions as in predict) and bf16 autocast.
+TEST(RtdetrGpu, FoldedEvalMapsEqualUnfolded) {
+  LY_REQUIRE_CUDA();
+  torch::manual_seed(0);
+  auto model = std::dynamic_pointer_cast<rtdetr::RtdetrModel>(libreyolo::models::find_family("rtdetr")->build("r18", 80));
+  ASSERT_TRUE(model);
+  model->eval();
+  model->to(kCuda);
+  {
+    torch::NoGradGuard ng;
+    for (auto& p : model->parameters())
+      if (p.dim() == 4) p.set_data(p.contiguous(torch::MemoryFormat::ChannelsLast));
+  }
+  const auto x = torch::rand({1, 3, 320, 320}, torch::TensorOptions().device(kCuda)).contiguous(torch::MemoryFormat::ChannelsLast);
+  torch::NoGradGuard no_grad;
+  for (const bool bf16 : {false, true}) {
+    const libreyolo::AutocastGuard ac(kCuda, bf16, torch::kBFloat16);
+    const auto maps = [&](bool fold) {
+      const libreyolo::test::FoldSwitch s(fold);
+      const auto t = model->forward_trace(x);
+      std::vector<torch::Tensor> out;
+      for (const auto& m : t.backbone) out.push_back(m.to(torch::kFloat));
+      for (const auto& m : t.encoder) out.push_back(m.to(torch::kFloat));
+      return out;
+    };
+    const auto ref = maps(false), got = maps(true);
+    double worst = 0;
+    for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, rel_err(got[i], ref[i]));
+    std::printf("[ REPORT   ] rtdetr r18 %s folded vs unfolded: backbone and encoder maps rel err %.3g\n",
+                bf16 ? "bf16" : "fp32/TF32", worst);
+    EXPECT_LE(worst, bf16 ? 3e-2 : 3e-3);  // TF32 (10-bit) and bf16 (8-bit) rounding, other sum orders
+  }
 }
 
 TEST(RtdetrGpu, Float32CriterionWithDenoising) {

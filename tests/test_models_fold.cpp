@@ -16,6 +16,9 @@
 #include "layers/concat.hpp"
 #include "layers/conv.hpp"
 #include "models/detector.hpp"
+#include "families/rtdetr/dfine.hpp"
+#include "families/rtdetr/hgnetv2.hpp"
+#include "families/rtdetr/model.hpp"
 #include "families/yolo9/blocks.hpp"
 #include "support.hpp"
 #include "yolo9_fixture.hpp"
@@ -601,3 +604,77 @@ TEST(FoldBn, YoloxParityFixtureAgainstFloat64) {
   EXPECT_LE(ef.first, 2.0 * eu.first + 1e-6);
   EXPECT_LE(ef.second, 2.0 * eu.second + 1e-6);
 }
+
+// The RT-DETR line's convolution + norm blocks folded for inference (rtdetr/blocks.hpp NormFold):
+// RT-DETR r18 (frozen norms in its PResNet backbone, BatchNorm2d in its encoder) and D-FINE-n
+// (HGNetv2, the LAB affine after its ReLUs) with random norm state, folded against unfolded. The
+// backbone's and encoder's maps are compared (the decoder's top-k query selection turns a
+// rounding step into another query on a near tie), every block folded, the folds refreshed after
+// a change to a frozen norm's buffers.
+namespace {
+void randomize_frozen_norms(torch::nn::Module& m, uint64_t seed) {
+  torch::NoGradGuard ng;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  for (const auto& sub : m.modules(/*include_self=*/false))
+    if (auto* bn = dynamic_cast<models::rtdetr::FrozenBatchNorm2dImpl*>(sub.get())) {
+      const int64_t c = bn->running_mean.size(0);
+      bn->running_mean.copy_(at::normal(0.0, 0.5, {c}, gen));
+      bn->running_var.copy_(at::rand({c}, gen) * 2.0 + 0.25);
+      bn->weight.copy_(at::rand({c}, gen) + 0.5);
+      bn->bias.copy_(at::normal(0.0, 0.3, {c}, gen));
+    }
+}
+
+std::pair<int, int> rtdetr_folds(torch::nn::Module& m) {
+  int blocks = 0, folded = 0;
+  for (const auto& sub : m.modules(false)) {
+    if (auto* c = dynamic_cast<models::rtdetr::ConvNormImpl*>(sub.get())) {
+      ++blocks;
+      folded += c->has_fold();
+    }
+    if (auto* c = dynamic_cast<models::rtdetr::HgConvImpl*>(sub.get())) {
+      ++blocks;
+      folded += c->has_fold();
+    }
+  }
+  return {blocks, folded};
+}
+
+template <class Model>
+void expect_rtdetr_line_fold(const std::string& family, const std::string& size) {
+  auto m = build(family, size, 5);
+  randomize_frozen_norms(*m, 6);
+  auto* model = dynamic_cast<Model*>(m.get());
+  ASSERT_NE(model, nullptr) << family;
+  torch::manual_seed(4);
+  const auto x = torch::rand({1, 3, 256, 256});
+  torch::NoGradGuard ng;
+  const auto maps = [&](bool fold) {
+    FoldSwitch s(fold);
+    const auto t = model->forward_trace(x);
+    std::vector<torch::Tensor> out(t.backbone.begin(), t.backbone.end());
+    out.insert(out.end(), t.encoder.begin(), t.encoder.end());
+    return out;
+  };
+  const auto ref = maps(false);
+  EXPECT_EQ(rtdetr_folds(*m).second, 0);
+  const auto got = maps(true);
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, rel_err(got[i], ref[i]));
+  const auto [blocks, folded] = rtdetr_folds(*m);
+  std::cout << "[ REPORT   ] " << family << "-" << size << " fp32 folded vs unfolded: backbone and encoder maps rel err "
+            << worst << " (" << folded << " of " << blocks << " conv+norm blocks folded)\n";
+  EXPECT_GT(blocks, 0);
+  EXPECT_EQ(folded, blocks);
+  EXPECT_LE(worst, 1e-5);
+  // A frozen norm's buffer edited in place: the next folded forward follows it.
+  randomize_frozen_norms(*m, 7);
+  randomize_batch_norms(*m, 8);
+  const auto ref2 = maps(false);
+  const auto got2 = maps(true);
+  for (size_t i = 0; i < ref2.size(); ++i) EXPECT_LE(rel_err(got2[i], ref2[i]), 1e-5) << i;
+}
+}  // namespace
+
+TEST(FoldBn, RtdetrR18FoldedEqualsUnfolded) { expect_rtdetr_line_fold<models::rtdetr::RtdetrModel>("rtdetr", "r18"); }
+TEST(FoldBn, DfineNFoldedEqualsUnfolded) { expect_rtdetr_line_fold<models::rtdetr::DfineModel>("dfine", "n"); }

@@ -9,6 +9,7 @@
 #include <map>
 
 #include "rtdetr_fixture.hpp"
+#include "fold_check.hpp"
 
 using libreyolo::test::check_rel;
 using libreyolo::test::rel_err;
@@ -66,6 +67,7 @@ TEST(RtdetrParity, EvalBackboneAndEncoderMaps) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   torch::NoGradGuard no_grad;
+  const libreyolo::test::FoldSwitch unfolded(false);  // the reference's op order (top-k scores 6e-6 apart)
   const auto t = f.model->forward_trace(f.input());
   for (int i = 0; i < 3; ++i) {
     check_rel("backbone_feat_" + std::to_string(i), t.backbone[i],
@@ -79,6 +81,7 @@ TEST(RtdetrParity, EvalQuerySelection) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   torch::NoGradGuard no_grad;
+  const libreyolo::test::FoldSwitch unfolded(false);  // the reference's op order (top-k scores 6e-6 apart)
   const auto s = f.model->forward_trace(f.input()).selection;
   const auto want_anchors = f.expected("eval.anchors_unact");
   ASSERT_EQ(s.anchors.sizes(), want_anchors.sizes());
@@ -104,6 +107,7 @@ TEST(RtdetrParity, EvalPredictions) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   torch::NoGradGuard no_grad;
+  const libreyolo::test::FoldSwitch unfolded(false);  // the reference's op order (top-k scores 6e-6 apart)
   const auto raw = f.model->forward_raw(f.input());
   ASSERT_EQ(raw.size(), 3u);
   check_rel("pred_logits", raw[0], f.expected("eval.pred_logits"), kEvalBound);
@@ -125,6 +129,7 @@ TEST(RtdetrParity, Postprocess) {
   LY_REQUIRE_FIXTURES(dir);
   auto f = load_fixture(dir);
   torch::NoGradGuard no_grad;
+  const libreyolo::test::FoldSwitch unfolded(false);  // the reference's op order (top-k scores 6e-6 apart)
   const auto raw = f.model->forward_raw(f.input());
   const double conf = f.expected("post.conf_thres").item<double>();
   const int max_det = static_cast<int>(f.expected("post.max_det").item<int64_t>());

@@ -1,5 +1,7 @@
 #include "layers/fold.hpp"
 
+#include <optional>
+
 #include "core/env.hpp"
 
 #include <ATen/autocast_mode.h>
@@ -33,6 +35,24 @@ std::atomic<uint64_t>& computations() {
   return n;
 }
 
+// The source's norm as tensors (a BatchNorm2d module's, or the given ones); nullopt for a plain
+// convolution. `training`: a module in training mode (its batch statistics would be used).
+struct Norm {
+  torch::Tensor weight, bias, mean, var;
+  double eps;
+  bool training;
+};
+std::optional<Norm> norm_of(const FoldSource& s) {
+  if (s.bn) return Norm{s.bn->weight, s.bn->bias, s.bn->running_mean, s.bn->running_var, s.bn->options.eps(),
+                        s.bn->is_training()};
+  if (s.norm) {
+    const auto get = [](const torch::Tensor* t) { return t ? *t : torch::Tensor(); };
+    return Norm{get(s.norm->weight), get(s.norm->bias), get(s.norm->running_mean), get(s.norm->running_var),
+                s.norm->eps, false};
+  }
+  return std::nullopt;
+}
+
 Computed compute(c10::ArrayRef<FoldSource> sources) {
   TORCH_CHECK(!sources.empty(), "BatchNorm folding: no source layers");
   computations().fetch_add(1, std::memory_order_relaxed);
@@ -44,18 +64,18 @@ Computed compute(c10::ArrayRef<FoldSource> sources) {
   Computed c;
   for (const auto& s : sources) {
     const at::Tensor w = s.conv->weight.to(at::kDouble);
-    if (!s.bn) {  // a plain convolution: its own weight and bias
+    const auto bn = norm_of(s);
+    if (!bn) {  // a plain convolution: its own weight and bias
       TORCH_CHECK(sources.size() == 1, "BatchNorm folding: a plain convolution is folded alone");
       c.weight = w;
       c.bias = s.conv->bias.defined() ? s.conv->bias.to(at::kDouble)
                                       : at::zeros({w.size(0)}, w.options());
       return c;
     }
-    const auto& bn = *s.bn;
-    const at::Tensor mean = bn.running_mean.to(at::kDouble), var = bn.running_var.to(at::kDouble);
-    const at::Tensor gamma = bn.weight.defined() ? bn.weight.to(at::kDouble) : at::ones_like(mean);
-    const at::Tensor beta = bn.bias.defined() ? bn.bias.to(at::kDouble) : at::zeros_like(mean);
-    const at::Tensor scale = gamma * (var + bn.options.eps()).rsqrt();
+    const at::Tensor mean = bn->mean.to(at::kDouble), var = bn->var.to(at::kDouble);
+    const at::Tensor gamma = bn->weight.defined() ? bn->weight.to(at::kDouble) : at::ones_like(mean);
+    const at::Tensor beta = bn->bias.defined() ? bn->bias.to(at::kDouble) : at::zeros_like(mean);
+    const at::Tensor scale = gamma * (var + bn->eps).rsqrt();
     at::Tensor wf = w * scale.view({-1, 1, 1, 1});
     const at::Tensor bf = beta - mean * scale;
     const int64_t ph = (kh - w.size(2)) / 2, pw = (kw - w.size(3)) / 2;
@@ -114,15 +134,15 @@ bool fold_allowed(const torch::Tensor& x, c10::ArrayRef<FoldSource> sources) {
   const bool grad = torch::GradMode::is_enabled();
   if (grad && x.requires_grad()) return false;
   for (const auto& s : sources) {
-    if (!s.bn) {  // a plain convolution
+    const auto bn = norm_of(s);
+    if (!bn) {  // a plain convolution
       if (grad && (s.conv->weight.requires_grad() || (s.conv->bias.defined() && s.conv->bias.requires_grad())))
         return false;
       continue;
     }
-    const auto& bn = *s.bn;
-    if (bn.is_training() || !bn.running_mean.defined() || !bn.running_var.defined()) return false;
-    if (grad && (s.conv->weight.requires_grad() || (bn.weight.defined() && bn.weight.requires_grad()) ||
-                 (bn.bias.defined() && bn.bias.requires_grad())))
+    if (bn->training || !bn->mean.defined() || !bn->var.defined()) return false;
+    if (grad && (s.conv->weight.requires_grad() || (bn->weight.defined() && bn->weight.requires_grad()) ||
+                 (bn->bias.defined() && bn->bias.requires_grad())))
       return false;
   }
   return true;
@@ -133,15 +153,16 @@ void FoldedConv::stamp_of(c10::ArrayRef<FoldSource> sources, std::vector<uint64_
   s.push_back(weights_generation.load());
   for (const auto& src : sources) {
     push_tensor(s, src.conv->weight);
-    if (!src.bn) {
+    const auto bn = norm_of(src);
+    if (!bn) {
       push_tensor(s, src.conv->bias);
       s.push_back(src.epoch ? *src.epoch : 0);
       continue;
     }
-    push_tensor(s, src.bn->weight);
-    push_tensor(s, src.bn->bias);
-    push_tensor(s, src.bn->running_mean);
-    push_tensor(s, src.bn->running_var);
+    push_tensor(s, bn->weight);
+    push_tensor(s, bn->bias);
+    push_tensor(s, bn->mean);
+    push_tensor(s, bn->var);
     s.push_back(src.epoch ? *src.epoch : 0);
   }
 }

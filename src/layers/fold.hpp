@@ -38,13 +38,24 @@ void note_weights_changed();
 // tests and diagnostics.
 uint64_t fold_computations();
 
-// One Conv2d(bias=false) + BatchNorm2d pair, and its owner's epoch (bumped on train() and training
-// forwards). bn == nullptr: a plain convolution (with or without its own bias), alone: its
-// weight and bias in the compute dtype, kept the same way.
+// A batch norm that is not a BatchNorm2d module (e.g. a frozen one whose statistics and affine
+// parameters are buffers), seen as its tensors: scale = weight / sqrt(running_var + eps).
+struct NormTensors {
+  const torch::Tensor* weight = nullptr;  // undefined or null: 1
+  const torch::Tensor* bias = nullptr;    // undefined or null: 0
+  const torch::Tensor* running_mean = nullptr;
+  const torch::Tensor* running_var = nullptr;
+  double eps = 1e-5;
+};
+
+// One Conv2d(bias=false) + BatchNorm2d pair (or + the norm `norm` describes), and its owner's
+// epoch (bumped on train() and training forwards). Neither bn nor norm: a plain convolution (with
+// or without its own bias), alone: its weight and bias in the compute dtype, kept the same way.
 struct FoldSource {
   const torch::nn::Conv2dImpl* conv = nullptr;
   const torch::nn::BatchNorm2dImpl* bn = nullptr;
   const uint64_t* epoch = nullptr;
+  const NormTensors* norm = nullptr;  // used when bn is null
 };
 
 // The compute dtype of an inference forward of x (autocast's where it is on for x's device and x

@@ -1,6 +1,9 @@
 #include "families/rtdetr/blocks.hpp"
 
+#include "layers/conv_bn_act.hpp"
+
 #include <cmath>
+#include <variant>
 #include <limits>
 
 namespace libreyolo::models::rtdetr {
@@ -43,10 +46,58 @@ ConvNormImpl::ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act 
   }
 }
 
+common::FoldSource NormFold::source(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
+                                    const FrozenBatchNorm2d& frozen) {
+  common::FoldSource s;
+  s.conv = conv.get();
+  s.epoch = &epoch_;
+  if (bn) {
+    s.bn = bn.get();
+  } else {
+    frozen_ = {&frozen->weight, &frozen->bias, &frozen->running_mean, &frozen->running_var, frozen->eps};
+    s.norm = &frozen_;
+  }
+  return s;
+}
+
+torch::Tensor NormFold::forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
+                                const FrozenBatchNorm2d& frozen, Act act) {
+  const common::FoldSource src = source(conv, bn, frozen);
+  if (!common::fold_allowed(x, {src})) return {};
+  const auto& o = conv->options;
+  const auto* padding = std::get_if<torch::ExpandingArray<2>>(&o.padding());
+  if (!padding || (*padding)->at(0) != (*padding)->at(1) || o.stride()->at(0) != o.stride()->at(1) ||
+      o.dilation()->at(0) != 1 || o.dilation()->at(1) != 1)
+    return {};
+  const auto& w = fold_.get({src}, common::fold_compute_dtype(x), common::fold_memory_format(x, conv->weight));
+  ConvBiasActParams p;
+  p.weight = &w.weight;
+  p.bias = &w.bias;
+  p.bias32 = &w.bias32;
+  p.stride = o.stride()->at(0);
+  p.padding = (*padding)->at(0);
+  p.groups = o.groups();
+  p.pointwise = o.kernel_size()->at(0) == 1 && o.kernel_size()->at(1) == 1 && p.stride == 1 && p.groups == 1;
+  p.act = act == Act::SiLU;
+  auto y = conv_bias_act(x, p);
+  return act == Act::ReLU ? y.relu_() : y;
+}
+
+bool NormFold::refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn, const FrozenBatchNorm2d& frozen) {
+  return fold_.refresh({source(conv, bn, frozen)});
+}
+
 torch::Tensor ConvNormImpl::forward(const torch::Tensor& x) {
+  if (auto y = fold_.forward(x, conv, norm, frozen_norm, act); y.defined()) return y;
+  if (is_training()) fold_.note_mode();  // running statistics written below
   auto y = conv->forward(x);
   y = norm ? norm->forward(y) : frozen_norm->forward(y);
   return activate(y, act);
+}
+
+void ConvNormImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  fold_.note_mode();
 }
 
 MlpImpl::MlpImpl(int64_t in, int64_t hidden, int64_t out, int n, bool silu_) : silu(silu_) {

@@ -5,6 +5,8 @@
 #pragma once
 #include <torch/torch.h>
 
+#include "layers/fold.hpp"
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,17 +31,47 @@ class FrozenBatchNorm2dImpl : public torch::nn::Module {
 };
 TORCH_MODULE(FrozenBatchNorm2d);
 
+// A convolution (bias=false) and its norm (a BatchNorm2d, or a FrozenBatchNorm2d) folded into one
+// convolution for inference (layers/fold.hpp): in eval mode with nothing recorded for autograd,
+// act(conv(x, w * s) + (b - mean * s)) through layers/conv_bn_act.hpp's conv_bias_act (on CUDA the
+// bias and a SiLU as the convolution's epilogue, cuDNN's fused plans where they apply) instead of
+// the convolution, the norm's pass and the activation's. The owner calls note_mode() from train()
+// and from its training forwards (running statistics written), refresh() from refresh_folds().
+class NormFold {
+ public:
+  // The folded forward, or an undefined tensor where folding does not apply.
+  torch::Tensor forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
+                        const FrozenBatchNorm2d& frozen, Act act);
+  bool refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn, const FrozenBatchNorm2d& frozen);
+  void note_mode() { ++epoch_; }
+  bool has_fold() const { return !fold_.empty(); }  // a folded forward ran
+
+ private:
+  common::FoldSource source(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
+                            const FrozenBatchNorm2d& frozen);
+  common::FoldedConv fold_;
+  common::NormTensors frozen_;
+  uint64_t epoch_ = 0;
+};
+
 // Conv2d(bias=false, padding (k-1)/2, `groups`) + BatchNorm2d (eps 1e-5, momentum 0.1) +
-// activation: children "conv" and "norm" (a FrozenBatchNorm2d when `frozen`).
-class ConvNormImpl : public torch::nn::Module {
+// activation: children "conv" and "norm" (a FrozenBatchNorm2d when `frozen`). Folded for
+// inference (NormFold).
+class ConvNormImpl : public torch::nn::Module, public common::Foldable {
  public:
   ConvNormImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, Act act, bool frozen = false, int64_t groups = 1);
   torch::Tensor forward(const torch::Tensor& x);
+  void train(bool on = true) override;
+  bool refresh_folds() override { return fold_.refresh(conv, norm, frozen_norm); }
+  bool has_fold() const { return fold_.has_fold(); }
 
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d norm{nullptr};
   FrozenBatchNorm2d frozen_norm{nullptr};
   Act act;
+
+ private:
+  NormFold fold_;
 };
 TORCH_MODULE(ConvNorm);
 

@@ -114,17 +114,22 @@ ops::Detections postprocess(const torch::Tensor& pred, const PostprocessArgs& a)
     throw UsageError(strfmt("rtdetr postprocess: bad geometry (scales %g x %g, original %dx%d)", g.sx, g.sy,
                             g.orig_w, g.orig_h));
   if (a.max_det < 1) throw UsageError(strfmt("rtdetr postprocess: max_det must be >= 1, got %d", a.max_det));
-  const torch::Tensor f = p.to(torch::kCPU, torch::kFloat);
+  // The top-k and the gather where the predictions are (on a GPU: one copy of k rows to the host
+  // instead of the whole [4 + nc, Q] map and a host top-k), the rest on the host.
+  const torch::Tensor f = p.to(torch::kFloat);
   const int64_t nc = f.size(0) - 4;
   const torch::Tensor scores = f.slice(0, 4).t().flatten();  // index q * nc + c
   const int64_t k = std::min<int64_t>(a.max_det, scores.numel());
-  const auto [top, idx] = torch::topk(scores, k, 0, /*largest=*/true, /*sorted=*/true);
+  const auto [top_at, idx_at] = torch::topk(scores, k, 0, /*largest=*/true, /*sorted=*/true);
+  const torch::Tensor gathered = f.slice(0, 0, 4).index_select(1, torch::div(idx_at, nc, "floor")).t();  // [k, 4]
+  // Rows [x1, y1, x2, y2, score] in float32, and the flat indices, each in one copy.
+  const torch::Tensor rows = torch::cat({gathered, top_at.unsqueeze(1)}, 1).to(torch::kCPU);
+  const torch::Tensor idx = idx_at.to(torch::kCPU);
+  const torch::Tensor top = rows.select(1, 4);
   const torch::Tensor keep = top > a.conf;
-  const torch::Tensor q = torch::div(idx, nc, "floor").index({keep});
-  const torch::Tensor boxes = f.slice(0, 0, 4).index_select(1, q).t();  // [K, 4]
   const torch::Tensor scale = torch::tensor({g.sx, g.sy, g.sx, g.sy}, torch::kDouble);
   ops::Detections d;
-  d.boxes = (boxes.to(torch::kDouble) / scale).to(torch::kFloat).contiguous();
+  d.boxes = (rows.narrow(1, 0, 4).index({keep}).to(torch::kDouble) / scale).to(torch::kFloat).contiguous();
   d.scores = top.index({keep}).contiguous();
   d.classes = torch::remainder(idx, nc).index({keep}).contiguous();
   return d;

@@ -38,11 +38,20 @@ HgConvImpl::HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool rel
 }
 
 torch::Tensor HgConvImpl::forward(const torch::Tensor& x) {
-  auto y = conv->forward(pad_after ? pad_after_input(x) : x);
-  y = bn ? bn->forward(y) : frozen_bn->forward(y);
-  if (!relu) return y;
-  y = torch::relu(y);
-  return lab_scale.defined() ? lab_scale * y + lab_bias : y;
+  const auto in = pad_after ? pad_after_input(x) : x;
+  auto y = fold_.forward(in, conv, bn, frozen_bn, relu ? Act::ReLU : Act::None);
+  if (!y.defined()) {
+    if (is_training()) fold_.note_mode();  // running statistics written below
+    y = conv->forward(in);
+    y = bn ? bn->forward(y) : frozen_bn->forward(y);
+    if (relu) y = torch::relu(y);
+  }
+  return relu && lab_scale.defined() ? lab_scale * y + lab_bias : y;
+}
+
+void HgConvImpl::train(bool on) {
+  torch::nn::Module::train(on);
+  fold_.note_mode();
 }
 
 HgStemImpl::HgStemImpl(int64_t mid, int64_t out, bool frozen, bool lab, bool pad_outside_) : pad_outside(pad_outside_) {

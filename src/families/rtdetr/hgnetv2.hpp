@@ -18,11 +18,14 @@ namespace libreyolo::models::rtdetr {
 // `relu`: children "conv" and "bn". Padding (k-1)/2; with `pad_after` instead one zero row and
 // column after the input (right and bottom) and none in the convolution, which then sits at
 // "conv.1" (the padding being the parameterless "conv.0").
-class HgConvImpl : public torch::nn::Module {
+class HgConvImpl : public torch::nn::Module, public common::Foldable {
  public:
   HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool relu, bool frozen, int64_t groups = 1,
              bool pad_after = false, bool lab = false);
   torch::Tensor forward(const torch::Tensor& x);
+  void train(bool on = true) override;
+  bool refresh_folds() override { return fold_.refresh(conv, bn, frozen_bn); }
+  bool has_fold() const { return fold_.has_fold(); }
 
   torch::nn::Conv2d conv{nullptr};
   torch::nn::BatchNorm2d bn{nullptr};
@@ -30,6 +33,9 @@ class HgConvImpl : public torch::nn::Module {
   // With `lab` and `relu`: y * scale + bias after the ReLU (child "lab", scale 1 and bias 0 at first).
   torch::Tensor lab_scale, lab_bias;
   bool relu, pad_after;
+
+ private:
+  NormFold fold_;  // the convolution and its norm as one for inference
 };
 TORCH_MODULE(HgConv);
 
