@@ -13,7 +13,7 @@
 #   MODELS="rtdetr-r18"  BATCHES="4,8"  IMGSZ=640  STEPS=20  WARMUP=8
 #   classifiers (resnet-18, mobilenetv4-s, efficientnetv2-b0): both steps at CLS_IMGSZ (default 224)
 #   on the generated class-folder set (make_data.py --set shapes); predict at the model's input size
-#   WHICH="ours ref"   the sides to run;   TIMEOUT_S=240 per command
+#   WHICH="ours ref"   the sides to run;   PARTS="step predict" what to measure;   TIMEOUT_S=240 per command
 #   GRAPH_SCOPE=auto   our graphed step's scope (bench_train_step --graph-scope): auto is what the
 #                      family declares; step or head measure a capture the family has not turned on
 set -u
@@ -25,6 +25,7 @@ IMGSZ=${IMGSZ:-640}
 STEPS=${STEPS:-20}
 WARMUP=${WARMUP:-8}
 WHICH=${WHICH:-ours ref}
+PARTS=${PARTS:-step predict}
 TIMEOUT_S=${TIMEOUT_S:-240}
 FINAL=${OUT:-$ROOT/out/speed}
 R=$(mktemp -d /tmp/speed.XXXXXX)
@@ -58,16 +59,20 @@ for m in $MODELS; do
   data=/tmp/speed_data/data.yaml
   imgsz=$IMGSZ
   case $family in resnet | mobilenetv4 | efficientnetv2) data=/tmp/speed_shapes imgsz=${CLS_IMGSZ:-224} ;; esac
-  if [[ " $WHICH " == *" ours "* ]]; then
+  if [[ " $WHICH " == *" ours "* && " $PARTS " == *" step "* ]]; then
     run "ours_step_$m" "$B/bench_train_step" --device cuda --cudnn-benchmark --ema --family "$family" --sizes "$size" \
       --batches "$BATCHES" --dtypes bf16 --imgsz "$imgsz" --cuda-graph off,on --graph-scope "${GRAPH_SCOPE:-auto}" --steps "$STEPS" --warmup "$WARMUP"
+  fi
+  if [[ " $WHICH " == *" ours "* && " $PARTS " == *" predict "* ]]; then
     run "ours_predict_$m" "$B/bench_predict" --device cuda --model "$m" --iters 100 --warmup 10
     run "ours_predict_graph_$m" "$B/bench_predict" --device cuda --model "$m" --iters 100 --warmup 10 --cuda-graph on
   fi
-  if [[ " $WHICH " == *" ref "* ]]; then
+  if [[ " $WHICH " == *" ref "* && " $PARTS " == *" predict "* ]]; then
     [ -f "$IMAGE" ] || "$B/bench_predict" --device cpu --model "$m" --iters 1 --warmup 0 > /dev/null 2>&1
     run "ref_predict_$m" python3 bench/convergence/reference_predict.py --image "$IMAGE" --models "$m" \
       --graphs off,on --iters 50 --warmup 10
+  fi
+  if [[ " $WHICH " == *" ref "* && " $PARTS " == *" step "* ]]; then
     run "ref_step_$m" python3 bench/convergence/reference_step.py --data "$data" --models "$m" \
       --batches "$BATCHES" --graphs off,on --imgsz "$imgsz" --epochs 3 --project /tmp/refstep
   fi

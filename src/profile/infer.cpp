@@ -184,6 +184,7 @@ InferReport profile_inference(const InferOptions& opt_in, const InferStages& st,
     } catch (const std::exception& e) {
       log_warn(std::string("profiler: stopping Kineto failed: ") + e.what());
     }
+    after_kineto_trace(cuda);
   }
 
   InferReport r;

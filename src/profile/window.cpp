@@ -6,6 +6,7 @@
 
 #ifdef LIBREYOLO_CUDA
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include <algorithm>
@@ -37,6 +38,14 @@ static_assert(static_cast<int>(libreyolo::Phase::Optimizer) == static_cast<int>(
 void set_kineto_environment(bool device_trace) {
   setenv("TEARDOWN_CUPTI", "1", /*overwrite=*/0);
   if (!device_trace) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);  // above Kineto's ERROR (4)
+}
+
+void after_kineto_trace(bool device_trace) {
+#ifdef LIBREYOLO_CUDA
+  if (device_trace) c10::cuda::device_synchronize();
+#else
+  (void)device_trace;
+#endif
 }
 
 const char* phase_name(Phase p) {
@@ -398,6 +407,7 @@ Report Window::finish() {
     } catch (const std::exception& e) {
       log_warn(std::string("profiler: stopping Kineto failed: ") + e.what());
     }
+    after_kineto_trace(s.activities.count(torch::profiler::impl::ActivityType::CUDA) > 0);
     s.tracing = false;
   }
   Report& r = s.report;

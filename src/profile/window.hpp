@@ -33,6 +33,10 @@ const char* phase_name(Phase p);
 // KINETO_LOG_LEVEL is set (on a machine without a GPU it logs "gpuGetDeviceCount failed" as an
 // error on stderr, about nothing the trace needs).
 void set_kineto_environment(bool device_trace);
+// Call after a trace stops. Kineto tears CUPTI down from the exit callback of the next CUDA runtime
+// call: a process whose last device work was the trace (profile infer) waited for it at exit and
+// never ended. With device_trace, that call is made here.
+void after_kineto_trace(bool device_trace);
 
 // Copied into every artifact.
 struct Meta {
