@@ -1,6 +1,7 @@
 #include "data/gpu_batch.hpp"
 #include "core/env.hpp"
 
+#include <chrono>
 #include <fstream>
 #include <libreyolo/errors.hpp>
 
@@ -98,6 +99,9 @@ const NvjpegApi& nvjpeg() {
   return a;
 }
 
+std::mutex start_totals_mu;
+GpuBatchMaker::StartTimes start_totals;
+
 void check(nvjpegStatus_t s, const char* what) {
   if (s != NVJPEG_STATUS_SUCCESS) throw RuntimeError(strfmt("nvJPEG: %s failed (status %d)", what, static_cast<int>(s)));
 }
@@ -126,6 +130,7 @@ struct GpuBatchMaker::Impl {
   std::optional<c10::cuda::CUDAStream> stream;
   std::mutex mu;
   std::atomic<int64_t> fallbacks{0};
+  GpuBatchMaker::StartTimes start;
 };
 
 GpuBatchMaker::GpuBatchMaker(int device, int imgsz) : impl_(std::make_unique<Impl>()) {
@@ -140,6 +145,13 @@ GpuBatchMaker::GpuBatchMaker(int device, int imgsz) : impl_(std::make_unique<Imp
   m.stream = c10::cuda::getStreamFromPool(false, static_cast<c10::DeviceIndex>(device));
   // The GPU's JPEG engines where it has them (A100, H100/H200), for batched decoding; the hybrid
   // decoder for single images and as the batched decoder elsewhere.
+  auto t = std::chrono::steady_clock::now();
+  auto lap = [&t] {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - t).count();
+    t = now;
+    return ms;
+  };
   if (a.create_ex(NVJPEG_BACKEND_HARDWARE, nullptr, nullptr, 0, &m.hw) == NVJPEG_STATUS_SUCCESS &&
       a.state_create(m.hw, &m.hw_state) == NVJPEG_STATUS_SUCCESS) {
     m.backend = "hardware";
@@ -148,8 +160,13 @@ GpuBatchMaker::GpuBatchMaker(int device, int imgsz) : impl_(std::make_unique<Imp
     m.hw = nullptr;
     m.backend = "cuda";
   }
+  m.start.hardware_ms = lap();
   check(a.create_ex(NVJPEG_BACKEND_DEFAULT, nullptr, nullptr, 0, &m.sw), "nvjpegCreateEx");
   check(a.state_create(m.sw, &m.sw_state), "nvjpegJpegStateCreate");
+  m.start.hybrid_ms = lap();
+  std::lock_guard<std::mutex> lock(start_totals_mu);
+  start_totals.hardware_ms += m.start.hardware_ms;
+  start_totals.hybrid_ms += m.start.hybrid_ms;
 }
 
 GpuBatchMaker::~GpuBatchMaker() {
@@ -164,6 +181,12 @@ GpuBatchMaker::~GpuBatchMaker() {
 
 std::string GpuBatchMaker::backend() const { return impl_->backend; }
 int64_t GpuBatchMaker::cpu_fallbacks() const { return impl_->fallbacks.load(); }
+GpuBatchMaker::StartTimes GpuBatchMaker::start_times() const { return impl_->start; }
+
+GpuBatchMaker::StartTimes gpu_batch_maker_start_totals() {
+  std::lock_guard<std::mutex> lock(start_totals_mu);
+  return start_totals;
+}
 
 // One file to decode and, once decoded, its image.
 struct GpuBatchMaker::Entry {
@@ -350,6 +373,8 @@ torch::Tensor GpuBatchMaker::make(const std::vector<PlannedSample>&, std::vector
 }
 std::string GpuBatchMaker::backend() const { return ""; }
 int64_t GpuBatchMaker::cpu_fallbacks() const { return 0; }
+GpuBatchMaker::StartTimes GpuBatchMaker::start_times() const { return {}; }
+GpuBatchMaker::StartTimes gpu_batch_maker_start_totals() { return {}; }
 
 #endif
 

@@ -54,6 +54,12 @@ class GpuBatchMaker {
   std::string backend() const;
   // Images decoded on the CPU because nvJPEG could not, so far.
   int64_t cpu_fallbacks() const;
+  // How long the constructor took to create nvJPEG's handles and states (ms): the engines'
+  // (hardware; 0 without them) and the hybrid decoder's.
+  struct StartTimes {
+    double hardware_ms = 0, hybrid_ms = 0;
+  };
+  StartTimes start_times() const;
 
  private:
   struct Impl;
@@ -61,6 +67,9 @@ class GpuBatchMaker {
   void decode_entries(std::vector<Entry>& entries, std::vector<std::pair<int64_t, std::string>>* bad);
   std::unique_ptr<Impl> impl_;
 };
+
+// The constructors' times of every GpuBatchMaker made in this process so far, summed.
+GpuBatchMaker::StartTimes gpu_batch_maker_start_totals();
 
 // The bytes of a whole file (DataError when it cannot be read).
 std::shared_ptr<const std::vector<uint8_t>> read_file_bytes(const std::string& path);

@@ -193,7 +193,12 @@ data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, boo
   std::lock_guard<std::mutex> lock(mu);
   const int index = dev.index() < 0 ? 0 : dev.index();
   auto& m = makers[{index, size}];
-  if (!m) m = std::make_unique<data::GpuBatchMaker>(index, size);
+  if (!m) {
+    m = std::make_unique<data::GpuBatchMaker>(index, size);
+    const auto t = m->start_times();
+    log_debug(strfmt("device JPEG decoder (%s) started: engines %.1f ms, hybrid decoder %.1f ms", m->backend().c_str(),
+                     t.hardware_ms, t.hybrid_ms));
+  }
   return m.get();
 }
 

@@ -61,7 +61,11 @@ common::FoldSource NormFold::source(const torch::nn::Conv2d& conv, const torch::
 }
 
 torch::Tensor NormFold::forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
-                                const FrozenBatchNorm2d& frozen, Act act) {
+                                const FrozenBatchNorm2d& frozen, Act act, bool training) {
+  if (training) {
+    note_mode();
+    return {};
+  }
   const common::FoldSource src = source(conv, bn, frozen);
   if (!common::fold_allowed(x, {src})) return {};
   const auto& o = conv->options;
@@ -88,8 +92,7 @@ bool NormFold::refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm
 }
 
 torch::Tensor ConvNormImpl::forward(const torch::Tensor& x) {
-  if (auto y = fold_.forward(x, conv, norm, frozen_norm, act); y.defined()) return y;
-  if (is_training()) fold_.note_mode();  // running statistics written below
+  if (auto y = fold_.forward(x, conv, norm, frozen_norm, act, is_training()); y.defined()) return y;
   auto y = conv->forward(x);
   y = norm ? norm->forward(y) : frozen_norm->forward(y);
   return activate(y, act);

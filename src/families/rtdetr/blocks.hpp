@@ -35,13 +35,14 @@ TORCH_MODULE(FrozenBatchNorm2d);
 // convolution for inference (layers/fold.hpp): in eval mode with nothing recorded for autograd,
 // act(conv(x, w * s) + (b - mean * s)) through layers/conv_bn_act.hpp's conv_bias_act (on CUDA the
 // bias and a SiLU as the convolution's epilogue, cuDNN's fused plans where they apply) instead of
-// the convolution, the norm's pass and the activation's. The owner calls note_mode() from train()
-// and from its training forwards (running statistics written), refresh() from refresh_folds().
+// the convolution, the norm's pass and the activation's. The owner calls note_mode() from train(),
+// refresh() from refresh_folds().
 class NormFold {
  public:
-  // The folded forward, or an undefined tensor where folding does not apply.
+  // The folded forward, or an undefined tensor where folding does not apply; `training`: the
+  // owner's mode (a training forward writes the running statistics, which retires the fold).
   torch::Tensor forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
-                        const FrozenBatchNorm2d& frozen, Act act);
+                        const FrozenBatchNorm2d& frozen, Act act, bool training);
   bool refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn, const FrozenBatchNorm2d& frozen);
   void note_mode() { ++epoch_; }
   bool has_fold() const { return !fold_.empty(); }  // a folded forward ran

@@ -39,9 +39,8 @@ HgConvImpl::HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool rel
 
 torch::Tensor HgConvImpl::forward(const torch::Tensor& x) {
   const auto in = pad_after ? pad_after_input(x) : x;
-  auto y = fold_.forward(in, conv, bn, frozen_bn, relu ? Act::ReLU : Act::None);
+  auto y = fold_.forward(in, conv, bn, frozen_bn, relu ? Act::ReLU : Act::None, is_training());
   if (!y.defined()) {
-    if (is_training()) fold_.note_mode();  // running statistics written below
     y = conv->forward(in);
     y = bn ? bn->forward(y) : frozen_bn->forward(y);
     if (relu) y = torch::relu(y);
