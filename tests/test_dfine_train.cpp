@@ -258,8 +258,8 @@ TEST_P(DfineLossPlan, PaddedPlanScoresAsTheExactOne) {
     std::vector<int64_t> s;
     for (const auto& t : padded_plan.tensors()) s.insert(s.end(), t.sizes().begin(), t.sizes().end());
     shapes.push_back(s);
-    EXPECT_FALSE(exact_plan.own.weight.defined());
-    EXPECT_EQ(padded_plan.own.weight.sum().item<double>(), static_cast<double>(exact_plan.own.index.size(1)));
+    EXPECT_FALSE(exact_plan.own.keep.defined());
+    EXPECT_EQ(padded_plan.own.keep.sum().item<double>(), static_cast<double>(exact_plan.own.index.size(1)));
   }
   EXPECT_EQ(shapes[0], shapes[1]);
 }

@@ -276,14 +276,14 @@ TEST_P(RtdetrLossPlan, PaddedPlanScoresAsTheExactOne) {
     for (const auto& g : padded_plan.groups) {
       EXPECT_EQ(g.pairs.per_level, 3 * 12);
       EXPECT_EQ(g.pairs.index.size(1), static_cast<int64_t>(g.levels.size()) * 3 * 12);
-      ASSERT_TRUE(g.pairs.weight.defined());
+      ASSERT_TRUE(g.pairs.keep.defined());
       shapes_seen.push_back(g.pairs.index.size(1));
     }
     EXPECT_EQ(padded_plan.targets[0].labels.size(0), 3 * 12);
     // Of the matched levels' pairs, as many carry weight as the exact plan has pairs.
-    EXPECT_EQ(padded_plan.groups[0].pairs.weight.sum().item<double>(),
+    EXPECT_EQ(padded_plan.groups[0].pairs.keep.sum().item<double>(),
               static_cast<double>(exact_plan.groups[0].pairs.index.size(1)));
-    EXPECT_FALSE(exact_plan.groups[0].pairs.weight.defined());
+    EXPECT_FALSE(exact_plan.groups[0].pairs.keep.defined());
   }
   // The second batch's plan has the first's shapes.
   ASSERT_EQ(shapes_seen.size() % 2, 0u);

@@ -59,45 +59,10 @@ Level stack(const std::vector<Level>& levels) {
   return {cat(&Level::logits), cat(&Level::boxes), cat(&Level::corners), cat(&Level::refs)};
 }
 
-// The pairs of L stacked levels (a plan's rt::StackedPairs), flattened: stack row and query
-// indices on the device, the GTs' labels and cxcywh boxes; level l's pairs are [l P, (l + 1) P).
-// Padded pairs (rt::stacked_pairs with pad > 0) also have the query their class target is
-// written to (past the last on padding) and which pairs are real.
-struct Pairs {
-  torch::Tensor row, qry, scatter, keep, labels, boxes;
-  int64_t levels = 0, per_level = 0;
-  bool empty() const { return per_level == 0; }
-  bool padded() const { return keep.defined(); }
-};
-
-Pairs gather_pairs(const rt::StackedPairs& sp, int64_t levels, const rt::TargetRows& rows) {
-  Pairs p;
-  p.levels = levels;
-  p.per_level = sp.per_level;
-  p.row = sp.index[0];
-  p.qry = sp.index[1];
-  p.labels = rows.labels.index_select(0, sp.index[2]);
-  p.boxes = rows.boxes.index_select(0, sp.index[2]);
-  if (sp.weight.defined()) {
-    p.scatter = sp.scatter;
-    p.keep = sp.weight > 0;
-  }
-  return p;
-}
-
-// Per pair (or per pair's four edges: `per`), v where the pair is real, 0 on padding.
-torch::Tensor real_only(const torch::Tensor& v, const Pairs& p, int64_t per = 1) {
-  if (!p.padded()) return v;
-  const auto keep = per == 1 ? p.keep : p.keep.unsqueeze(-1).expand({-1, per}).reshape({-1});
-  return torch::where(v.dim() > keep.dim() ? keep.unsqueeze(-1) : keep, v, torch::zeros_like(v));
-}
-
-// values [rows, n] with `v` written at the pairs (padding: at a column past the last, dropped).
-torch::Tensor put_at_pairs(const torch::Tensor& values, const Pairs& p, const torch::Tensor& v) {
-  if (!p.padded()) return values.index_put({p.row, p.qry}, v);
-  const auto wide = torch::cat({values, torch::zeros({values.size(0), 1}, values.options())}, 1);
-  return wide.index_put({p.row, p.scatter}, v).narrow(1, 0, values.size(1));
-}
+using rt::gather_pairs;
+using rt::PairTargets;
+using rt::put_at_pairs;
+using rt::real_only;
 
 // The soft two-bin targets of each edge: the left neighbour's bin index (clamped to
 // [0, reg_max - 0.1]) and the right and left weights. Without host synchronisation: every edge is
@@ -195,7 +160,7 @@ std::vector<torch::Tensor> DfinePlan::tensors() const {
   for (const auto* sp : {&own, &go_all, &go_layers, &go_students, &dn_all, &dn_layers, &dn_students}) {
     if (!sp->index.defined()) continue;
     out.push_back(sp->index);
-    if (sp->weight.defined()) out.insert(out.end(), {sp->scatter, sp->weight});
+    if (sp->keep.defined()) out.insert(out.end(), {sp->scatter, sp->keep});
   }
   return out;
 }
@@ -301,7 +266,7 @@ DfineLossTerms DfineLoss::planned_terms(const rt::DfineTrainOutputs& out, const 
   const auto per_level = [](const torch::Tensor& v, int64_t nl) { return v.reshape({nl, -1}); };
   const auto finish = [](const torch::Tensor& v) { return torch::nan_to_num(v, 0.0).unbind(); };
 
-  const auto cls_term = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
+  const auto cls_term = [&](const Level& lv, const PairTargets& p, const torch::Tensor& nb) {
     const auto& logits = lv.logits;
     const int64_t rows_n = logits.size(0), n = logits.size(1);
     auto cls = torch::full({rows_n, n}, static_cast<int64_t>(nc_), torch::TensorOptions().dtype(torch::kLong).device(device));
@@ -322,7 +287,7 @@ DfineLossTerms DfineLoss::planned_terms(const rt::DfineTrainOutputs& out, const 
         logits, target, F::BinaryCrossEntropyWithLogitsFuncOptions().weight(weight).reduction(torch::kNone));
     return finish(per_level(bce, p.levels).sum(1) / nb * w_.vfl);
   };
-  const auto boxes = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
+  const auto boxes = [&](const Level& lv, const PairTargets& p, const torch::Tensor& nb) {
     if (p.empty()) {
       const auto zero = per_level(lv.boxes, p.levels).sum(1) * 0;
       return std::make_pair(finish(zero), finish(zero));
@@ -332,7 +297,7 @@ DfineLossTerms DfineLoss::planned_terms(const rt::DfineTrainOutputs& out, const 
     return std::make_pair(finish(per_level(real_only((src - p.boxes).abs(), p), p.levels).sum(1) / nb * w_.bbox),
                           finish(per_level(real_only(1 - giou, p), p.levels).sum(1) / nb * w_.giou));
   };
-  const auto fgl = [&](const Level& lv, const Pairs& p, const torch::Tensor& nb) {
+  const auto fgl = [&](const Level& lv, const PairTargets& p, const torch::Tensor& nb) {
     if (p.empty()) return finish(per_level(lv.corners, p.levels).sum(1) * 0);
     const auto refs = lv.refs.index({p.row, p.qry}).detach();
     const auto e = edge_targets(refs, to_xyxy(p.boxes), reg_max, reg_scale, up);
@@ -350,7 +315,7 @@ DfineLossTerms DfineLoss::planned_terms(const rt::DfineTrainOutputs& out, const 
   // reuses theirs).
   torch::Tensor num_pos, num_neg;
   // lv: the stacked students, teacher one level; none of the students is the teacher.
-  const auto ddf = [&](const Level& lv, const Level& teacher, const Pairs& p, bool is_dn) {
+  const auto ddf = [&](const Level& lv, const Level& teacher, const PairTargets& p, bool is_dn) {
     const int64_t nl = p.levels, b = teacher.logits.size(0);
     const auto pred = lv.corners.reshape({-1, reg_max + 1});
     const auto target = teacher.corners.unsqueeze(0).expand({nl, -1, -1, -1}).reshape({-1, reg_max + 1});

@@ -40,51 +40,34 @@ std::array<torch::Tensor, 3> RtdetrLoss::stacked_terms(const std::vector<rt::Out
   if (logits.size(0) != nl * b || static_cast<int64_t>(gts.counts.size()) != b)
     throw UsageError("RT-DETR loss: levels, matches or targets for another batch size");
   // Level l's pairs are [l P, (l + 1) P): as many per level (each image's GT count, or its
-  // queries where fewer; padded: B pad, the padding weighted 0).
-  const int64_t pairs = sp.per_level;
-  const bool padded = sp.weight.defined();
-  const auto& index = sp.index;
-  const auto img = index[0], qry = index[1];
-  const auto gt_labels = gts.labels.index_select(0, index[2]);
-  const auto gt_boxes = gts.boxes.index_select(0, index[2]);
-  const auto src = boxes.index({img, qry});  // [L P, 4]
+  // queries where fewer; padded: B pad, the padding kept out of every term).
+  const auto p = rt::gather_pairs(sp, nl, gts);
+  const auto src = boxes.index({p.row, p.qry});  // [L P, 4]
   rt::Overlap overlap;
-  if (pairs > 0) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(gt_boxes));
+  if (!p.empty()) overlap = rt::box_overlap(rt::cxcywh_to_xyxy(src), rt::cxcywh_to_xyxy(p.boxes));
 
-  // Varifocal: IoU-valued targets at the matched queries' GT classes (padding writes a column
-  // past the queries, dropped).
-  const int64_t cols = padded ? n + 1 : n;
-  auto cls = torch::full({nl * b, cols}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
-  auto score = torch::zeros({nl * b, cols}, logits.options());
-  if (pairs > 0) {
-    const auto at = padded ? sp.scatter : qry;
-    cls.index_put_({img, at}, gt_labels);
-    score.index_put_({img, at}, overlap.iou.detach());
-  }
-  if (padded) {
-    cls = cls.narrow(1, 0, n);
-    score = score.narrow(1, 0, n);
+  // Varifocal: IoU-valued targets at the matched queries' GT classes.
+  auto cls = torch::full({nl * b, n}, static_cast<int64_t>(nc), torch::TensorOptions().dtype(torch::kLong).device(device));
+  auto score = torch::zeros({nl * b, n}, logits.options());
+  if (!p.empty()) {
+    cls = rt::put_at_pairs(cls, p, p.labels);
+    score = rt::put_at_pairs(score, p, overlap.iou.detach());
   }
   const auto onehot = F::one_hot(cls, nc + 1).narrow(-1, 0, nc);
   const auto target = score.unsqueeze(-1) * onehot;
-  const auto p = torch::sigmoid(logits).detach();
-  const auto weight = w_.vfl_alpha * p.pow(w_.vfl_gamma) * (1 - onehot) + target;
+  const auto prob = torch::sigmoid(logits).detach();
+  const auto weight = w_.vfl_alpha * prob.pow(w_.vfl_gamma) * (1 - onehot) + target;
   const auto bce = F::binary_cross_entropy_with_logits(
       logits, target, F::BinaryCrossEntropyWithLogitsFuncOptions().weight(weight).reduction(torch::kNone));
   // Per level: sums over its images, queries and classes (its pairs).
   const auto vfl = bce.view({nl, -1}).sum(1) / num_boxes;
   torch::Tensor l1, giou;
-  if (pairs == 0) {
+  if (p.empty()) {
     l1 = boxes.view({nl, -1}).sum(1) * 0;
     giou = l1;
   } else {
-    auto l1_pairs = (src - gt_boxes).abs();
-    auto giou_pairs = 1 - overlap.giou;
-    if (padded) {  // selected, not multiplied: a padding pair's gradient is 0 whatever its terms'
-      const auto keep = sp.weight > 0;
-      l1_pairs = torch::where(keep.unsqueeze(1), l1_pairs, torch::zeros_like(l1_pairs));
-      giou_pairs = torch::where(keep, giou_pairs, torch::zeros_like(giou_pairs));
-    }
+    const auto l1_pairs = rt::real_only((src - p.boxes).abs(), p);
+    const auto giou_pairs = rt::real_only(1 - overlap.giou, p);
     l1 = l1_pairs.view({nl, -1}).sum(1) / num_boxes;
     giou = giou_pairs.view({nl, -1}).sum(1) / num_boxes;
   }
@@ -217,8 +200,9 @@ std::vector<torch::Tensor> RtdetrPlan::tensors() const {
   std::vector<torch::Tensor> out = {num_boxes, num_fg};
   for (const auto& t : targets) out.insert(out.end(), {t.labels, t.boxes});
   for (const auto& g : groups) {
-    out.insert(out.end(), {g.pairs.index, g.num_boxes});
-    if (g.pairs.weight.defined()) out.insert(out.end(), {g.pairs.scatter, g.pairs.weight});
+    out.push_back(g.pairs.index);
+    if (!g.num_boxes.is_same(num_boxes)) out.push_back(g.num_boxes);  // most groups share the plan's
+    if (g.pairs.keep.defined()) out.insert(out.end(), {g.pairs.scatter, g.pairs.keep});
   }
   return out;
 }

@@ -104,7 +104,7 @@ class RtdetrLoss : public TrainingLoss {
  private:
   // The weighted {vfl, bbox, giou} of several levels of one shape scored together (their outputs
   // stacked: one set of operations for all), [L] each; matches[l] are level l's pairs and every
-  // level has as many (padding weighted 0). nc: the class count of the levels' logits (1: a
+  // level has as many (padding kept out of the terms). nc: the class count of the levels' logits (1: a
   // class-agnostic encoder level).
   std::array<torch::Tensor, 3> stacked_terms(const std::vector<models::rtdetr::OutputLevel>& levels,
                                              const models::rtdetr::TargetRows& gts,

@@ -52,7 +52,7 @@ StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& ma
   pad = std::max<int64_t>(pad, 0);
   const bool padded = pad > 0;
   std::vector<int64_t> rows, scatter;
-  std::vector<float> weight;
+  std::vector<int64_t> keep;
   StackedPairs p;
   p.per_level = -1;
   for (int64_t l = 0; l < nl; ++l) {
@@ -70,12 +70,12 @@ StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& ma
       for (int64_t k = 0; k < m.size(); ++k) {
         rows.insert(rows.end(), {l * b + i, q.data_ptr<int64_t>()[k], first_gt + g.data_ptr<int64_t>()[k]});
         scatter.push_back(q.data_ptr<int64_t>()[k]);
-        weight.push_back(1.0f);
+        keep.push_back(1);
       }
       for (int64_t k = padded ? m.size() : pad; k < pad; ++k) {
         rows.insert(rows.end(), {l * b + i, 0, first_gt});
         scatter.push_back(queries);
-        weight.push_back(0.0f);
+        keep.push_back(0);
       }
       count += padded ? pad : m.size();
     }
@@ -85,23 +85,48 @@ StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& ma
   }
   p.per_level = std::max<int64_t>(p.per_level, 0);
   const auto n = static_cast<int64_t>(scatter.size());
-  // One upload: the three index rows, then (padded) the scatter queries and the weights' bits.
+  // One upload: the three index rows, then (padded) the scatter queries and the keep flags.
   std::vector<int64_t> all(rows.size() + (padded ? 2 * scatter.size() : 0));
   for (int64_t k = 0; k < n; ++k)
     for (int64_t r = 0; r < 3; ++r) all[static_cast<size_t>(r * n + k)] = rows[static_cast<size_t>(3 * k + r)];
   if (padded)
     for (int64_t k = 0; k < n; ++k) {
       all[static_cast<size_t>(3 * n + k)] = scatter[static_cast<size_t>(k)];
-      all[static_cast<size_t>(4 * n + k)] = weight[static_cast<size_t>(k)] > 0 ? 1 : 0;
+      all[static_cast<size_t>(4 * n + k)] = keep[static_cast<size_t>(k)];
     }
   const auto device_all =
       upload(torch::from_blob(all.data(), {padded ? 5 : 3, n}, torch::kLong).clone(), device);
   p.index = device_all.narrow(0, 0, 3);
   if (padded) {
     p.scatter = device_all[3];
-    p.weight = device_all[4].to(torch::kFloat);
+    p.keep = device_all[4].to(torch::kBool);
   }
   return p;
+}
+
+PairTargets gather_pairs(const StackedPairs& pairs, int64_t levels, const TargetRows& gts) {
+  PairTargets p;
+  p.levels = levels;
+  p.per_level = pairs.per_level;
+  p.row = pairs.index[0];
+  p.qry = pairs.index[1];
+  p.labels = gts.labels.index_select(0, pairs.index[2]);
+  p.boxes = gts.boxes.index_select(0, pairs.index[2]);
+  p.scatter = pairs.scatter;
+  p.keep = pairs.keep;
+  return p;
+}
+
+torch::Tensor real_only(const torch::Tensor& v, const PairTargets& p, int64_t per) {
+  if (!p.padded()) return v;
+  const auto keep = per == 1 ? p.keep : p.keep.unsqueeze(-1).expand({-1, per}).reshape({-1});
+  return torch::where(v.dim() > keep.dim() ? keep.unsqueeze(-1) : keep, v, torch::zeros_like(v));
+}
+
+torch::Tensor put_at_pairs(const torch::Tensor& values, const PairTargets& p, const torch::Tensor& v) {
+  if (!p.padded()) return values.index_put({p.row, p.qry}, v);
+  const auto wide = torch::cat({values, torch::zeros({values.size(0), 1}, values.options())}, 1);
+  return wide.index_put({p.row, p.scatter}, v).narrow(1, 0, values.size(1));
 }
 
 std::vector<ImageMatch> denoising_matches(const torch::Tensor& pairs_in, int64_t batch) {

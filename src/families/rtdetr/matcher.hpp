@@ -46,15 +46,30 @@ TargetRows concatenate_targets(const std::vector<ImageTargets>& gts, const torch
 // With `pad` > 0, each image has `pad` columns per level, its pairs first, so that P = B pad for
 // any batch whose images have at most `pad` pairs each (more: UsageError); the padding columns
 // gather query 0 of their image and its first target row, `scatter` sends them to query `queries`
-// (one past the last) and `weight` is 0 on them, 1 on pairs. Without padding both are undefined.
+// (one past the last) and `keep` is false on them, true on pairs. Without padding both are undefined.
 struct StackedPairs {
   torch::Tensor index;    // [3, L P]
   torch::Tensor scatter;  // [L P] int64: the query a pair's class target is written to
-  torch::Tensor weight;   // [L P] float32
+  torch::Tensor keep;     // [L P] bool
   int64_t per_level = 0;
 };
 StackedPairs stacked_pairs(const std::vector<const std::vector<ImageMatch>*>& matches, const TargetRows& gts,
                            const torch::Device& device, int64_t queries = 0, int64_t pad = 0);
+
+// A StackedPairs of L stacked levels with its GTs gathered (labels, cxcywh boxes), as the losses
+// score them: row of the levels' stack and query per pair, on the device.
+struct PairTargets {
+  torch::Tensor row, qry, scatter, keep, labels, boxes;  // scatter, keep: as StackedPairs'
+  int64_t levels = 0, per_level = 0;
+  bool empty() const { return per_level == 0; }
+  bool padded() const { return keep.defined(); }
+};
+PairTargets gather_pairs(const StackedPairs& pairs, int64_t levels, const TargetRows& gts);
+// Per pair (or per pair's `per` consecutive values), v where the pair is real, 0 on padding:
+// selected, not multiplied, so that a padding pair's gradient is 0 whatever its terms are.
+torch::Tensor real_only(const torch::Tensor& v, const PairTargets& p, int64_t per = 1);
+// values [L B, n] with v written at the pairs (padding: at a column past the last, dropped).
+torch::Tensor put_at_pairs(const torch::Tensor& values, const PairTargets& p, const torch::Tensor& v);
 
 // The denoising group's positive pairs, int64 [P, 3] (image, denoising query, GT index) on the
 // CPU, as each of `batch` images' matches (in their order). Throws UsageError for another layout
