@@ -678,3 +678,44 @@ void expect_rtdetr_line_fold(const std::string& family, const std::string& size)
 
 TEST(FoldBn, RtdetrR18FoldedEqualsUnfolded) { expect_rtdetr_line_fold<models::rtdetr::RtdetrModel>("rtdetr", "r18"); }
 TEST(FoldBn, DfineNFoldedEqualsUnfolded) { expect_rtdetr_line_fold<models::rtdetr::DfineModel>("dfine", "n"); }
+
+// In training, a frozen block (frozen norm, nothing recorded for autograd: a frozen backbone
+// stage) runs folded, equal to its unfolded forward; once its convolution trains, or with a
+// BatchNorm2d (batch statistics, running statistics written), it runs unfolded.
+TEST(FoldBn, RtdetrFrozenBlocksFoldInTrainingOthersDoNot) {
+  namespace rt = models::rtdetr;
+  torch::manual_seed(3);
+  rt::ConvNorm frozen(4, 8, 3, 2, rt::Act::ReLU, /*frozen=*/true);
+  randomize_frozen_norms(*frozen, 9);
+  frozen->conv->weight.requires_grad_(false);
+  frozen->train();
+  const auto x = torch::rand({2, 4, 16, 16});
+  torch::Tensor ref;
+  {
+    FoldSwitch off(false);
+    ref = frozen->forward(x);
+  }
+  EXPECT_FALSE(frozen->has_fold());
+  const auto got = frozen->forward(x);
+  EXPECT_TRUE(frozen->has_fold());
+  EXPECT_LE(rel_err(got, ref), 1e-5);
+  EXPECT_FALSE(got.requires_grad());
+
+  // Its convolution trains: unfolded (the gradient reaches the weight).
+  rt::ConvNorm trains(4, 8, 3, 2, rt::Act::ReLU, /*frozen=*/true);
+  trains->train();
+  const auto y = trains->forward(x);
+  EXPECT_FALSE(trains->has_fold());
+  ASSERT_TRUE(y.requires_grad());
+  y.sum().backward();
+  EXPECT_TRUE(trains->conv->weight.grad().defined());
+
+  // A BatchNorm2d in training uses its batch statistics and writes its running ones.
+  rt::ConvNorm bn(4, 8, 3, 2, rt::Act::ReLU, /*frozen=*/false);
+  bn->train();
+  torch::NoGradGuard ng;
+  const auto before = bn->norm->running_mean.clone();
+  bn->forward(x);
+  EXPECT_FALSE(bn->has_fold());
+  EXPECT_FALSE(torch::equal(before, bn->norm->running_mean));
+}

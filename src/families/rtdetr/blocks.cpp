@@ -62,10 +62,13 @@ common::FoldSource NormFold::source(const torch::nn::Conv2d& conv, const torch::
 
 torch::Tensor NormFold::forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                                 const FrozenBatchNorm2d& frozen, Act act, bool training) {
-  if (training) {
-    note_mode();
-    return {};
-  }
+  auto y = folded(x, conv, bn, frozen, act);
+  if (!y.defined() && training) note_mode();  // the unfolded forward writes the running statistics
+  return y;
+}
+
+torch::Tensor NormFold::folded(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
+                               const FrozenBatchNorm2d& frozen, Act act) {
   const common::FoldSource src = source(conv, bn, frozen);
   if (!common::fold_allowed(x, {src})) return {};
   const auto& o = conv->options;

@@ -39,8 +39,10 @@ TORCH_MODULE(FrozenBatchNorm2d);
 // refresh() from refresh_folds().
 class NormFold {
  public:
-  // The folded forward, or an undefined tensor where folding does not apply; `training`: the
-  // owner's mode (a training forward writes the running statistics, which retires the fold).
+  // The folded forward, or an undefined tensor where folding does not apply (the owner then runs
+  // its unfolded forward). `training`: the owner's mode; a frozen block (frozen norm, nothing
+  // recorded for autograd) folds in training too, other training forwards write the running
+  // statistics, which retires the fold.
   torch::Tensor forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                         const FrozenBatchNorm2d& frozen, Act act, bool training);
   bool refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn, const FrozenBatchNorm2d& frozen);
@@ -48,6 +50,8 @@ class NormFold {
   bool has_fold() const { return !fold_.empty(); }  // a folded forward ran
 
  private:
+  torch::Tensor folded(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
+                       const FrozenBatchNorm2d& frozen, Act act);
   common::FoldSource source(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                             const FrozenBatchNorm2d& frozen);
   common::FoldedConv fold_;
