@@ -320,8 +320,12 @@ Family make_v2_family() {
 Family make_dfine_family() {
   Family f = dfine_line_family("dfine", dfine_size_names(), /*silu=*/false);
   // The head replayed equals eager bit for bit; head-graphed steps stay within the eager runs'
-  // spread (H100, Seam/RtdetrLineGpu.*/dfine).
+  // spread (H100, Seam/RtdetrLineGpu.*/dfine). The network and the loss from its plan replayed:
+  // outputs equal eager bit for bit, gradients and 16-step runs within the eager spread (H100,
+  // Seam/RtdetrLineGpu.*/dfine_network), and the n step 35.1 ms against 105.9 eager (H200, batch 8,
+  // 640 px, bf16; 1.6.0's graphed step 471.7 ms on that machine): capture_train_network.
   f.capture_train_head = true;
+  f.capture_train_network = true;
   f.make_loss = [](const Detector& model) -> std::unique_ptr<TrainingLoss> {
     return std::make_unique<loss::DfineLoss>(model.num_classes());
   };
@@ -344,7 +348,10 @@ Family make_dfine_family() {
 Family make_deim_family() {
   // D-FINE's network with SiLU in the decoder, trained with the matchability-aware class loss.
   Family f = dfine_line_family("deim", dfine_size_names(), /*silu=*/true);
-  f.capture_train_head = true;  // as D-FINE's (H100, Seam/RtdetrLineGpu.*/deim)
+  // As D-FINE's (H100, Seam/RtdetrLineGpu.*/deim and deim_network); the n step 36.5 ms against
+  // 121.4 eager (H200, batch 8, 640 px, bf16; 1.6.0's graphed step 591.4 ms on that machine).
+  f.capture_train_head = true;
+  f.capture_train_network = true;
   set_deim_recipe(f);
   f.default_amp_reason =
       "DEIM ships with amp=False (its D-FINE decoder clamps activations at 65504, float16's largest finite "
