@@ -92,6 +92,9 @@ for r in rows if isinstance(rows, list) else [rows]:
             and not isinstance(r[k], (dict, list))}
     if isinstance(r.get("real"), dict):
         keep.update({"ref_" + k: v for k, v in r["real"].items() if not isinstance(v, (dict, list))})
+    for part in ("total", "preprocess", "inference", "postprocess"):  # bench_predict's {min_ms, median_ms}
+        if isinstance(r.get(part), dict):
+            keep.update({f"{part}_{k}": v for k, v in r[part].items() if not isinstance(v, (dict, list))})
     print(f"{name}: {json.dumps(keep)}")
 EOF
 done
