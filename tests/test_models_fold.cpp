@@ -11,6 +11,8 @@
 #include <cstring>
 #include <functional>
 
+#include <libreyolo/libreyolo.hpp>
+
 #include "fold_check.hpp"
 #include "io/pickle.hpp"
 #include "layers/concat.hpp"
@@ -718,4 +720,21 @@ TEST(FoldBn, RtdetrFrozenBlocksFoldInTrainingOthersDoNot) {
   bn->forward(x);
   EXPECT_FALSE(bn->has_fold());
   EXPECT_FALSE(torch::equal(before, bn->norm->running_mean));
+}
+
+// Every predict() puts the model in eval mode; for a model already in eval mode that must not
+// retire its folds (a float64 refold of every layer per call: it doubled RT-DETR r18's graphed
+// predict on an H100). Every family: after the first predict, further ones compute no fold.
+TEST(FoldBn, RepeatedPredictsRefoldNothingInAnyFamily) {
+  for (const models::Family* f : models::families()) {
+    SCOPED_TRACE(f->name);
+    torch::manual_seed(0);
+    LibreYOLO m = LibreYOLO::create(f->name, f->sizes.front(), 3, "cpu");
+    const Kwargs kw = {{"imgsz", "256"}};
+    m.predict("SAMPLE_IMAGE", kw);
+    const uint64_t before = common::fold_computations();
+    m.predict("SAMPLE_IMAGE", kw);
+    m.predict("SAMPLE_IMAGE", kw);
+    EXPECT_EQ(common::fold_computations(), before);
+  }
 }

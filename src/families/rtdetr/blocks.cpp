@@ -63,7 +63,7 @@ common::FoldSource NormFold::source(const torch::nn::Conv2d& conv, const torch::
 torch::Tensor NormFold::forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                                 const FrozenBatchNorm2d& frozen, Act act, bool training) {
   auto y = folded(x, conv, bn, frozen, act);
-  if (!y.defined() && training) note_mode();  // the unfolded forward writes the running statistics
+  if (!y.defined() && training) note_statistics_written();
   return y;
 }
 
@@ -102,8 +102,8 @@ torch::Tensor ConvNormImpl::forward(const torch::Tensor& x) {
 }
 
 void ConvNormImpl::train(bool on) {
+  fold_.note_mode(is_training(), on);
   torch::nn::Module::train(on);
-  fold_.note_mode();
 }
 
 MlpImpl::MlpImpl(int64_t in, int64_t hidden, int64_t out, int n, bool silu_) : silu(silu_) {

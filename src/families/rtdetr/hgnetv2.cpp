@@ -49,8 +49,8 @@ torch::Tensor HgConvImpl::forward(const torch::Tensor& x) {
 }
 
 void HgConvImpl::train(bool on) {
+  fold_.note_mode(is_training(), on);
   torch::nn::Module::train(on);
-  fold_.note_mode();
 }
 
 HgStemImpl::HgStemImpl(int64_t mid, int64_t out, bool frozen, bool lab, bool pad_outside_) : pad_outside(pad_outside_) {
