@@ -8,6 +8,7 @@
 #include <libreyolo/libreyolo.hpp>
 
 #include "data/gpu_batch.hpp"
+#include "engine/predictor.hpp"
 #include "io/image.hpp"
 #include "ops/resample.hpp"
 #include "support.hpp"
@@ -68,6 +69,8 @@ TEST(GpuClassifyPredict, DeviceDecodeAndResizeGiveTheHostsClasses) {
     SCOPED_TRACE(name);
     torch::manual_seed(0);
     libreyolo::LibreYOLO model(name, "cuda");
+    model.predict(jpg);  // starts the device decoder (the host decodes this first call)
+    libreyolo::engine::wait_for_predict_gpu_decoders();
     const auto from_file = model.predict(jpg);
     const libreyolo::ImageView view{pixels.data_ptr<uint8_t>(), 480, 640, 3, 0, false, "picture"};
     const auto from_host = model.predict(std::vector<libreyolo::ImageView>{view});
@@ -92,4 +95,29 @@ TEST(GpuClassifyPredict, DeviceDecodeAndResizeGiveTheHostsClasses) {
                 "%.3f ms vs %.3f ms\n",
                 name, worst, from_file[0].preprocess_ms, from_host[0].preprocess_ms);
   }
+}
+
+// The device JPEG decoder's handles take far longer to create than a decode (hundreds of ms for
+// the JPEG engines): a request without `start` leaves it alone, the first with it starts it on a
+// thread of its own and gets no decoder (the host decodes that call); once started, every request
+// gets the same decoder.
+TEST(GpuPredictDecoder, StartsOffTheFirstCallThenServesEveryLaterOne) {
+  LY_REQUIRE_CUDA();
+  std::string why;
+  if (!libreyolo::data::gpu_loader_available(&why)) GTEST_SKIP() << "no nvJPEG: " << why;
+  const torch::Device dev("cuda");
+  const int size = 328;  // a size no other test of this process asks for
+  namespace engine = libreyolo::engine;
+  EXPECT_EQ(engine::predict_gpu_decoder(dev, size, false, /*start=*/false), nullptr);
+  engine::wait_for_predict_gpu_decoders();
+  EXPECT_EQ(engine::predict_gpu_decoder(dev, size, false, /*start=*/false), nullptr);  // nothing was started
+  EXPECT_EQ(libreyolo::engine::predict_gpu_decoder(dev, size, false), nullptr);
+  libreyolo::engine::wait_for_predict_gpu_decoders();
+  auto* ready = libreyolo::engine::predict_gpu_decoder(dev, size, false);
+  ASSERT_NE(ready, nullptr);
+  EXPECT_EQ(libreyolo::engine::predict_gpu_decoder(dev, size, false), ready);
+  EXPECT_EQ(libreyolo::engine::predict_gpu_decoder(dev, size, true), nullptr);  // saving decodes on the host
+  const auto t = ready->start_times();
+  std::printf("[ REPORT   ] device JPEG decoder (%s) started off the call: engines %.1f ms, hybrid %.1f ms\n",
+              ready->backend().c_str(), t.hardware_ms, t.hybrid_ms);
 }

@@ -4,6 +4,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/background.hpp"
 #include "core/log.hpp"
 #include "support.hpp"
 
@@ -174,9 +175,9 @@ TEST(Options, AppliesKeyValuesWithTypes) {
   EXPECT_EQ(c.epochs, 7);
   EXPECT_FALSE(c.reduced_decode);
   libreyolo::ValConfig v;
+  EXPECT_FALSE(v.reduced_decode);  // validation decodes as predict does unless asked
+  libreyolo::val_schema().apply(v, {{"reduced_decode", "true"}}, "val");
   EXPECT_TRUE(v.reduced_decode);
-  libreyolo::val_schema().apply(v, {{"reduced_decode", "false"}}, "val");
-  EXPECT_FALSE(v.reduced_decode);
   EXPECT_DOUBLE_EQ(c.lr0, 0.02);
   EXPECT_FALSE(c.amp);
   EXPECT_DOUBLE_EQ(c.mosaic_prob, 0.5);
@@ -274,4 +275,30 @@ TEST(Options, OneOptionSetTwiceDifferentlyIsAConflict) {
   // The same value twice says nothing new: accepted.
   EXPECT_NO_THROW(libreyolo::train_schema().apply(c, {{"epochs", "3"}, {"epochs", "3"}}, "train"));
   EXPECT_EQ(c.epochs, 3);
+}
+
+// Background work (core/background.hpp) stops when the last hold ends, not before, and a stop
+// function runs once per stop.
+namespace {
+int background_stops = 0;
+}
+TEST(BackgroundWork, TheLastHoldStopsIt) {
+  static const bool registered = [] {
+    libreyolo::on_background_stop([] { ++background_stops; });
+    return true;
+  }();
+  (void)registered;
+  libreyolo::stop_background_work();  // holds of other tests may be alive: count from here
+  const int before = background_stops;
+  {
+    libreyolo::BackgroundWorkHold a;
+    {
+      libreyolo::BackgroundWorkHold b = a;
+      (void)b;
+    }
+    EXPECT_EQ(background_stops, before) << "a hold ended while another was alive";
+  }
+  EXPECT_EQ(background_stops, before + 1);
+  libreyolo::stop_background_work();
+  EXPECT_EQ(background_stops, before + 2);
 }

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <unordered_set>
 
+#include "core/background.hpp"
 #include "core/device.hpp"
 #include "core/log.hpp"
 #include "core/options.hpp"
@@ -35,8 +36,10 @@ double EpochSummary::loss_term(const std::string& name, double fallback) const {
 }
 
 // The facade's state is the engine's loaded model; nothing below src/api knows this type.
+// While any is alive the library's background work goes on; the last one stops it (core/background.hpp).
 struct LibreYOLO::Impl : models::LoadedModel {
   explicit Impl(models::LoadedModel&& m) : models::LoadedModel(std::move(m)) {}
+  BackgroundWorkHold background;
 };
 
 namespace {

@@ -267,7 +267,8 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
   InferenceRunner runner(model, *lm.family, io_opt);
   // On a CUDA device, files are decoded (nvJPEG) and resized there (the same resize bytes as the
   // host's; the decoded pixels may differ by the JPEG decoders' rounding).
-  data::GpuBatchMaker* gpu = predict_gpu_decoder(dev, imgsz, cfg.save);
+  // The decoder is asked to start after the first forward, not before (see predict_gpu_decoder).
+  data::GpuBatchMaker* gpu = predict_gpu_decoder(dev, imgsz, cfg.save, /*start=*/false);
   std::vector<PredictResult> out;
   for (const auto& src : sources) {
     PredictResult r;
@@ -288,6 +289,7 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
     t0 = Clock::now();
     const auto probs = runner.forward(crop_hwc)[0].cpu().contiguous();
     r.inference_ms = ms_since(t0);
+    if (!gpu) gpu = predict_gpu_decoder(dev, imgsz, cfg.save);
     t0 = Clock::now();
     r.probs.assign(probs.data_ptr<float>(), probs.data_ptr<float>() + probs.numel());
     const int64_t k = std::min<int64_t>(5, probs.numel());

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "models/loaded_model.hpp"
+#include "core/background.hpp"
 #include "core/log.hpp"
 #include "core/paths.hpp"
 #include "core/strings.hpp"
@@ -184,22 +185,74 @@ PreparedBatch prepare_batch_gpu(const std::vector<ImageSource>& sources, size_t 
 // has them), one per (device, size) for the process: on the H200 one 640x480 JPEG decoded and
 // letterboxed on the device took 0.22-0.25 ms against 1.1 ms for libjpeg-turbo on the host plus the
 // letterbox and upload (bench_jpeg_decode). Used for CUDA runs that save no pictures (drawing
-// needs the host pixels), unless LIBREYOLO_PREDICT_NVJPEG=0; null when unavailable.
-data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, bool save) {
+// needs the host pixels), unless LIBREYOLO_PREDICT_NVJPEG=0.
+//
+// Creating its handles takes far longer than decoding: 639 ms for the JPEG engines and 120 ms for
+// the hybrid decoder on an H200 (bench_predict's jpeg_decoder_start_ms). So a request with `start`
+// starts the decoder on a thread of its own and gets null (the host decodes), and every later
+// request gets the decoder once it is ready: a first predict never waits for nvJPEG. Callers ask
+// without `start` before their first forward and with it after: the handles' creation slows the
+// driver calls of a first forward that runs beside it. Null also when the decoder is unavailable
+// or failed to start (said once, at debug level: the host path gives the same result).
+namespace {
+
+struct StartingDecoder {
+  std::future<std::unique_ptr<data::GpuBatchMaker>> start;
+  std::unique_ptr<data::GpuBatchMaker> maker;
+  bool failed = false;
+
+  // Takes the started decoder (when `wait`, after waiting for it); false while still starting.
+  bool settle(bool wait) {
+    if (maker || failed) return true;
+    if (!start.valid()) return false;
+    if (!wait && start.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    try {
+      maker = start.get();
+      const auto t = maker->start_times();
+      log_debug(strfmt("device JPEG decoder (%s) started: engines %.1f ms, hybrid decoder %.1f ms",
+                       maker->backend().c_str(), t.hardware_ms, t.hybrid_ms));
+    } catch (const std::exception& e) {
+      failed = true;
+      log_debug(std::string("device JPEG decoder unavailable, decoding on the host: ") + e.what());
+    }
+    return true;
+  }
+};
+
+std::mutex decoders_mu;
+// The decoders (never destroyed at exit: they are ended by stop_background_work, core/background.hpp).
+std::map<std::pair<int, int>, StartingDecoder>& decoders() {
+  static auto* all = [] {
+    on_background_stop([] {
+      std::lock_guard<std::mutex> lock(decoders_mu);
+      for (auto& [key, d] : decoders()) d.settle(true);  // a start in progress finishes
+      decoders().clear();
+    });
+    return new std::map<std::pair<int, int>, StartingDecoder>();
+  }();
+  return *all;
+}
+
+}  // namespace
+
+data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, bool save, bool start) {
   static const bool on = env_switch_on("LIBREYOLO_PREDICT_NVJPEG");
   if (!on || save || !dev.is_cuda() || !data::gpu_loader_available()) return nullptr;
-  static std::mutex mu;
-  static std::map<std::pair<int, int>, std::unique_ptr<data::GpuBatchMaker>> makers;
-  std::lock_guard<std::mutex> lock(mu);
+  std::lock_guard<std::mutex> lock(decoders_mu);
   const int index = dev.index() < 0 ? 0 : dev.index();
-  auto& m = makers[{index, size}];
-  if (!m) {
-    m = std::make_unique<data::GpuBatchMaker>(index, size);
-    const auto t = m->start_times();
-    log_debug(strfmt("device JPEG decoder (%s) started: engines %.1f ms, hybrid decoder %.1f ms", m->backend().c_str(),
-                     t.hardware_ms, t.hybrid_ms));
+  StartingDecoder& d = decoders()[{index, size}];
+  if (!d.start.valid() && !d.maker && !d.failed) {
+    if (!start) return nullptr;
+    d.start = std::async(std::launch::async, [index, size] { return std::make_unique<data::GpuBatchMaker>(index, size); });
+    return nullptr;
   }
-  return m.get();
+  d.settle(false);
+  return d.maker.get();
+}
+
+void wait_for_predict_gpu_decoders() {
+  std::lock_guard<std::mutex> lock(decoders_mu);
+  for (auto& [key, d] : decoders()) d.settle(true);
 }
 
 std::vector<std::string> resolve_sources(const std::string& source) {
@@ -324,7 +377,8 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
   const bool files = std::none_of(sources.begin(), sources.end(), [](const ImageSource& s) {
     return s.pixels.defined() || s.name == "SAMPLE_IMAGE";
   });
-  data::GpuBatchMaker* gpu = files ? predict_gpu_decoder(dev, S, cfg.save) : nullptr;
+  // The decoder is asked to start after the first forward, not before (see predict_gpu_decoder).
+  data::GpuBatchMaker* gpu = files ? predict_gpu_decoder(dev, S, cfg.save, /*start=*/false) : nullptr;
   auto start = [&](size_t first) {
     const size_t count = std::min(sources.size() - first, step);
     if (gpu) return std::async(policy, prepare_batch_gpu, std::cref(sources), first, count, S, fit, std::ref(*gpu));
@@ -350,6 +404,7 @@ std::vector<PredictResult> run_predict(models::LoadedModel& impl, const PredictC
     torch::Tensor pred = runner.forward(batch);
     libreyolo::synchronize(dev);
     double inf_ms = ms_since(t1);
+    if (files && !gpu) gpu = predict_gpu_decoder(dev, S, cfg.save);  // batches prepared from now on may use it
 
     // The batch's detections at once (one pass over the device for all images), then per image.
     const auto t_post = std::chrono::steady_clock::now();

@@ -40,8 +40,12 @@ torch::Tensor load_image(const ImageSource& source);
 
 // The process's GPU JPEG decoder for predict on `dev` (one per device and size), or null: not a
 // CUDA device, pictures to save (drawing needs the host pixels), LIBREYOLO_PREDICT_NVJPEG=0, or
-// no nvJPEG in this build or machine.
-data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, bool save);
+// no nvJPEG in this build or machine, or the decoder not started yet or still starting (a request
+// with `start` starts it on a thread of its own; the host decodes until it is ready).
+data::GpuBatchMaker* predict_gpu_decoder(const torch::Device& dev, int size, bool save, bool start = true);
+// Waits until every decoder predict_gpu_decoder has started is ready (or has failed): for tests
+// and benchmarks that must measure the device decoder from their first timed call.
+void wait_for_predict_gpu_decoders();
 
 // Images that cannot be decoded are skipped with a warning and a final "N of M images skipped"
 // line; when none could be read: DataError (source_not_found). The first form reads cfg.source,

@@ -5,11 +5,13 @@
 // and kept on disk the same way for both.
 #include "layers/cudnn_fusion.hpp"
 
+#include "core/background.hpp"
 #include "core/env.hpp"
 #include "core/log.hpp"
 #include "layers/pixel_stride.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -551,20 +553,44 @@ class Builder {
     std::unique_lock<std::mutex> lock(m_);
     idle_cv_.wait(lock, [&] { return outstanding_ == 0; });
   }
-  // At exit: the builds in progress finish (each well under a second), the queued ones are dropped.
-  ~Builder() {
+  // The builds in progress finish (each well under a second), the queued ones are dropped and
+  // forgotten (their convolutions submit them again when next met), the workers end; a later
+  // submit starts new ones. See core/background.hpp for why this runs before the process exits.
+  void stop() {
+    std::deque<std::pair<Key, std::shared_ptr<Plan>>> dropped;
+    std::vector<std::thread> threads;
     {
       std::lock_guard<std::mutex> lock(m_);
       stop_ = true;
       outstanding_ -= static_cast<int64_t>(queue_.size());
-      queue_.clear();
+      dropped.swap(queue_);
+      threads.swap(threads_);
     }
     work_cv_.notify_all();
-    for (auto& t : threads_) t.join();
+    for (auto& t : threads) t.join();
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = false;
+      if (outstanding_ == 0) idle_cv_.notify_all();
+    }
+    if (dropped.empty()) return;
+    Cache& c = cache();
+    std::lock_guard<std::mutex> lock(c.mutex);
+    for (const auto& [key, plan] : dropped)
+      if (auto it = c.plans.find(key); it != c.plans.end() && it->second == plan) c.plans.erase(it);
+  }
+  ~Builder() {
+    alive_ = false;
+    stop();
   }
 
  private:
-  Builder() = default;
+  Builder() {
+    on_background_stop([] {
+      if (alive_) get().stop();
+    });
+  }
+  static inline std::atomic<bool> alive_{true};
   // A worker's cuDNN handle on a device, bound to a non-blocking stream of its own (nothing a
   // worker does may wait on, or be waited on by, the legacy default stream the callers run on).
   struct Own {
