@@ -43,6 +43,8 @@ TEST(PicodetTrain, RecipeAndInputSizeThroughTheApi) {
   EXPECT_TRUE(cfg.sync_bn);
   EXPECT_EQ(cfg.eval_interval, 10);
   EXPECT_EQ(cfg.name, "picodet_exp");
+  EXPECT_FALSE(cfg.reduced_decode);  // full decodes, as predict's (family.cpp says why)
+  EXPECT_TRUE(s.check_train({{"data", "builtin"}, {"reduced_decode", "true"}}).reduced_decode);
   // The caller's imgsz wins; m trains at its own size (l's 640: PicodetFamily.InputConvention).
   EXPECT_EQ(s.check_train({{"data", "builtin"}, {"imgsz", "256"}}).imgsz, 256);
   EXPECT_EQ(libreyolo::LibreYOLO("picodet-m", "cpu").check_train({{"data", "builtin"}}).imgsz, 416);

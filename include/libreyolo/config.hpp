@@ -138,7 +138,7 @@ struct ValConfig {
   bool half = false;                    // float16 autocast on CUDA
   std::string cuda_graph = "false";     // false, true, auto: the forward replayed from CUDA graphs
   int workers = 4;
-  bool reduced_decode = true;           // JPEGs at the reduced DCT scale covering imgsz (TrainConfig's option)
+  bool reduced_decode = false;          // true: JPEGs at the reduced DCT scale covering imgsz (faster; not predict's pixels)
   std::string device = "auto";
   std::string project = "runs/val";
   std::string name = "exp";

@@ -120,7 +120,7 @@ const OptionSchema<ValConfig>& val_schema() {
         .add("cuda_graph", &C::cuda_graph, "false, true or auto: replay the forward from CUDA graphs per input shape")
         .add("workers", &C::workers, "data loader threads")
         .add("reduced_decode", &C::reduced_decode,
-             "decode JPEGs at the reduced DCT scale covering imgsz (faster); false: full decodes, the reference's pixels")
+             "true: decode JPEGs at the reduced DCT scale covering imgsz (faster, but not the pixels predict gives the model); default false: full decodes")
         .add("device", &C::device, "auto, cpu, cuda, cuda:N, N")
         .add("project", &C::project, "parent folder of run directories")
         .add("name", &C::name, "run directory name")

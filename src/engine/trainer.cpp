@@ -358,6 +358,10 @@ void Trainer::setup_data(bool dry_run) {
   train_set_ = std::make_shared<data::YoloDataset>(data::list_split_images(spec, "train"), dopt);
   if (cfg_.val && spec.has_split("val")) {
     data::DatasetOptions vopt = dopt;
+    // Validation scores the pixels predict gives the model, full decodes, whatever the training
+    // loader does: a model trained with the reduced decode read lower on reduced decodes than on
+    // full ones (0.085 against 0.145 mAP50-95 for one detector after 3 epochs on the CPU).
+    vopt.reduced_decode = false;
     val_set_ = std::make_shared<data::YoloDataset>(data::list_split_images(spec, "val"), vopt);
   } else if (cfg_.val) {
     log_warn("The dataset has no 'val' split: training without validation");
