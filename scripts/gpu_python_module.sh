@@ -24,7 +24,7 @@ CUDA=${CUDA_HOME:-/usr/local/cuda}
 PKG=$OUT/libreyolo_cpp
 mkdir -p "$PKG"
 g++ -std=c++17 -O2 -fPIC -flto=auto -shared -o "$PKG/_core.$SUFFIX.so" "$ROOT/python/libreyolo_cpp/_core.cpp" \
-  -I"$ROOT/include" -I"$INC" -I"$TORCH/include" "$LIB" \
+  -I"$ROOT/include" -I"$INC" -I"$(dirname "$INC")" -I"$TORCH/include" "$LIB" \
   -L"$TORCH/lib" -ltorch -ltorch_cpu -ltorch_cuda -lc10_cuda -lc10 -L"$CUDA/lib64" -lcudart_static -lnvrtc \
   -lyaml-cpp -ljpeg -lpng16 -lz -ldl -lrt -lpthread -Wl,-rpath,'$ORIGIN'
 strip "$PKG/_core.$SUFFIX.so"

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
+import torch  # noqa: F401  (LibTorch's libraries, which _core links against, loaded first)
+
 from ._core import (  # noqa: F401  (re-exported)
     SAMPLE_IMAGE,
     DataError,
@@ -50,33 +52,35 @@ def _options(kwargs: dict) -> list[tuple[str, str]]:
 
 
 class Results:
-    """One image's prediction: boxes (x1, y1, x2, y2, original pixels), scores, class ids and names
-    for a detector; `top` (class id, name, probability) and `probs` for a classifier."""
+    """One image's prediction. A detector's: `boxes` (numpy float32 [N, 4], x1, y1, x2, y2 in the
+    original image's pixels), `scores` (float32 [N]), `classes` (int64 [N]) and `names` (N class
+    names); a classifier's: `top` (class id, name, probability) and `probs`."""
 
     def __init__(self, raw: dict):
         self._raw = raw
         self.path = raw["source"]
         self.orig_shape = (raw["height"], raw["width"])
-        dets = raw["detections"]
-        self.boxes = [d["box"] for d in dets]
-        self.scores = [d["score"] for d in dets]
-        self.classes = [d["class_id"] for d in dets]
-        self.names = [d["class_name"] for d in dets]
+        self.boxes = raw["boxes"]
+        self.scores = raw["scores"]
+        self.classes = raw["classes"]
+        self.names = raw["names"]
         self.top = [(t["class_id"], t["class_name"], t["score"]) for t in raw["top"]]
         self.probs = raw["probs"]
         self.saved_path = raw["saved_path"] or None
         self.speed = raw["speed"]
 
     def __len__(self) -> int:
-        return len(self.boxes) if self.boxes or not self.top else len(self.top)
+        return len(self.boxes) if len(self.boxes) or not self.top else len(self.top)
 
     def numpy(self) -> dict:
-        """boxes [N, 4], scores [N], classes [N] as numpy arrays."""
-        import numpy as np
+        """boxes [N, 4], scores [N], classes [N] as numpy arrays (the results' own, not copies)."""
+        return {"boxes": self.boxes, "scores": self.scores, "classes": self.classes}
 
-        return {"boxes": np.asarray(self.boxes, dtype=np.float32).reshape(-1, 4),
-                "scores": np.asarray(self.scores, dtype=np.float32),
-                "classes": np.asarray(self.classes, dtype=np.int64)}
+    def torch(self) -> dict:
+        """The same as CPU torch tensors sharing the arrays' memory."""
+        import torch
+
+        return {k: torch.from_numpy(v) for k, v in self.numpy().items()}
 
     def __repr__(self) -> str:
         if self.top:

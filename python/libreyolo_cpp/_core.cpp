@@ -4,6 +4,8 @@
 // while the C++ side trains, validates or predicts, and taken again for each Python callback.
 // Exceptions keep their class (usage, data, model, runtime, interrupted), machine-readable code,
 // suggestion and exit code.
+#include <map>
+
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
@@ -17,23 +19,40 @@ using libreyolo::Kwargs;
 
 namespace {
 
-py::dict detection_dict(const libreyolo::Detection& d) {
-  py::dict o;
-  o["box"] = py::make_tuple(d.x1, d.y1, d.x2, d.y2);
-  o["score"] = d.score;
-  o["class_id"] = d.class_id;
-  o["class_name"] = d.class_name;
-  return o;
-}
-
+// An image's detections as three arrays (boxes [N, 4] float32, scores [N] float32, classes [N]
+// int64) and the class names as one list: a few Python objects per image, not five per box (a
+// dict per detection made predict of an untrained model's 300 boxes about 1 ms slower than the
+// C++ call).
 py::dict predict_dict(const libreyolo::PredictResult& r) {
   py::dict o;
   o["source"] = r.source;
   o["height"] = r.height;
   o["width"] = r.width;
-  py::list dets;
-  for (const auto& d : r.detections) dets.append(detection_dict(d));
-  o["detections"] = dets;
+  const auto n = static_cast<py::ssize_t>(r.detections.size());
+  py::array_t<float> boxes({n, py::ssize_t{4}});
+  py::array_t<float> scores(n);
+  py::array_t<int64_t> classes(n);
+  auto b = boxes.mutable_unchecked<2>();
+  auto s = scores.mutable_unchecked<1>();
+  auto c = classes.mutable_unchecked<1>();
+  py::list names;
+  std::map<int, py::str> name_of;  // one str object per class, shared by its boxes
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const auto& d = r.detections[static_cast<size_t>(i)];
+    b(i, 0) = d.x1;
+    b(i, 1) = d.y1;
+    b(i, 2) = d.x2;
+    b(i, 3) = d.y2;
+    s(i) = d.score;
+    c(i) = d.class_id;
+    auto it = name_of.find(d.class_id);
+    if (it == name_of.end()) it = name_of.emplace(d.class_id, py::str(d.class_name)).first;
+    names.append(it->second);
+  }
+  o["boxes"] = boxes;
+  o["scores"] = scores;
+  o["classes"] = classes;
+  o["names"] = names;
   py::list top;
   for (const auto& c : r.top) {
     py::dict t;

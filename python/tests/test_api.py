@@ -29,6 +29,12 @@ def test_predict_sample_image():
     assert 0 < len(r.boxes) <= 7 and len(r.scores) == len(r.boxes) == len(r.classes)
     arrays = r.numpy()
     assert arrays["boxes"].shape == (len(r.boxes), 4)
+    # Arrays, not Python objects per box: float32 boxes and scores, int64 classes, a name per box.
+    import numpy as np
+    assert (r.boxes.dtype, r.scores.dtype, r.classes.dtype) == (np.float32, np.float32, np.int64)
+    assert len(r.names) == len(r.boxes) and all(isinstance(n, str) for n in r.names)
+    t = r.torch()
+    assert t["boxes"].shape == (len(r.boxes), 4) and t["boxes"].data_ptr() == r.boxes.ctypes.data
     assert "boxes" in repr(r)
 
 

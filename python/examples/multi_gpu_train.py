@@ -1,0 +1,10 @@
+from libreyolo_cpp import LibreYOLO
+
+if __name__ == "__main__":
+    model = LibreYOLO("LibreYOLO9s.pt")
+    model.train(
+        data="my-dataset.yaml",
+        epochs=100,
+        batch=32,  # the global batch: 16 images per GPU on two GPUs
+        device="0,1",
+    )
