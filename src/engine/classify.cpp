@@ -268,7 +268,11 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
   // On a CUDA device, files are decoded (nvJPEG) and resized there (the same resize bytes as the
   // host's; the decoded pixels may differ by the JPEG decoders' rounding).
   // The decoder is asked to start after the first forward, not before (see predict_gpu_decoder).
-  data::GpuBatchMaker* gpu = predict_gpu_decoder(dev, imgsz, cfg.save, /*start=*/false);
+  // It reads files: not asked for when every source is the built-in image or pixels in memory.
+  const bool files = std::any_of(sources.begin(), sources.end(), [](const ImageSource& s) {
+    return !s.pixels.defined() && s.name != "SAMPLE_IMAGE";
+  });
+  data::GpuBatchMaker* gpu = files ? predict_gpu_decoder(dev, imgsz, cfg.save, /*start=*/false) : nullptr;
   std::vector<PredictResult> out;
   for (const auto& src : sources) {
     PredictResult r;
@@ -289,7 +293,7 @@ std::vector<PredictResult> run_classify_predict(models::LoadedModel& lm, const P
     t0 = Clock::now();
     const auto probs = runner.forward(crop_hwc)[0].cpu().contiguous();
     r.inference_ms = ms_since(t0);
-    if (!gpu) gpu = predict_gpu_decoder(dev, imgsz, cfg.save);
+    if (files && !gpu) gpu = predict_gpu_decoder(dev, imgsz, cfg.save);
     t0 = Clock::now();
     r.probs.assign(probs.data_ptr<float>(), probs.data_ptr<float>() + probs.numel());
     const int64_t k = std::min<int64_t>(5, probs.numel());

@@ -201,11 +201,10 @@ struct StartingDecoder {
   std::unique_ptr<data::GpuBatchMaker> maker;
   bool failed = false;
 
-  // Takes the started decoder (when `wait`, after waiting for it); false while still starting.
-  bool settle(bool wait) {
-    if (maker || failed) return true;
-    if (!start.valid()) return false;
-    if (!wait && start.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+  // Takes the started decoder once its start has ended (when `wait`, after waiting for it).
+  void settle(bool wait) {
+    if (maker || failed || !start.valid()) return;
+    if (!wait && start.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return;
     try {
       maker = start.get();
       const auto t = maker->start_times();
@@ -215,7 +214,6 @@ struct StartingDecoder {
       failed = true;
       log_debug(std::string("device JPEG decoder unavailable, decoding on the host: ") + e.what());
     }
-    return true;
   }
 };
 

@@ -20,9 +20,7 @@ ConvBnActImpl::ConvBnActImpl(int64_t c1, int64_t c2, int64_t k, int64_t s, int64
 }
 
 void ConvBnActImpl::train(bool on) {
-  // A switch of mode (eval() on an eval model, as every predict() calls it, changes nothing: it
-  // used to refold every layer in float64, ~20 ms per predict() of v9-t on an H200).
-  if (on != is_training()) ++fold_epoch_;
+  fold_epoch_.note_mode(is_training(), on);
   torch::nn::Module::train(on);
 }
 
@@ -69,7 +67,7 @@ torch::Tensor finish_sum(torch::Tensor y, const torch::Tensor* addend, bool afte
 }  // namespace
 
 ConvBnActParams ConvBnActImpl::training_params(bool act) {
-  ++fold_epoch_;  // the running statistics change (the fused kernels write them through raw pointers)
+  fold_epoch_.note_statistics_written();  // the fused kernels write them through raw pointers
   ConvBnActParams p;
   p.weight = &conv->weight;
   p.weight_cast = weight_cast_;

@@ -48,7 +48,7 @@ class ConvBnActImpl : public torch::nn::Module, public Foldable {
   ConvBnActParams training_params(bool act);
   void train(bool on = true) override;  // marks the folds stale
   bool refresh_folds() override { return fold_.refresh({fold_source()}); }
-  FoldSource fold_source() const { return {conv.get(), bn.get(), &fold_epoch_}; }
+  FoldSource fold_source() const { return {conv.get(), bn.get(), fold_epoch_.get()}; }
   // Whether forward(x) takes the folded path; whether a fold has been built.
   bool takes_fold(const torch::Tensor& x) const { return fold_allowed(x, {fold_source()}); }
   bool has_fold() const { return !fold_.empty(); }
@@ -67,7 +67,7 @@ class ConvBnActImpl : public torch::nn::Module, public Foldable {
   bool pointwise_;
   int64_t stride_, padding_, groups_;
   const torch::Tensor* weight_cast_ = nullptr;  // 1x1, stride 1, one group: a plain matrix product on NHWC memory
-  uint64_t fold_epoch_ = 0;
+  FoldEpoch fold_epoch_;
   FoldedConv fold_;
 };
 TORCH_MODULE(ConvBnAct);

@@ -50,7 +50,7 @@ common::FoldSource NormFold::source(const torch::nn::Conv2d& conv, const torch::
                                     const FrozenBatchNorm2d& frozen) {
   common::FoldSource s;
   s.conv = conv.get();
-  s.epoch = &epoch_;
+  s.epoch = epoch_.get();
   if (bn) {
     s.bn = bn.get();
   } else {

@@ -46,14 +46,10 @@ class NormFold {
   torch::Tensor forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                         const FrozenBatchNorm2d& frozen, Act act, bool training);
   bool refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn, const FrozenBatchNorm2d& frozen);
-  // The owner's train(on) while it was in mode `was`: only a switch retires the fold (every
-  // predict() calls eval() on an eval model; refolding then cost each call a float64 pass over
-  // every layer: RT-DETR r18 graphed predict 9.4 ms against 4.7 ms unfolded on an H100).
-  void note_mode(bool was, bool on) {
-    if (was != on) ++epoch_;
-  }
+  // The owner's train(on) while it was in mode `was` (common::FoldEpoch: only a switch retires the fold).
+  void note_mode(bool was, bool on) { epoch_.note_mode(was, on); }
   // A training forward ran unfolded and wrote the running statistics.
-  void note_statistics_written() { ++epoch_; }
+  void note_statistics_written() { epoch_.note_statistics_written(); }
   bool has_fold() const { return !fold_.empty(); }  // a folded forward ran
 
  private:
@@ -63,7 +59,7 @@ class NormFold {
                             const FrozenBatchNorm2d& frozen);
   common::FoldedConv fold_;
   common::NormTensors frozen_;
-  uint64_t epoch_ = 0;
+  common::FoldEpoch epoch_;
 };
 
 // Conv2d(bias=false, padding (k-1)/2, `groups`) + BatchNorm2d (eps 1e-5, momentum 0.1) +
