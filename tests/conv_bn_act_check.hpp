@@ -26,6 +26,7 @@ struct ConvRun {
 
 struct ConvCase {
   int64_t c1 = 8, c2 = 16, k = 3, s = 1;
+  int64_t groups = 1;
   bool act = true;
   std::vector<int64_t> input{2, 8, 12, 10};
   bool channels_last = false;
@@ -41,7 +42,7 @@ inline ConvRun run_conv_case(const ConvCase& cc, bool fused, const torch::Device
   const bool was = models::fused_conv_training();
   models::set_fused_conv_training(fused);
   torch::manual_seed(7);
-  models::yolo9::Conv conv(cc.c1, cc.c2, cc.k, cc.s, 1, cc.act);
+  models::yolo9::Conv conv(cc.c1, cc.c2, cc.k, cc.s, cc.groups, cc.act);
   {
     torch::NoGradGuard ng;  // non-trivial BatchNorm affine parameters and running statistics
     conv->bn->weight.uniform_(0.5, 1.5);

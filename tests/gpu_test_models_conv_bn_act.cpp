@@ -4,6 +4,7 @@
 #include <ATen/autocast_mode.h>
 
 #include "conv_bn_act_check.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "support.hpp"
 
 #ifdef LIBREYOLO_CUDA_KERNELS
@@ -79,8 +80,33 @@ std::vector<std::pair<std::string, ConvCase>> cases() {
   ConvCase g;  // many rows (the first layer of a 640-px batch of 8), accumulating over 2 passes
   g.c1 = 3, g.c2 = 16, g.s = 2, g.input = {8, 3, 640, 640}, g.backward_passes = 2;
   out.emplace_back("3x3/2 3->16 640px x2", g);
+  ConvCase h;  // grouped (YOLOv9's box towers): run as the dense form through the training plans
+  h.c1 = 64, h.c2 = 64, h.groups = 4, h.input = {4, 64, 20, 20};
+  out.emplace_back("3x3 64->64 groups 4", h);
+  ConvCase i = h;  // the same with the weight gradient deferred (StepRunner) over two passes
+  i.deferred = true, i.backward_passes = 2;
+  out.emplace_back("3x3 64->64 groups 4 deferred x2", i);
   for (auto& [label, cc] : out) cc.channels_last = true;
   return out;
+}
+
+// A grouped block in training runs its convolution and both gradients as the dense form through
+// cached cuDNN plans (three new configurations), not through ATen's grouped convolution, which
+// autotunes in every new process; its results are compared with the composed ops above.
+TEST(ConvBnActGpu, GroupedTrainingConvolutionTakesCachedPlans) {
+  LY_REQUIRE_CUDA();
+  if (!libreyolo::models::cudnn_fusion_enabled() || !libreyolo::models::cudnn_fusion_takes(torch::kBFloat16))
+    GTEST_SKIP() << "this build has no cudnn_frontend (or the fusion is off): no training plans";
+  ConvCase h;
+  h.c1 = 32, h.c2 = 32, h.groups = 2, h.input = {2, 32, 24, 24}, h.channels_last = true;
+  const auto before = libreyolo::models::cudnn_fusion_stats();
+  run_conv_case(h, true, torch::kCUDA, [](const std::function<torch::Tensor()>& fn) {
+    return autocast_forward(torch::kBFloat16, fn);
+  });
+  const auto after = libreyolo::models::cudnn_fusion_stats();
+  std::cout << "[ REPORT   ] grouped block: plans " << before.fused << " -> " << after.fused << ", declined "
+            << before.declined << " -> " << after.declined << "\n";
+  EXPECT_GE(after.fused - before.fused, 3);
 }
 
 // The kernels' addend (RepConvN's sum before SiLU, a residual after it): fp32 with 8-channel

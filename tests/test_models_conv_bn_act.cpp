@@ -354,3 +354,77 @@ TEST(ConvBnAct, ReductionGridBySizeFitsTheKernelsBuffers) {
 #endif
 
 }  // namespace
+
+namespace {
+
+// Gradients of `out`'s weighted sum with respect to `inputs` (float64 throughout).
+std::vector<torch::Tensor> weighted_grads(const torch::Tensor& out, const std::vector<torch::Tensor>& inputs) {
+  torch::manual_seed(21);
+  const torch::Tensor weights = torch::randn(out.sizes(), out.options());
+  return torch::autograd::grad({(out * weights).sum()}, inputs);
+}
+
+}  // namespace
+
+// A grouped convolution run as the equal dense one (block_diagonal: how the training node gives
+// a grouped convolution to the cached cuDNN plans) and its weight gradient taken back
+// (diagonal_blocks): the grouped convolution's output and gradients. Float64, so the only
+// difference is summation order (the dense form adds exact zeros).
+TEST(ConvBnAct, GroupedConvolutionAsItsDenseFormGivesTheSameResultsAndGradients) {
+  namespace m = libreyolo::models;
+  for (int64_t groups : {2, 4}) {
+    for (bool channels_last : {false, true}) {
+      torch::manual_seed(groups);
+      auto fmt = channels_last ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::Contiguous;
+      const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+      torch::Tensor x = torch::randn({2, 16, 9, 7}, f64).contiguous(fmt).requires_grad_();
+      torch::Tensor w = torch::randn({24, 16 / groups, 3, 3}, f64).contiguous(fmt).requires_grad_();
+      const torch::Tensor y = at::convolution(x, w, {}, {2, 2}, {1, 1}, {1, 1}, false, {0, 0}, groups);
+      const auto g = weighted_grads(y, {x, w});
+
+      const torch::Tensor dense = m::block_diagonal(w.detach(), groups).requires_grad_();
+      EXPECT_TRUE(dense.is_contiguous(at::MemoryFormat::ChannelsLast));
+      EXPECT_EQ(dense.sizes(), (std::vector<int64_t>{24, 16, 3, 3}));
+      // Off the diagonal blocks every tap is zero.
+      EXPECT_EQ(dense.detach().ne(0).sum().item<int64_t>(), w.detach().ne(0).sum().item<int64_t>());
+      const torch::Tensor yd = at::convolution(x, dense, {}, {2, 2}, {1, 1}, {1, 1}, false, {0, 0}, 1);
+      const auto gd = weighted_grads(yd, {x, dense});
+      const torch::Tensor dw = m::diagonal_blocks(gd[1], groups, w);
+      const std::string label = "groups " + std::to_string(groups) + (channels_last ? " channels_last" : "");
+      EXPECT_LT(rel_err(yd, y), 1e-12) << label;
+      EXPECT_LT(rel_err(gd[0], g[0]), 1e-12) << label;
+      EXPECT_EQ(dw.sizes(), w.sizes()) << label;
+      EXPECT_EQ(dw.suggest_memory_format(), w.suggest_memory_format()) << label;
+      EXPECT_LT(rel_err(dw, g[1]), 1e-12) << label;
+    }
+  }
+}
+
+// A detection head's 1x1 output convolution with bias as one addmm over NHWC rows
+// (conv1x1_bias_gemm, which the YOLOv9 towers use on the GPU instead of cuDNN): at::conv2d's
+// output and its input, weight and bias gradients, with 1 and 4 groups, also for an input that is a
+// channel slice of a wider NHWC tensor.
+TEST(ConvBnAct, PointwiseConvolutionWithBiasAsOneGemmMatchesConv2d) {
+  namespace m = libreyolo::models;
+  const auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  for (int64_t groups : {1, 4}) {
+    for (bool slice : {false, true}) {
+      torch::manual_seed(5 + groups);
+      torch::Tensor wide = torch::randn({3, slice ? 40 : 32, 5, 6}, f64).contiguous(at::MemoryFormat::ChannelsLast);
+      wide.requires_grad_();
+      const torch::Tensor x = slice ? wide.narrow(1, 4, 32) : wide;
+      torch::Tensor w = torch::randn({12, 32 / groups, 1, 1}, f64).requires_grad_();
+      torch::Tensor b = torch::randn({12}, f64).requires_grad_();
+      const torch::Tensor want = at::convolution(x, w, b, {1, 1}, {0, 0}, {1, 1}, false, {0, 0}, groups);
+      const auto gw = weighted_grads(want, {wide, w, b});
+      const torch::Tensor got = m::conv1x1_bias_gemm(x, w, b, groups);
+      const auto gg = weighted_grads(got, {wide, w, b});
+      const std::string label = "groups " + std::to_string(groups) + (slice ? " slice" : "");
+      EXPECT_TRUE(got.is_contiguous(at::MemoryFormat::ChannelsLast)) << label;
+      EXPECT_LT(rel_err(got, want), 1e-12) << label;
+      for (size_t i = 0; i < gw.size(); ++i) EXPECT_LT(rel_err(gg[i], gw[i]), 1e-12) << label << " gradient " << i;
+    }
+  }
+  EXPECT_THROW(m::conv1x1_bias_gemm(torch::zeros({1, 30, 2, 2}), torch::zeros({12, 8, 1, 1}), torch::zeros({12}), 4),
+               c10::Error);
+}

@@ -264,9 +264,19 @@ struct ConvGeom {
   bool gemm = false;
 };
 
+// A grouped convolution the node runs as the equal dense one (block_diagonal): 2-4 groups where
+// the training plans take the dense form (the rule of the folded inference blocks,
+// fused_dense_groups), so that it runs through a cached cuDNN plan instead of ATen's grouped
+// convolution, whose algorithms are autotuned again in every new process, at up to 4x the
+// arithmetic of the grouped one.
+bool dense_grouped(const at::Tensor& x, int64_t groups) {
+  return groups > 1 && fused_dense_groups(x, groups, x.scalar_type(), x.suggest_memory_format()) == groups;
+}
+
 // The node's convolution forward (below autograd, operands already in the compute dtype).
 at::Tensor conv_forward(const at::Tensor& xc, const at::Tensor& wc, const ConvGeom& g) {
   if (g.gemm) return conv1x1_gemm(xc, wc);
+  if (dense_grouped(xc, g.groups)) return conv_forward(xc, block_diagonal(wc, g.groups), {g.stride, g.padding, 1, false});
   if (stem_conv_applies(xc, wc, g.stride, g.padding, g.groups)) return stem_conv_forward(xc, wc, g.stride, g.padding);
   if (direct_cudnn(xc, wc, g.groups)) {
     // A cached cuDNN plan (layers/cudnn_fusion.hpp: chosen once per machine, kept on disk), else
@@ -294,7 +304,12 @@ std::pair<at::Tensor, at::Tensor> conv_backward(const at::Tensor& dz, const at::
   at::Tensor dx, dw;
   if (!need_x && !need_w) return {dx, dw};
   const auto fmt = at::MemoryFormat::ChannelsLast;
-  const int64_t stride = g.stride, padding = g.padding, groups = g.groups;
+  const int64_t stride = g.stride, padding = g.padding;
+  // A grouped convolution the forward ran dense: its gradients through the dense weight too, the
+  // weight gradient's diagonal blocks taken back.
+  const bool dense = dense_grouped(xc, g.groups);
+  const at::Tensor wk = dense ? block_diagonal(wc, g.groups) : wc;
+  const int64_t groups = dense ? 1 : g.groups;
   // dz as the convolution gradients read it (NHWC, packed) where a plan or the GEMM takes it.
   const at::Tensor dzl = (g.gemm || (groups == 1 && dz.is_cuda())) ? dz.contiguous(fmt) : dz;
   // The weight gradient; with the lane, on its side stream (see layers/weight_grads.hpp).
@@ -305,11 +320,12 @@ std::pair<at::Tensor, at::Tensor> conv_backward(const at::Tensor& dz, const at::
     }
     // Cached cuDNN plans where they apply (groups 1, packed channels-last operands), else ATen.
     if (groups == 1 && dz.is_cuda() && xc.is_contiguous(fmt))
-      dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wc.sizes(), stride, padding);
+      dw = cudnn_conv_train(TrainConvOp::WeightGrad, dzl, xc, wk.sizes(), stride, padding);
     if (!dw.defined()) {
-      dw = std::get<1>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
+      dw = std::get<1>(at::convolution_backward(dz, xc, wk, c10::nullopt, {stride, stride}, {padding, padding},
                                                 {1, 1}, false, {0, 0}, groups, {false, true, false}));
     }
+    if (dense) dw = diagonal_blocks(dw, g.groups, wc);
   };
 #ifdef LIBREYOLO_CUDA_KERNELS
   const cudaStream_t main = dz.is_cuda() ? c10::cuda::getCurrentCUDAStream(dz.device().index()).stream() : nullptr;
@@ -326,10 +342,10 @@ std::pair<at::Tensor, at::Tensor> conv_backward(const at::Tensor& dz, const at::
         dx = at::mm(as_rows(dzl), w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
       }
     } else {
-      if (groups == 1 && dz.is_cuda() && wc.is_contiguous(fmt))
-        dx = cudnn_conv_train(TrainConvOp::InputGrad, dzl, wc, xc.sizes(), stride, padding);
+      if (groups == 1 && dz.is_cuda() && wk.is_contiguous(fmt))
+        dx = cudnn_conv_train(TrainConvOp::InputGrad, dzl, wk, xc.sizes(), stride, padding);
       if (!dx.defined()) {
-        dx = std::get<0>(at::convolution_backward(dz, xc, wc, c10::nullopt, {stride, stride}, {padding, padding},
+        dx = std::get<0>(at::convolution_backward(dz, xc, wk, c10::nullopt, {stride, stride}, {padding, padding},
                                                   {1, 1}, false, {0, 0}, groups, {true, false, false}));
       }
     }
@@ -338,7 +354,7 @@ std::pair<at::Tensor, at::Tensor> conv_backward(const at::Tensor& dz, const at::
   if (need_w) {
 #ifdef LIBREYOLO_CUDA_KERNELS
     if (lane)
-      lane->run(fork, main, {dz, dzl, xc, wc}, weight_grad);
+      lane->run(fork, main, {dz, dzl, xc, wc, wk}, weight_grad);
     else
 #endif
       weight_grad();
@@ -686,6 +702,40 @@ torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight) 
   return at::mm(as_rows(x), weight.view({weight.size(0), weight.size(1)}).t())
       .view({x.size(0), x.size(2), x.size(3), weight.size(0)})
       .permute({0, 3, 1, 2});
+}
+
+torch::Tensor conv1x1_bias_gemm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                int64_t groups) {
+  TORCH_CHECK(weight.dim() == 4 && weight.size(2) == 1 && weight.size(3) == 1 && groups >= 1 &&
+                  x.dim() == 4 && x.size(1) == weight.size(1) * groups && weight.size(0) % groups == 0,
+              "conv1x1_bias_gemm: weight ", weight.sizes(), " with ", groups, " groups does not take input ", x.sizes());
+  at::Tensor w = weight.flatten(1);  // [K, C / groups]
+  if (groups > 1) w = at::block_diag(w.chunk(groups, 0));
+  return at::addmm(bias, as_rows(x), w.t())
+      .view({x.size(0), x.size(2), x.size(3), weight.size(0)})
+      .permute({0, 3, 1, 2});
+}
+
+torch::Tensor block_diagonal(const torch::Tensor& w, int64_t groups) {
+  const int64_t k = w.size(0), cg = w.size(1), r = w.size(2), s = w.size(3), kg = k / groups;
+  TORCH_CHECK(groups >= 1 && k % groups == 0, "block_diagonal: ", k, " output channels in ", groups, " groups");
+  // Built as [K, R, S, C] memory, so the [K, C, R, S] result is channels-last; one copy fills the
+  // diagonal blocks: d[g, k', r, s, g, c'] = w[g * kg + k', c', r, s].
+  at::Tensor d = at::zeros({k, r, s, cg * groups}, w.options().memory_format(at::MemoryFormat::Contiguous));
+  d.view({groups, kg, r, s, groups, cg}).diagonal(0, 0, 4).copy_(w.unflatten(0, {groups, kg}).permute({1, 3, 4, 2, 0}));
+  return d.permute({0, 3, 1, 2});
+}
+
+torch::Tensor diagonal_blocks(const torch::Tensor& dense, int64_t groups, const torch::Tensor& like) {
+  const int64_t k = dense.size(0), c = dense.size(1), kg = k / groups, cg = c / groups;
+  TORCH_CHECK(groups >= 1 && k % groups == 0 && c % groups == 0 && like.size(0) == k && like.size(1) == cg,
+              "diagonal_blocks: ", dense.sizes(), " in ", groups, " groups is not the dense form of ", like.sizes());
+  // [g, kg, R, S, g, cg] -> its diagonal over the two group dimensions: [kg, R, S, cg, g].
+  const at::Tensor diag =
+      dense.permute({0, 2, 3, 1}).unflatten(0, {groups, kg}).unflatten(4, {groups, cg}).diagonal(0, 0, 4);
+  at::Tensor out = at::empty_like(like, like.suggest_memory_format());
+  out.unflatten(0, {groups, kg}).permute({1, 3, 4, 2, 0}).copy_(diag);
+  return out;
 }
 
 void set_fused_conv_training(bool on) { fused_flag.store(on); }

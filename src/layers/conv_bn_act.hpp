@@ -66,6 +66,19 @@ bool conv1x1_gemm_applies(const torch::Tensor& x);
 // C when packed, more for a channel slice of a wider NHWC tensor; 0 when it is neither.
 int64_t nhwc_row_stride(const torch::Tensor& x);
 torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight);
+// The same with a bias and `groups` groups, recorded by autograd as one addmm over the rows (a
+// grouped weight as its block-diagonal dense one): at::conv2d's result for a 1x1, stride-1
+// convolution (e.g. a detection head's output layer) without cuDNN's autotuning of it and its
+// gradients in every new process. x as conv1x1_gemm_applies() takes it; the result channels-last.
+torch::Tensor conv1x1_bias_gemm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
+                                int64_t groups);
+
+// A grouped convolution's weight [K, C/g, R, S] as the equal dense one [K, C, R, S] (channels-last):
+// output channel k keeps its group's input channels, every other tap is 0. diagonal_blocks() is
+// the way back for a gradient: the dense weight's gradient [K, C, R, S] as the grouped weight's,
+// in the memory format of `like` (the grouped weight).
+torch::Tensor block_diagonal(const torch::Tensor& w, int64_t groups);
+torch::Tensor diagonal_blocks(const torch::Tensor& dense, int64_t groups, const torch::Tensor& like);
 
 // The inference forward of a BatchNorm-folded block (layers/fold.hpp): act(conv(x, weight)
 // + bias) [+ residual], nothing recorded for autograd, below autocast (x is cast to weight's dtype

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "core/env.hpp"
+#include "layers/conv_bn_act.hpp"
 
 #include <ATen/autocast_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -85,15 +86,6 @@ Computed compute(c10::ArrayRef<FoldSource> sources) {
     c.bias = c.bias.defined() ? c.bias + bf : bf;
   }
   return c;
-}
-
-// A grouped convolution's weight [K, C/g, R, S] as the equal dense one [K, C, R, S]: output
-// channel k keeps its group's input channels, every other tap is 0.
-at::Tensor block_diagonal(const at::Tensor& w, int64_t groups) {
-  const int64_t k = w.size(0), cg = w.size(1), kg = k / groups;
-  at::Tensor d = at::zeros({k, cg * groups, w.size(2), w.size(3)}, w.options());
-  for (int64_t g = 0; g < groups; ++g) d.narrow(0, g * kg, kg).narrow(1, g * cg, cg).copy_(w.narrow(0, g * kg, kg));
-  return d;
 }
 
 void push_tensor(std::vector<uint64_t>& out, const torch::Tensor& t) {

@@ -203,14 +203,17 @@ TowerImpl::TowerImpl(int64_t c_in, int64_t hidden, int64_t c_out, int64_t groups
       "2", torch::nn::Conv2d(torch::nn::Conv2dOptions(hidden, c_out, 1).groups(groups).bias(true)));
 }
 
-torch::Tensor TowerImpl::forward(const torch::Tensor& x) {
-  return out->forward(c1->forward(c0->forward(x)));
+torch::Tensor TowerImpl::forward(const torch::Tensor& x) { return output(c1->forward(c0->forward(x))); }
+
+torch::Tensor TowerImpl::output(const torch::Tensor& h) {
+  if (conv1x1_gemm_applies(h)) return conv1x1_bias_gemm(h, out->weight, out->bias, out->options.groups());
+  return out->forward(h);
 }
 
 void TowerImpl::forward_into(const torch::Tensor& x, const torch::Tensor& into) {
   const torch::Tensor h = c1->forward(c0->forward(x));
   if (!common::fold_allowed(h, {out_source()})) {
-    into.copy_(out->forward(h));
+    into.copy_(output(h));
     return;
   }
   common::run_folded(out_fold_, {out_source()}, h, {1, 0, out->options.groups(), false}, {&into});

@@ -142,6 +142,8 @@ class TowerImpl : public torch::nn::Module, public common::Foldable {
   // A plain convolution: the fold follows its weight and bias alone (no running statistics, so no
   // mode epoch as ConvBnAct keeps).
   common::FoldSource out_source() const { return {out.get(), nullptr, nullptr}; }
+  // The final 1x1 conv unfolded: over NHWC CUDA memory as a GEMM (conv1x1_bias_gemm), else Conv2d.
+  torch::Tensor output(const torch::Tensor& h);
   common::FoldedConv out_fold_;
 };
 TORCH_MODULE(Tower);
