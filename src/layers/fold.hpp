@@ -48,9 +48,6 @@ struct NormTensors {
   double eps = 1e-5;
 };
 
-// One Conv2d(bias=false) + BatchNorm2d pair (or + the norm `norm` describes), and its owner's
-// epoch (bumped on train() and training forwards). Neither bn nor norm: a plain convolution (with
-// or without its own bias), alone: its weight and bias in the compute dtype, kept the same way.
 // What a FoldSource's `epoch` points at for a block whose fold follows its BatchNorm's running
 // statistics: it moves when the block's mode switches and when a training forward writes the
 // statistics. Not on eval() of a block already in eval mode: every predict() calls eval(), and
@@ -68,6 +65,9 @@ class FoldEpoch {
   uint64_t value_ = 0;
 };
 
+// One Conv2d(bias=false) + BatchNorm2d pair (or + the norm `norm` describes), and its owner's
+// epoch (its FoldEpoch's value). Neither bn nor norm: a plain convolution (with
+// or without its own bias), alone: its weight and bias in the compute dtype, kept the same way.
 struct FoldSource {
   const torch::nn::Conv2dImpl* conv = nullptr;
   const torch::nn::BatchNorm2dImpl* bn = nullptr;
