@@ -148,6 +148,11 @@ int main(int argc, char** argv) {
                             {"cudnn_plans", {{"planned", plans_after.fused - plans_before.fused},
                                              {"from_disk", plans_after.loaded - plans_before.loaded},
                                              {"declined", plans_after.declined - plans_before.declined},
+                                             // run first on the heuristics' plan while a worker timed
+                                             // the candidates, and of those adopted since
+                                             {"provisional", plans_after.provisional - plans_before.provisional},
+                                             {"adopted", plans_after.adopted - plans_before.adopted},
+                                             {"worker_seconds", (plans_after.timing_ms - plans_before.timing_ms) / 1000.0},
                                              {"seconds", (plans_after.build_ms - plans_before.build_ms) / 1000.0}}},
                             {"epochs", nlohmann::json::array()}};
       const int iters = images / batch;

@@ -201,25 +201,47 @@ want cold && {
       project=$COLD/runs > "$LOG/predict_cli_$c.log" 2>&1
     summary "predict_cli_$c: rc=$? process $(python3 -c "print(round($(date +%s.%N)-$t0,2))") s"
   done
-  for c in cold warm; do
-    LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/train run train_first_$c 300 "$BIN/bench_train_e2e" --device cuda --workers 16 --images 256 --epochs 1 --amp-dtype bfloat16 --dir $COLD/data
+  # The first training steps: new convolution plans timed by the step (wait) or on a worker while
+  # the first steps run on the heuristics' plans (background, the default); eager, then graphed
+  # (two epochs: the second is the steady speed with the plans each mode chose). A throwaway run
+  # first, so that no mode pays for reading the libraries from disk.
+  E2E="$BIN/bench_train_e2e --device cuda --workers 16 --amp-dtype bfloat16 --dir $COLD/data"
+  LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/throwaway run train_first_throwaway 300 $E2E --images 256 --epochs 1
+  for mode in wait background; do
+    for c in cold warm; do
+      LIBREYOLO_CUDNN_PLAN_BUILD=$mode LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/train_$mode \
+        run train_first_${mode}_$c 300 $E2E --images 256 --epochs 1
+    done
+    LIBREYOLO_CUDNN_PLAN_BUILD=$mode LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/graphed_$mode \
+      run train_first_graphed_${mode}_cold 300 $E2E --images 1024 --epochs 2 --cuda-graph on
+  done
+  # The plans each mode chose (read back from its folder), in the graphed step alone, alternated.
+  for r in 1 2; do
+    for mode in wait background; do
+      LIBREYOLO_CUDNN_PLAN_CACHE=$COLD/graphed_$mode run train_step_plans_${mode}_$r 300 "$BIN/bench_train_step" \
+        --device cuda --cudnn-benchmark --ema --sizes t --batches 16 --nc 8 --dtypes bf16 --cuda-graph on
+    done
   done
   python3 - "$LOG" <<'PY' | tee -a "$LOG/summary.txt"
 import json, sys, os
 log = sys.argv[1]
 for name in sorted(os.listdir(log)):
-    if not name.endswith(".json") or not (name.startswith("predict_first") or name.startswith("train_first") or name.startswith("predict_cli")):
+    if not name.endswith(".json") or not (name.startswith("predict_first") or name.startswith("train_first") or name.startswith("predict_cli") or name.startswith("train_step_plans")):
         continue
     try:
         d = json.load(open(os.path.join(log, name)))
     except Exception as e:
         print(name, "unreadable", e); continue
-    if "first_predict" in d:
+    if "results" in d and name.startswith("train_step_plans"):
+        for r in d["results"]:
+            print(name, r.get("model"), r.get("batch"), r.get("dtype"), "graphed" if r.get("cuda_graph") else "", "min", round(r.get("min_ms", -1), 3), "median", round(r.get("median_ms", -1), 3))
+    elif "first_predict" in d:
         print(name, json.dumps(d["first_predict"]), "steady min", round(d["total"]["min_ms"], 3))
     elif "runs" in d or "first_steps_s" in json.dumps(d):
         runs = d.get("runs", [d])
         for r in runs:
-            print(name, "setup", r.get("setup_s"), "first steps", r.get("first_steps_s"), "phases", json.dumps(r.get("first_step_phases_s")), "plans", json.dumps(r.get("cudnn_plans")))
+            print(name, "setup", r.get("setup_s"), "first steps", r.get("first_steps_s"), "phases", json.dumps(r.get("first_step_phases_s")), "plans", json.dumps(r.get("cudnn_plans")),
+                  "epochs", json.dumps([[e.get("epoch"), round(e.get("seconds", 0), 3), round(e.get("img_per_s", 0), 1)] for e in r.get("epochs", [])]))
     else:
         print(name, json.dumps(d))
 PY

@@ -4,11 +4,13 @@
 // (float32 with TF32 off, NCHW input, grouped); several timed candidates give the same answer;
 // conv_bias_act() (the folded inference block) takes it; plans come back from the disk cache bit for bit, and
 // a corrupted cache file is ignored; without a plan, a configuration runs unfused while its plan is built
-// in the background, then fused with the plan the call itself would have built. Each test keeps its plan cache in a fresh directory. Errors are printed
+// in the background, then fused with the plan the call itself would have built; a training convolution
+// runs the heuristics' plan at once while a worker times its candidates, and adopts the fastest. Each test keeps its plan cache in a fresh directory. Errors are printed
 // so they are on record.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 
+#include "core/cuda_graph.hpp"
 #include "layers/conv.hpp"
 #include "layers/conv_bn_act.hpp"
 #include "layers/cudnn_fusion.hpp"
@@ -511,4 +513,83 @@ TEST(GpuCudnnFusion, TrainingConvolutionsMatchFloat64AndRepeatBitForBit) {
   const auto x = torch::randn({2, 16, 20, 20}, torch::TensorOptions().device(torch::kCUDA).dtype(torch::kHalf));
   const auto w = torch::randn({16, 16, 3, 3}, x.options()).contiguous(cl);
   EXPECT_FALSE(models::cudnn_conv_train(models::TrainConvOp::Forward, x, w, {2, 16, 20, 20}, 1, 1).defined());
+}
+
+// PlanTuning::Background: a new training configuration runs the heuristics' plan at once while a
+// worker times its candidates; a capture meanwhile keeps running that plan (and replays it after
+// the timed one is adopted); the next eager call adopts the timed plan, which a new process then
+// reads from disk without timing anything.
+TEST(GpuCudnnFusion, TrainingPlansTimedOnAWorkerRunAtOnceThenAreAdopted) {
+  LY_REQUIRE_FUSION();
+  const test::ScopedEnv background("LIBREYOLO_CUDNN_PLAN_BUILD", "background");
+  struct Tuning {
+    Tuning() { models::set_training_plan_tuning(models::PlanTuning::Background); }
+    ~Tuning() { models::set_training_plan_tuning(models::PlanTuning::InCall); }
+  } tuning;
+  const test::CudnnSettings tuned(/*benchmark=*/true, at::globalContext().deterministicCuDNN(), /*allow_tf32=*/true);
+  const auto cl = at::MemoryFormat::ChannelsLast;
+  const torch::Device dev(torch::kCUDA, 0);
+  torch::manual_seed(11);
+  const auto opts = torch::TensorOptions().device(dev).dtype(torch::kBFloat16);
+  const auto x = torch::randn({8, 32, 40, 40}, opts).contiguous(cl);
+  const auto w = (torch::randn({64, 32, 3, 3}, opts) * 0.2).contiguous(cl);
+  const std::vector<int64_t> ysize = {8, 64, 40, 40};
+  const auto y64 = torch::conv2d(x.to(torch::kCPU, torch::kDouble), w.to(torch::kCPU, torch::kDouble), {}, 1, 1);
+  const auto fwd = [&] { return models::cudnn_conv_train(models::TrainConvOp::Forward, x, w, ysize, 1, 1); };
+
+  const auto s0 = models::cudnn_fusion_stats();
+  const auto first = fwd();  // the heuristics' plan, run at once
+  ASSERT_TRUE(first.defined());
+  const auto s1 = models::cudnn_fusion_stats();
+  EXPECT_EQ(s1.provisional - s0.provisional, 1);
+  EXPECT_EQ(s1.fused - s0.fused, 1);
+  EXPECT_LT(rel_err(first, y64), 2e-2);
+
+  models::cudnn_fusion_wait_background();  // the worker has timed the candidates
+  EXPECT_TRUE(models::cudnn_training_plans_settled());
+  EXPECT_EQ(models::cudnn_fusion_stats().adopted, s1.adopted);  // handed over, not adopted yet
+
+  // A capture now runs the plan the configuration ran so far.
+  torch::Tensor captured;
+  auto graph = CapturedGraph::capture(dev, [&] { captured = fwd(); });
+  ASSERT_TRUE(captured.defined()) << "declined inside a capture while a timed plan waited";
+  graph->replay();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::equal(captured, first));
+
+  // The next eager call adopts the timed plan; the graph still replays the one it captured.
+  const auto adopted = fwd();
+  ASSERT_TRUE(adopted.defined());
+  const auto s2 = models::cudnn_fusion_stats();
+  EXPECT_EQ(s2.adopted - s1.adopted, 1);
+  EXPECT_EQ(s2.fused, s1.fused);
+  EXPECT_LT(rel_err(adopted, y64), 2e-2);
+  EXPECT_EQ(models::cudnn_adopt_timed_plans(), 0);
+  captured.zero_();
+  graph->replay();
+  torch::cuda::synchronize();
+  EXPECT_TRUE(torch::equal(captured, first));
+  std::cout << "[ REPORT   ] heuristics' plan vs timed plan: " << (torch::equal(adopted, first) ? "same" : "other")
+            << " bits; " << s2.build_ms - s0.build_ms << " ms building and timing\n";
+
+  // Handed over, then adopted by cudnn_adopt_timed_plans() (what a step does before its capture).
+  const auto dgrad = [&] {
+    return models::cudnn_conv_train(models::TrainConvOp::InputGrad, first, w, x.sizes(), 1, 1);
+  };
+  ASSERT_TRUE(dgrad().defined());
+  models::cudnn_fusion_wait_background();
+  EXPECT_EQ(models::cudnn_adopt_timed_plans(), 1);
+  EXPECT_EQ(models::cudnn_fusion_stats().adopted - s2.adopted, 1);
+  ASSERT_TRUE(dgrad().defined());
+
+  // As a new process: the timed plans come from disk, nothing is timed or provisional.
+  models::cudnn_fusion_forget_plans();
+  const auto s3 = models::cudnn_fusion_stats();
+  const auto again = fwd();
+  ASSERT_TRUE(again.defined());
+  const auto s4 = models::cudnn_fusion_stats();
+  EXPECT_EQ(s4.loaded - s3.loaded, 1);
+  EXPECT_EQ(s4.provisional, s3.provisional);
+  EXPECT_EQ(s4.pending, 0);
+  EXPECT_TRUE(torch::equal(again, adopted)) << "the plan read from disk is not the adopted one";
 }

@@ -11,6 +11,7 @@
 #include "core/cuda_graph.hpp"
 #include "layers/fold.hpp"
 #include "layers/conv_bn_act.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "models/input.hpp"
 
 namespace libreyolo::engine {
@@ -233,6 +234,13 @@ bool same_device_shapes(const std::vector<torch::Tensor>& a, const std::vector<t
     if (a[i].is_cuda() != b[i].is_cuda() || (a[i].is_cuda() && !same_shapes({a[i]}, {b[i]}))) return false;
   return true;
 }
+
+// Whether the convolutions' plans are final, so that a capture now keeps them: no timing left on
+// a worker, and none handed over but not yet run (adopted now, they run eager in this occurrence).
+bool plans_in_place() {
+  return models::cudnn_training_plans_settled() && models::cudnn_adopt_timed_plans() == 0;
+}
+
 }  // namespace
 
 bool StepRunner::planned_loss(Slot& s, const std::vector<torch::Tensor>& raw, LossOutput& out) {
@@ -331,7 +339,7 @@ std::vector<torch::Tensor> StepRunner::seam_forward(Slot& s) {
 }
 
 LossOutput StepRunner::seam_scope_step(Slot& s) {
-  if (!s.head && s.seen >= capture_at_) {
+  if (!s.head && s.seen >= capture_at_ && plans_in_place()) {
     try {
       release_cached_blocks(cfg_.device);
       AutocastGuard ac(cfg_.device, cfg_.amp.enabled, cfg_.amp.dtype, /*cache=*/false);
@@ -362,7 +370,7 @@ LossOutput StepRunner::forward_backward_staged() {
   TORCH_CHECK(current_ && current_->targets.defined(), "forward_backward_staged: no batch staged");
   Slot& s = *current_;
   if (graphs_on_ && scope_ != GraphScope::Step) return seam_scope_step(s);
-  if (graphs_on_ && !s.graph && s.seen >= capture_at_) {
+  if (graphs_on_ && !s.graph && s.seen >= capture_at_ && plans_in_place()) {
     try {
       LossOutput out;
       release_cached_blocks(cfg_.device);

@@ -13,7 +13,8 @@
 // scratch is allocated once at its largest size.
 //
 // CUDA graphs (enable_cuda_graphs()): each input shape (batch, image size, box slots) has its own
-// staged buffers; on the shape's third occurrence its micro-step (input conversion, forward, loss,
+// staged buffers; on the shape's third occurrence (or the first after its convolution plans are
+// final: layers/cudnn_fusion.hpp, PlanTuning) its micro-step (input conversion, forward, loss,
 // backward) is captured, and from then on replayed; the update (gradient unscale + inf check,
 // clipping, optimizer, scaler update, zeroing, EMA) is one more graph, shared by every shape.
 // Shapes seen fewer times run eager. A capture or replay failure switches the rest of the run to

@@ -24,6 +24,7 @@
 #include "engine/validator.hpp"
 #include "loss/normalizer.hpp"
 #include "layers/conv_bn_act.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "io/checkpoint.hpp"
 #include "models/coco_names.hpp"
 
@@ -578,6 +579,10 @@ void Trainer::setup_optimization() {
     log_info(strfmt("AMP default of %s: %s (%s)", lm_.family->name.c_str(), lm_.family->default_amp ? "on" : "off",
                     lm_.family->default_amp_reason.c_str()));
   if (group_) install_syncs();
+  // A single process times its new convolution plans on a worker while its first steps run on
+  // the heuristics' plans; ranks of a group time them in the call, so that every rank captures
+  // its step at the same occurrence.
+  models::set_training_plan_tuning(group_ ? models::PlanTuning::InCall : models::PlanTuning::Background);
   if (cfg_.cuda_graph) enable_declared_cuda_graphs(*step_, *lm_.family, cfg_.cuda_graph_scope, group_ != nullptr);
   loss_names_ = step_->loss().term_names();
   loss_sums_ = torch::zeros({1 + static_cast<int64_t>(loss_names_.size())},

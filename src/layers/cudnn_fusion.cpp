@@ -79,6 +79,9 @@ torch::Tensor cudnn_conv_train(TrainConvOp, const torch::Tensor&, const torch::T
 CudnnFusionStats cudnn_fusion_stats() { return {}; }
 void cudnn_fusion_forget_plans() {}
 void cudnn_fusion_wait_background() {}
+void set_training_plan_tuning(PlanTuning) {}
+bool cudnn_training_plans_settled() { return true; }
+int64_t cudnn_adopt_timed_plans() { return 0; }
 
 #else
 
@@ -114,13 +117,23 @@ struct Plan {
   // that executes it (a plan is never executed on a handle another thread goes on using).
   std::vector<uint8_t> handoff;
   bool build_in_call = false;  // the background build could not hand it over: the next call builds it
+  // A timed plan handed over for a configuration that runs the heuristics' plan meanwhile
+  // (PlanTuning::Background): that plan, still run inside captures until this one is adopted.
+  std::shared_ptr<Plan> previous;
 };
 
 struct Cache {
   std::mutex mutex;
   std::map<Key, std::shared_ptr<Plan>> plans;
   CudnnFusionStats stats;
+  // Training configurations whose candidates a worker is still timing.
+  int64_t unsettled = 0;
+  // Heuristics' plans replaced by their timed ones: kept, since a CUDA graph captured meanwhile
+  // may still launch them (one per configuration at most).
+  std::vector<std::shared_ptr<Plan>> retired;
 };
+
+std::atomic<bool> tune_in_background{false};
 
 Cache& cache() {
   // Never destroyed: the plans' cuDNN descriptors must not be freed by static destruction, after
@@ -232,10 +245,12 @@ int64_t candidates(const Shapes& s) {
 }
 
 // GPU milliseconds per run of plan `index`, or -1 on failure. kRuns runs are captured in one CUDA
-// graph and the best of three replays is taken: a small convolution's kernel is shorter than the
-// host's launch, so timing runs launched one by one measures the host, not the plan.
+// graph and the best of `replays` replays is taken: a small convolution's kernel is shorter than the
+// host's launch, so timing runs launched one by one measures the host, not the plan. (A worker
+// timing beside a training takes more replays, other work on the GPU only ever slowing one down,
+// and captures on its own stream, `own_stream`, which no other thread launches on.)
 float time_plan(cudnnHandle_t handle, fe::graph::Graph& g, int64_t index, std::unordered_map<int64_t, void*>& ptrs,
-                const at::Tensor& like) {
+                const at::Tensor& like, int replays = 3, cudaStream_t own_stream = nullptr) {
   constexpr int kRuns = 10;
   int64_t wsz = 0;
   if (!g.get_workspace_size_plan_at_index(index, wsz).is_good()) return -1;
@@ -243,7 +258,8 @@ float time_plan(cudnnHandle_t handle, fe::graph::Graph& g, int64_t index, std::u
   const auto current = at::cuda::getCurrentCUDAStream(like.device().index());
   if (!g.execute_plan_at_index(handle, ptrs, space.data_ptr(), index).is_good()) return -1;
   current.synchronize();
-  const auto side = at::cuda::getStreamFromPool(false, like.device().index());
+  const auto side = own_stream != nullptr ? at::cuda::getStreamFromExternal(own_stream, like.device().index())
+                                          : at::cuda::getStreamFromPool(false, like.device().index());
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   bool ok = fe::detail::set_stream(handle, side.stream()) == CUDNN_STATUS_SUCCESS &&
@@ -255,7 +271,7 @@ float time_plan(cudnnHandle_t handle, fe::graph::Graph& g, int64_t index, std::u
   fe::detail::set_stream(handle, current.stream());
   ok = ok && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess && cudaGraphLaunch(exec, side.stream()) == cudaSuccess;
   float best = -1;
-  for (int r = 0; r < 3 && ok; ++r) {
+  for (int r = 0; r < replays && ok; ++r) {
     at::cuda::CUDAEvent a(cudaEventDefault), b(cudaEventDefault);
     a.record(side);
     ok = cudaGraphLaunch(exec, side.stream()) == cudaSuccess;
@@ -421,12 +437,16 @@ std::shared_ptr<Plan> build(cudnnHandle_t handle, const Shapes& s, int device, i
   auto g = operation_graph(handle, s);
   if (!g) return plan;
   static std::once_flag said_fused, said_training;
-  std::call_once(s.op < 0 ? said_fused : said_training, [&] {
+  const auto say = [&] {
     const std::string where = dir.empty() ? std::string("the disk cache is off") : "kept in " + dir;
     log_info(s.op < 0 ? "cuDNN fusion: compiling fused convolution kernels for new shapes (up to ~0.5 s each, once "
                         "per machine: " + where + ")"
                       : "cuDNN: timing training convolution plans for new shapes (once per machine: " + where + ")");
-  });
+  };
+  if (s.op < 0)
+    std::call_once(said_fused, say);
+  else if (time && count > 1)  // (a training plan built without timing is not news)
+    std::call_once(said_training, say);
   const int64_t total = g->get_execution_plan_count();
   if (!time) count = 1;
   count = std::min(total, count);
@@ -529,19 +549,44 @@ bool background_builds() {
   return false;
 }
 
+// A training configuration's timing ended (its plan handed over, or none): one fewer to wait for.
+// Under the cache's mutex.
+void settle_one(Cache& c) { c.unsettled = std::max<int64_t>(0, c.unsettled - 1); }
+
+// The x, w and y of a training configuration, allocated on the current stream, and a TimePlan
+// over them: a worker times candidates on operands of its own, not on a caller's.
+struct OwnOperands {
+  at::Tensor x, w, y;
+  std::unordered_map<int64_t, void*> ptrs;
+  OwnOperands(const Shapes& s, int device) {
+    const auto dtype = s.io == fe::DataType_t::HALF       ? at::kHalf
+                       : s.io == fe::DataType_t::BFLOAT16 ? at::kBFloat16
+                                                          : at::kFloat;
+    const auto o = at::TensorOptions().dtype(dtype).device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device)))
+                       .memory_format(at::MemoryFormat::ChannelsLast);
+    x = at::zeros(s.x, o);
+    w = at::zeros(s.w, o);
+    y = at::zeros(s.y, o);
+    ptrs = {{kX, x.data_ptr()}, {kW, w.data_ptr()}, {kY, y.data_ptr()}};
+  }
+};
+
 class Builder {
  public:
   static Builder& get() {
     static Builder b;
     return b;
   }
-  void submit(const Key& key, std::shared_ptr<Plan> pending) {
+  // count 1: build the heuristics' first plan for a pending configuration (declined meanwhile);
+  // more: time `count` candidates of a training configuration that runs `running`, the
+  // heuristics' plan, meanwhile (PlanTuning::Background).
+  void submit(const Key& key, std::shared_ptr<Plan> plan, int64_t count = 1) {
     std::lock_guard<std::mutex> lock(m_);
     if (threads_.empty()) {
       const unsigned n = std::clamp(std::thread::hardware_concurrency() / 4, 1u, 4u);
       for (unsigned i = 0; i < n; ++i) threads_.emplace_back([this] { work(); });
     }
-    queue_.emplace_back(key, std::move(pending));
+    queue_.push_back({key, std::move(plan), count});
     ++outstanding_;
     work_cv_.notify_one();
   }
@@ -557,7 +602,7 @@ class Builder {
   // forgotten (their convolutions submit them again when next met), the workers end; a later
   // submit starts new ones. See core/background.hpp for why this runs before the process exits.
   void stop() {
-    std::deque<std::pair<Key, std::shared_ptr<Plan>>> dropped;
+    std::deque<Job> dropped;
     std::vector<std::thread> threads;
     {
       std::lock_guard<std::mutex> lock(m_);
@@ -576,8 +621,13 @@ class Builder {
     if (dropped.empty()) return;
     Cache& c = cache();
     std::lock_guard<std::mutex> lock(c.mutex);
-    for (const auto& [key, plan] : dropped)
-      if (auto it = c.plans.find(key); it != c.plans.end() && it->second == plan) c.plans.erase(it);
+    for (const Job& job : dropped) {
+      if (job.count > 1) {  // a timing dropped: the heuristics' plan stays
+        settle_one(c);
+        continue;
+      }
+      if (auto it = c.plans.find(job.key); it != c.plans.end() && it->second == job.plan) c.plans.erase(it);
+    }
   }
   ~Builder() {
     alive_ = false;
@@ -626,7 +676,7 @@ class Builder {
   void work() {
     std::map<int, Own> own;  // this thread's, per device
     for (;;) {
-      std::pair<Key, std::shared_ptr<Plan>> job;
+      Job job;
       {
         std::unique_lock<std::mutex> lock(m_);
         work_cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
@@ -634,26 +684,50 @@ class Builder {
         job = std::move(queue_.front());
         queue_.pop_front();
       }
-      const auto& [device, shapes] = job.first;
+      const auto& [device, shapes] = job.key;
+      const bool timing = job.count > 1;
       std::shared_ptr<Plan> built;
       const auto t0 = std::chrono::steady_clock::now();
       try {
         c10::cuda::set_device(static_cast<c10::DeviceIndex>(device));
         auto [slot, added] = own.try_emplace(device);
         if (added) slot->second = make_own();
-        if (slot->second.handle != nullptr) {
-          if (auto b = build(slot->second.handle, shapes, device, 1, {})) built = hand_over(*b);
+        const Own& o = slot->second;
+        if (o.handle != nullptr && !timing) {
+          if (auto b = build(o.handle, shapes, device, 1, {})) built = hand_over(*b);
+        } else if (o.handle != nullptr) {
+          // The candidates run on this worker's stream, on operands allocated there.
+          c10::cuda::CUDAStreamGuard on_own(
+              at::cuda::getStreamFromExternal(o.stream, static_cast<c10::DeviceIndex>(device)));
+          OwnOperands operands(shapes, device);
+          const TimePlan time = [&](fe::graph::Graph& g, int64_t i) {
+            // One worker times at a time (building goes on in parallel): they would slow each other.
+            static std::mutex timing;
+            std::lock_guard<std::mutex> one(timing);
+            return time_plan(o.handle, g, i, operands.ptrs, operands.x, /*replays=*/5, o.stream);
+          };
+          if (auto b = build(o.handle, shapes, device, job.count, time); b && b->graph) built = hand_over(*b);
+          cudaStreamSynchronize(o.stream);  // the operands are freed after their last use
         }
       } catch (const std::exception& e) {
         log_debug(std::string("cuDNN fusion: a background build failed: ") + e.what());
       }
-      if (!built) built = std::make_shared<Plan>();  // declined
+      if (!built && !timing) built = std::make_shared<Plan>();  // declined
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       {
         Cache& c = cache();
         std::lock_guard<std::mutex> lock(c.mutex);
         // Replaced meanwhile (a foreground build, forget_plans): the newer entry stays.
-        if (auto it = c.plans.find(job.first); it != c.plans.end() && it->second == job.second) {
+        auto it = c.plans.find(job.key);
+        const bool current = it != c.plans.end() && it->second == job.plan;
+        if (timing) {
+          c.stats.timing_ms += ms;
+          settle_one(c);
+          if (current && built && !built->handoff.empty()) {
+            built->previous = job.plan;  // run inside captures until adopted
+            it->second = built;
+          }  // else no timed plan (none built, or the entry replaced): the heuristics' plan stays
+        } else if (current) {
           it->second = built;
           c.stats.build_ms += ms;
           if (!built->build_in_call) ++(built->handoff.empty() ? c.stats.declined : c.stats.fused);
@@ -669,13 +743,31 @@ class Builder {
     }
   }
 
+  struct Job {
+    Key key;
+    std::shared_ptr<Plan> plan;  // the pending entry (count 1) or the heuristics' plan being run
+    int64_t count = 1;
+  };
   std::mutex m_;
   std::condition_variable work_cv_, idle_cv_;
-  std::deque<std::pair<Key, std::shared_ptr<Plan>>> queue_;
+  std::deque<Job> queue_;
   std::vector<std::thread> threads_;
   int64_t outstanding_ = 0;
   bool stop_ = false;
 };
+
+// A timed plan (`adopted`, made into a graph on this thread's handle, or null when that failed)
+// takes the place of the heuristics' plan `entry` ran meanwhile. Under the cache's mutex.
+void adopt_timed(Cache& c, std::shared_ptr<Plan>& entry, std::shared_ptr<Plan> adopted) {
+  std::shared_ptr<Plan> previous = std::move(entry->previous);
+  if (!adopted->graph) {
+    entry = std::move(previous);
+    return;
+  }
+  ++c.stats.adopted;
+  c.retired.push_back(std::move(previous));
+  entry = std::move(adopted);
+}
 
 // The cached plan for `shapes` (built on its first use, on this thread or in the background, never
 // inside a capture) run on `ptrs`; false when cuDNN has no engine for it, its plan is still being
@@ -698,23 +790,46 @@ bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, co
       // Captures run each shape eagerly first (ForwardGraphs, the training step's first
       // occurrences), so this only declines strays.
       cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-      if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone)
-        return false;
-      if (known && !it->second->handoff.empty()) {
+      if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess || capturing != cudaStreamCaptureStatusNone) {
+        if (!known || !it->second->previous) return false;
+        plan = it->second->previous;  // a timed plan not adopted yet: the heuristics' one meanwhile
+      } else if (known && !it->second->handoff.empty()) {
         // Built in the background: made into a graph on this thread's handle (no kernel compiles).
         auto adopted = std::make_shared<Plan>();
         adopted->graph = plan_from_bytes(handle, it->second->handoff);
         adopted->workspace = it->second->workspace;
         adopted->from_disk = it->second->from_disk;
-        if (!adopted->graph) --c.stats.fused, ++c.stats.declined;
-        it->second = std::move(adopted);
+        if (it->second->previous) {  // a timed plan replacing the heuristics' one
+          adopt_timed(c, it->second, std::move(adopted));
+        } else {
+          if (!adopted->graph) --c.stats.fused, ++c.stats.declined;
+          it->second = std::move(adopted);
+        }
       } else {
         const int64_t count = candidates(shapes);
         const bool background = shapes.op < 0 && count == 1 && background_builds() && !(known && it->second->build_in_call);
         if (background && known) return false;  // pending: not ready yet
+        // A training configuration while autotuning, in a single-process training: the
+        // heuristics' first plan now, its candidates timed on a worker (set_training_plan_tuning).
+        const bool tune_later = shapes.op >= 0 && count > 1 && tune_in_background.load() && background_builds();
         const auto t0 = std::chrono::steady_clock::now();
         std::shared_ptr<Plan> built;
-        if (background) {
+        if (tune_later) {
+          built = stored_plan(handle, shapes, device, count);
+          if (!built) {
+            built = build(handle, shapes, device, 1, {});
+            if (built->graph) {
+              static std::once_flag said;
+              std::call_once(said, [] {
+                log_info("cuDNN: new training convolution shapes run the heuristics' plans while a worker times "
+                         "their candidates (once per machine); the step is captured once they are in place");
+              });
+              ++c.stats.provisional;
+              ++c.unsettled;
+              Builder::get().submit(key, built, count);
+            }
+          }
+        } else if (background) {
           built = stored_plan(handle, shapes, device, count);
           if (!built) {
             static std::once_flag said;
@@ -742,7 +857,7 @@ bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, co
           it->second = std::move(built);
       }
     }
-    plan = it->second;
+    if (!plan) plan = it->second;
   }
   if (!plan->graph) return false;
   at::Tensor space = at::empty({std::max<int64_t>(plan->workspace, 1)}, like.options().dtype(at::kByte));
@@ -762,6 +877,31 @@ CudnnFusionStats cudnn_fusion_stats() {
 }
 
 void cudnn_fusion_wait_background() { Builder::get().wait_idle(); }
+
+void set_training_plan_tuning(PlanTuning tuning) { tune_in_background.store(tuning == PlanTuning::Background); }
+
+bool cudnn_training_plans_settled() {
+  std::lock_guard<std::mutex> lock(cache().mutex);
+  return cache().unsettled == 0;
+}
+
+int64_t cudnn_adopt_timed_plans() {
+  const int device = c10::cuda::current_device();
+  int64_t n = 0;
+  cudnnHandle_t handle = at::native::getCudnnHandle();
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  for (auto& [key, plan] : c.plans) {
+    if (key.first != device || !plan->previous || plan->handoff.empty()) continue;
+    auto adopted = std::make_shared<Plan>();
+    adopted->graph = plan_from_bytes(handle, plan->handoff);
+    adopted->workspace = plan->workspace;
+    adopted->from_disk = plan->from_disk;
+    adopt_timed(c, plan, std::move(adopted));
+    ++n;
+  }
+  return n;
+}
 
 void cudnn_fusion_forget_plans() {
   std::lock_guard<std::mutex> lock(cache().mutex);

@@ -54,6 +54,25 @@ enum class TrainConvOp { Forward = 0, InputGrad = 1, WeightGrad = 2 };
 torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const torch::Tensor& b, at::IntArrayRef out_sizes,
                                int64_t stride, int64_t padding);
 
+// How a training convolution's plan is chosen while autotuning is on and none is on disk for its
+// configuration. InCall (the default): the call builds and times the candidates, the step waits.
+// Background (single-process training): the call builds the heuristics' first plan and runs it at
+// once, while a worker thread builds and times the candidates on operands of its own (and keeps
+// the fastest on disk) and hands it over; the configuration's next call outside a capture adopts
+// it. A training step is captured only once no timing is left (cudnn_training_plans_settled())
+// and no timed plan waits to be adopted (cudnn_adopt_timed_plans() adopted none: else that
+// occurrence runs eager on them first), so that its graph holds the chosen plans.
+// LIBREYOLO_CUDNN_PLAN_BUILD=wait keeps InCall.
+enum class PlanTuning { InCall, Background };
+void set_training_plan_tuning(PlanTuning tuning);
+
+// False while a worker is timing a training configuration's candidates (PlanTuning::Background).
+bool cudnn_training_plans_settled();
+
+// Every timed plan handed over for the current device and not adopted yet takes its
+// configuration's place now (made into a graph on this thread's cuDNN handle); how many did.
+int64_t cudnn_adopt_timed_plans();
+
 // Configurations planned so far (fused inference convolutions and training convolutions with a plan,
 // and declined ones), for tests and benchmarks.
 struct CudnnFusionStats {
@@ -61,6 +80,10 @@ struct CudnnFusionStats {
   int64_t loaded = 0;   // of the fused: plans read from the on-disk plan cache instead of built
   double build_ms = 0;  // total time spent building (and timing) plans
   int64_t pending = 0;  // being built in the background (not yet counted above)
+  // Training configurations run first on the heuristics' plan while theirs was timed on a worker
+  // (PlanTuning::Background), and of those the ones whose timed plan has been adopted since.
+  int64_t provisional = 0, adopted = 0;
+  double timing_ms = 0;  // the workers' time building and timing those candidates (not in build_ms)
 };
 CudnnFusionStats cudnn_fusion_stats();
 
