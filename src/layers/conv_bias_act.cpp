@@ -20,6 +20,7 @@
 namespace libreyolo::models {
 
 using detail::as_rows;
+using detail::rows_as_nchw;
 using detail::direct_cudnn;
 
 torch::Tensor finish_output(torch::Tensor z, const ConvOutput& o) {
@@ -85,9 +86,7 @@ torch::Tensor conv_bias_act(const torch::Tensor& x, const ConvBiasActParams& p) 
 #endif
   at::Tensor z;
   if (gemm) {  // one cuBLAS call with the bias as its epilogue
-    z = at::addmm(*p.bias, as_rows(xc), w.view({w.size(0), w.size(1)}).t())
-            .view({xc.size(0), xc.size(2), xc.size(3), w.size(0)})
-            .permute({0, 3, 1, 2});
+    z = rows_as_nchw(at::addmm(*p.bias, as_rows(xc), w.view({w.size(0), w.size(1)}).t()), xc);
   } else {
     z = at::convolution(xc, w, *p.bias, {p.stride, p.stride}, {p.padding, p.padding}, {1, 1}, false, {0, 0},
                         p.groups);

@@ -31,6 +31,7 @@
 
 namespace libreyolo::models {
 using detail::as_rows;
+using detail::rows_as_nchw;
 using detail::direct_cudnn;
 
 namespace {
@@ -172,6 +173,10 @@ kernels::BnActLaunch launch_for(const at::Tensor& z, bool act, std::initializer_
 namespace detail {
 
 at::Tensor as_rows(const at::Tensor& t) { return t.permute({0, 2, 3, 1}).reshape({-1, t.size(1)}); }
+
+at::Tensor rows_as_nchw(const at::Tensor& rows, const at::Tensor& like) {
+  return rows.view({like.size(0), like.size(2), like.size(3), rows.size(1)}).permute({0, 3, 1, 2});
+}
 
 bool direct_cudnn(const at::Tensor& x, const at::Tensor& w, int64_t groups) {
   const auto t = x.scalar_type();
@@ -339,7 +344,7 @@ std::pair<at::Tensor, at::Tensor> conv_backward(const at::Tensor& dz, const at::
         as_rows(dx_into).addmm_(as_rows(dzl), w2);  // one GEMM with beta = 1
         dx = dx_into;
       } else {
-        dx = at::mm(as_rows(dzl), w2).view({xc.size(0), xc.size(2), xc.size(3), xc.size(1)}).permute({0, 3, 1, 2});
+        dx = rows_as_nchw(at::mm(as_rows(dzl), w2), xc);
       }
     } else {
       if (groups == 1 && dz.is_cuda() && wk.is_contiguous(fmt))
@@ -699,9 +704,7 @@ bool conv1x1_gemm_applies(const torch::Tensor& x) {
 }
 
 torch::Tensor conv1x1_gemm(const torch::Tensor& x, const torch::Tensor& weight) {
-  return at::mm(as_rows(x), weight.view({weight.size(0), weight.size(1)}).t())
-      .view({x.size(0), x.size(2), x.size(3), weight.size(0)})
-      .permute({0, 3, 1, 2});
+  return rows_as_nchw(at::mm(as_rows(x), weight.view({weight.size(0), weight.size(1)}).t()), x);
 }
 
 torch::Tensor conv1x1_bias_gemm(const torch::Tensor& x, const torch::Tensor& weight, const torch::Tensor& bias,
@@ -711,9 +714,7 @@ torch::Tensor conv1x1_bias_gemm(const torch::Tensor& x, const torch::Tensor& wei
               "conv1x1_bias_gemm: weight ", weight.sizes(), " with ", groups, " groups does not take input ", x.sizes());
   at::Tensor w = weight.flatten(1);  // [K, C / groups]
   if (groups > 1) w = at::block_diag(w.chunk(groups, 0));
-  return at::addmm(bias, as_rows(x), w.t())
-      .view({x.size(0), x.size(2), x.size(3), weight.size(0)})
-      .permute({0, 3, 1, 2});
+  return rows_as_nchw(at::addmm(bias, as_rows(x), w.t()), x);
 }
 
 torch::Tensor block_diagonal(const torch::Tensor& w, int64_t groups) {
