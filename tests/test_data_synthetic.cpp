@@ -51,6 +51,18 @@ TEST(DataSynthetic, WritesTheYoloLayoutAndAReadableYaml) {
   EXPECT_EQ(sz.height, 96);
 }
 
+TEST(DataSynthetic, AFolderGeneratedAgainHoldsOnlyTheNewSet) {
+  const fs::path dir = test::temp_dir("synth_again");
+  generate_synthetic_dataset(dir.string(), small_options(1));
+  SyntheticOptions fewer = small_options(1);
+  fewer.train_images = 5;
+  fewer.val_images = 2;
+  const DatasetSpec spec = load_dataset_yaml(generate_synthetic_dataset(dir.string(), fewer));
+  EXPECT_EQ(list_split_images(spec, "train").size(), 5u);
+  EXPECT_EQ(list_split_images(spec, "val").size(), 2u);
+  EXPECT_FALSE(fs::exists(dir / "labels" / "train" / "000007.txt"));
+}
+
 TEST(DataSynthetic, SameSeedSameFilesOtherSeedOtherFiles) {
   const fs::path a = test::temp_dir("synth_a"), b = test::temp_dir("synth_b"), c = test::temp_dir("synth_c");
   SyntheticOptions oa = small_options(7);

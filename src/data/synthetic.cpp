@@ -205,6 +205,9 @@ std::string generate_synthetic_dataset(const std::string& dir, const SyntheticOp
   const fs::path root = fs::absolute(dir).lexically_normal();
   const std::pair<const char*, int> splits[] = {{"train", o.train_images}, {"val", o.val_images}};
   for (const auto& [split, count] : splits) {
+    // The folder holds what was asked for, nothing from an earlier, larger generation in it.
+    remove_tree((root / "images" / split).string());
+    remove_tree((root / "labels" / split).string());
     fs::create_directories(root / "images" / split);
     fs::create_directories(root / "labels" / split);
   }
