@@ -280,9 +280,17 @@ def main(argv=None) -> int:
     ap.add_argument("--tol-curve", type=float, default=0.03)
     ap.add_argument("--tol-final", type=float, default=0.005)
     ap.add_argument("--max-jump", type=float, default=1.3)
+    ap.add_argument("--as-ours", nargs="+", default=[], metavar="RUN",
+                    help="run JSONs (or folders of them) to put in the 'ours' column whatever their impl: "
+                         "the reference's runs of other seeds against its own, the checks' noise floor")
     a = ap.parse_args(argv)
 
     runs, bad = load_runs(a.inputs)
+    if a.as_ours:
+        relabel, _ = load_runs(a.as_ours)
+        for r in relabel:
+            r["impl"] = "ours"
+        runs += relabel
     if not runs:
         print("no run JSONs with per-epoch rows found", file=sys.stderr)
         for b in bad:
