@@ -62,9 +62,11 @@ common::FoldSource NormFold::source(const torch::nn::Conv2d& conv, const torch::
 
 torch::Tensor NormFold::forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                                 const FrozenBatchNorm2d& frozen, Act act, bool training) {
-  auto y = folded(x, conv, bn, frozen, act);
-  if (!y.defined() && training) note_statistics_written();
-  return y;
+  if (auto y = folded(x, conv, bn, frozen, act); y.defined()) return y;
+  if (training) note_statistics_written();
+  // (The holders are const here, the modules they hold are not.)
+  auto y = conv.ptr()->forward(x);
+  return activate(bn ? bn.ptr()->forward(y) : frozen.ptr()->forward(y), act);
 }
 
 torch::Tensor NormFold::folded(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
@@ -95,10 +97,7 @@ bool NormFold::refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm
 }
 
 torch::Tensor ConvNormImpl::forward(const torch::Tensor& x) {
-  if (auto y = fold_.forward(x, conv, norm, frozen_norm, act, is_training()); y.defined()) return y;
-  auto y = conv->forward(x);
-  y = norm ? norm->forward(y) : frozen_norm->forward(y);
-  return activate(y, act);
+  return fold_.forward(x, conv, norm, frozen_norm, act, is_training());
 }
 
 void ConvNormImpl::train(bool on) {

@@ -39,10 +39,11 @@ TORCH_MODULE(FrozenBatchNorm2d);
 // refresh() from refresh_folds().
 class NormFold {
  public:
-  // The folded forward, or an undefined tensor where folding does not apply (the owner then runs
-  // its unfolded forward). `training`: the owner's mode; a frozen block (frozen norm, nothing
-  // recorded for autograd) folds in training too, other training forwards write the running
-  // statistics, which retires the fold.
+  // act(norm(conv(x))) of the owner's layers: folded where folding applies, else the convolution,
+  // the norm (`bn`, or `frozen` when bn is empty) and the activation one after the other.
+  // `training`: the owner's mode; a frozen block (frozen norm, nothing recorded for autograd)
+  // folds in training too, other training forwards write the running statistics, which retires
+  // the fold.
   torch::Tensor forward(const torch::Tensor& x, const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn,
                         const FrozenBatchNorm2d& frozen, Act act, bool training);
   bool refresh(const torch::nn::Conv2d& conv, const torch::nn::BatchNorm2d& bn, const FrozenBatchNorm2d& frozen);

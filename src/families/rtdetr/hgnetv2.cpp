@@ -39,12 +39,7 @@ HgConvImpl::HgConvImpl(int64_t cin, int64_t cout, int64_t k, int64_t s, bool rel
 
 torch::Tensor HgConvImpl::forward(const torch::Tensor& x) {
   const auto in = pad_after ? pad_after_input(x) : x;
-  auto y = fold_.forward(in, conv, bn, frozen_bn, relu ? Act::ReLU : Act::None, is_training());
-  if (!y.defined()) {
-    y = conv->forward(in);
-    y = bn ? bn->forward(y) : frozen_bn->forward(y);
-    if (relu) y = torch::relu(y);
-  }
+  const auto y = fold_.forward(in, conv, bn, frozen_bn, relu ? Act::ReLU : Act::None, is_training());
   return relu && lab_scale.defined() ? lab_scale * y + lab_bias : y;
 }
 
