@@ -161,6 +161,26 @@ inline torch::Tensor recorded_query_order(const torch::Tensor& boxes, const torc
   return order;
 }
 
+// The eval selection `ours` [B, Q] against the recorded `want` [B, Q], tolerant of near-ties only:
+// `scores` [B, T] are our selection scores (the best class's logit per token) and `want_scores`
+// [B, Q] the reference's at its selected tokens. delta, the largest difference between ours and
+// the reference's at those tokens, is how far this CPU's rounding moves a score; where the two
+// selections differ, the tokens' scores must lie within 2 delta of each other (a swap of near-equal
+// scores), and at most a few in a hundred slots may differ.
+inline void expect_same_selection(const torch::Tensor& ours, const torch::Tensor& want, const torch::Tensor& scores,
+                                  const torch::Tensor& want_scores, const std::string& what) {
+  ASSERT_EQ(ours.sizes(), want.sizes()) << what;
+  const auto s = scores.detach().to(torch::kDouble);
+  const double delta = (s.gather(1, want) - want_scores.to(torch::kDouble)).abs().max().item<double>();
+  const auto differ = ours.ne(want);
+  const int64_t n = differ.sum().item<int64_t>();
+  const double gap = n == 0 ? 0.0 : (s.gather(1, ours) - s.gather(1, want)).abs().masked_select(differ).max().item<double>();
+  std::printf("  %s: %lld of %lld selected tokens differ, score gap %.3g against 2 x delta %.3g\n", what.c_str(),
+              static_cast<long long>(n), static_cast<long long>(want.numel()), gap, 2 * delta);
+  EXPECT_LE(gap, 2 * delta + 1e-12) << what << ": a token selected in place of one whose score is not a near-tie";
+  EXPECT_LE(n * 100, want.numel() * 3) << what << ": more than 3% of the selection differs";
+}
+
 // `want` [B, Q, ...] rearranged to our query order.
 inline torch::Tensor in_order(const torch::Tensor& want, const torch::Tensor& order) {
   auto index = order;

@@ -312,6 +312,7 @@ QuerySelection TransformerImpl::select_queries(const torch::Tensor& memory, cons
       s.topk_ind = std::get<1>(torch::topk(s.enc_logits.squeeze(-1), cfg.queries, 1));
       break;
   }
+  if (forced_topk_ind.defined()) s.topk_ind = forced_topk_ind.to(s.topk_ind.device());
   auto take = [&](const torch::Tensor& t) {
     return t.gather(1, s.topk_ind.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
   };

@@ -99,6 +99,10 @@ class TransformerImpl : public torch::nn::Module {
   // The encoder maps projected and flattened: memory [B, T, C] and the level sizes.
   std::pair<torch::Tensor, LevelShapes> encoder_memory(const std::array<torch::Tensor, 3>& feats);
   QuerySelection select_queries(const torch::Tensor& memory, const LevelShapes& shapes);
+  // When defined: [B, Q] token indices taken instead of the scores' top-k. Parity tests give the
+  // reference's selection, so that what follows it is compared on the same queries whatever the
+  // order of near-equal scores in this CPU's float32 rounding.
+  torch::Tensor forced_topk_ind;
   // The decoder layers from content queries `target` and logit-space references. Eval mode runs
   // layers 0..last_layer and returns that layer only; training mode returns every layer, the
   // boxes of layer i >= 1 refined from layer i-1's undetached box.

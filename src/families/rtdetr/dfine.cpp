@@ -591,7 +591,9 @@ QuerySelection DfineTransformerImpl::select_queries(const torch::Tensor& memory,
   const auto masked = s.valid.to(memory.scalar_type()) * memory;
   const auto out_memory = enc_norm->forward(enc_proj->forward(masked));
   s.enc_logits = enc_score_head->forward(out_memory);
-  s.topk_ind = std::get<1>(torch::topk(std::get<0>(s.enc_logits.max(-1)), cfg.queries, -1));
+  s.topk_ind = forced_topk_ind.defined()
+                   ? forced_topk_ind.to(s.enc_logits.device())
+                   : std::get<1>(torch::topk(std::get<0>(s.enc_logits.max(-1)), cfg.queries, -1));
   const auto gather = [&](const torch::Tensor& t) {
     return t.gather(1, s.topk_ind.unsqueeze(-1).expand({-1, -1, t.size(-1)}));
   };

@@ -191,6 +191,10 @@ class DfineTransformerImpl : public torch::nn::Module {
   // The proposals and the top-k queries (QuerySelection's fields; enc_delta is the box head's
   // output on the selected tokens only).
   QuerySelection select_queries(const torch::Tensor& memory, const LevelShapes& shapes);
+  // When defined: [B, Q] token indices taken instead of the scores' top-k. Parity tests give the
+  // reference's selection, so that what follows it is compared on the same queries whatever the
+  // order of near-equal scores in this CPU's float32 rounding.
+  torch::Tensor forced_topk_ind;
   DfineDecoderOutputs decode(const torch::Tensor& target, const torch::Tensor& ref_unact, const torch::Tensor& memory,
                              const LevelShapes& shapes, const torch::Tensor& attn_mask = {});
   // Eval forward: {pred_logits, pred_boxes} of layer eval_idx.
