@@ -553,8 +553,8 @@ bool background_builds() {
 // Under the cache's mutex.
 void settle_one(Cache& c) { c.unsettled = std::max<int64_t>(0, c.unsettled - 1); }
 
-// The x, w and y of a training configuration, allocated on the current stream, and a TimePlan
-// over them: a worker times candidates on operands of its own, not on a caller's.
+// The x, w and y of a training configuration, allocated on the current stream, with their
+// pointers by uid: a worker times candidates on operands of its own, not on a caller's.
 struct OwnOperands {
   at::Tensor x, w, y;
   std::unordered_map<int64_t, void*> ptrs;
@@ -578,8 +578,8 @@ class Builder {
     return b;
   }
   // count 1: build the heuristics' first plan for a pending configuration (declined meanwhile);
-  // more: time `count` candidates of a training configuration that runs `running`, the
-  // heuristics' plan, meanwhile (PlanTuning::Background).
+  // more: time `count` candidates of a training configuration that runs `plan`, the heuristics'
+  // plan, meanwhile (PlanTuning::Background).
   void submit(const Key& key, std::shared_ptr<Plan> plan, int64_t count = 1) {
     std::lock_guard<std::mutex> lock(m_);
     if (threads_.empty()) {
@@ -756,6 +756,16 @@ class Builder {
   bool stop_ = false;
 };
 
+// A plan handed over by a worker, made into a graph on `handle` (the calling thread's; no graph
+// when that fails).
+std::shared_ptr<Plan> made_here(cudnnHandle_t handle, const Plan& handed) {
+  auto out = std::make_shared<Plan>();
+  out->graph = plan_from_bytes(handle, handed.handoff);
+  out->workspace = handed.workspace;
+  out->from_disk = handed.from_disk;
+  return out;
+}
+
 // A timed plan (`adopted`, made into a graph on this thread's handle, or null when that failed)
 // takes the place of the heuristics' plan `entry` ran meanwhile. Under the cache's mutex.
 void adopt_timed(Cache& c, std::shared_ptr<Plan>& entry, std::shared_ptr<Plan> adopted) {
@@ -795,10 +805,7 @@ bool run_plan(const Shapes& shapes, std::unordered_map<int64_t, void*>& ptrs, co
         plan = it->second->previous;  // a timed plan not adopted yet: the heuristics' one meanwhile
       } else if (known && !it->second->handoff.empty()) {
         // Built in the background: made into a graph on this thread's handle (no kernel compiles).
-        auto adopted = std::make_shared<Plan>();
-        adopted->graph = plan_from_bytes(handle, it->second->handoff);
-        adopted->workspace = it->second->workspace;
-        adopted->from_disk = it->second->from_disk;
+        auto adopted = made_here(handle, *it->second);
         if (it->second->previous) {  // a timed plan replacing the heuristics' one
           adopt_timed(c, it->second, std::move(adopted));
         } else {
@@ -893,11 +900,7 @@ int64_t cudnn_adopt_timed_plans() {
   std::lock_guard<std::mutex> lock(c.mutex);
   for (auto& [key, plan] : c.plans) {
     if (key.first != device || !plan->previous || plan->handoff.empty()) continue;
-    auto adopted = std::make_shared<Plan>();
-    adopted->graph = plan_from_bytes(handle, plan->handoff);
-    adopted->workspace = plan->workspace;
-    adopted->from_disk = plan->from_disk;
-    adopt_timed(c, plan, std::move(adopted));
+    adopt_timed(c, plan, made_here(handle, *plan));
     ++n;
   }
   return n;
