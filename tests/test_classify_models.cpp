@@ -98,16 +98,22 @@ std::shared_ptr<models::Detector> network(const std::string& name) {
 // reference's own float32 error where a training-mode BatchNorm over a few values (2 x 2 maps)
 // makes that larger. A gradient that is zero in exact arithmetic (a BatchNorm shift followed by
 // a convolution and a training-mode BatchNorm, which removes any per-channel constant) is
-// rounding noise in the reference (below 1e-14) and must be as small here: below 1e-6 absolute,
-// against gradients of order 1e-3 to 1.
+// rounding noise (below 1e-14 in the reference's float64 run) and must be float32 rounding here:
+// below 1e-6 absolute, against gradients of order 1e-3 to 1, or three times the reference's own
+// float32 value where that is larger (its recorded error times the float64 value it was taken
+// against).
 void check_grad(const std::string& name, const std::string& key, const torch::Tensor& got) {
   const auto want = expected(name, "grad." + key);
   ASSERT_TRUE(got.defined()) << name << " " << key << " has no gradient";
-  if (want.abs().max().item<double>() < 1e-12) {
-    EXPECT_LT(got.abs().max().item<double>(), 1e-6) << name << " grad " << key << " (zero in exact arithmetic)";
+  const double ref_err = expected(name, "ref_f32_err_grad." + key).item<double>();
+  const double want_max = want.abs().max().item<double>();
+  if (want_max < 1e-12) {
+    EXPECT_LT(got.abs().max().item<double>(), std::max(1e-6, 3 * ref_err * want_max))
+        << name << " grad " << key << " (zero in exact arithmetic)";
+    std::printf("  %-44s |grad| %.3g (zero in exact arithmetic; reference's float32 %.3g)\n",
+                (name + " grad " + key).c_str(), got.abs().max().item<double>(), ref_err * want_max);
     return;
   }
-  const double ref_err = expected(name, "ref_f32_err_grad." + key).item<double>();
   check_rel(name + " grad " + key, got, want, std::max(libreyolo::test::kParityBound, 3 * ref_err));
 }
 
@@ -211,15 +217,31 @@ TEST(ClassifyParity, EvalLogitsEqualTheReference) {
   }
 }
 
+// The fixture's loss is the reference's float64 value. Ours in float64 must equal it to float64
+// rounding; ours in float32 to 1e-5 relative, or three times its measured float32 error (against
+// our float64 run) where this machine's summation order makes that larger.
 TEST(ClassifyParity, TrainingLossAndGradientsEqualTheReference) {
   for (const std::string name : {"resnet18n", "resnet50n", "mobilenetv4n", "efficientnetv2n"}) {
     auto model = network(name);
+    const double want = expected(name, "loss_train").item<double>();
+    double loss64 = 0;
+    {
+      auto copy = network(name);
+      copy->to(torch::kDouble);
+      copy->train();
+      torch::NoGradGuard ng;
+      loss64 = libreyolo::loss::classification_loss(
+                   models::as_classifier(*copy)->logits(expected(name, "input").to(torch::kDouble)),
+                   expected(name, "labels"))
+                   .item<double>();
+    }
+    EXPECT_NEAR(loss64, want, 1e-9 * std::abs(want)) << name << " float64";
     model->train();
     const auto loss = libreyolo::loss::classification_loss(models::as_classifier(*model)->logits(expected(name, "input")),
                                                            expected(name, "labels"));
-    EXPECT_NEAR(loss.item<double>(), expected(name, "loss_train").item<double>(),
-                1e-5 * std::abs(expected(name, "loss_train").item<double>()))
-        << name;
+    const double own = std::abs(loss.item<double>() - loss64) / std::abs(loss64);
+    EXPECT_NEAR(loss.item<double>(), want, std::max(1e-5, 3 * own) * std::abs(want)) << name;
+    std::printf("  %s loss rel err %.3g (own float32 error %.3g)\n", name.c_str(), std::abs(loss.item<double>() - want) / std::abs(want), own);
     loss.backward();
     int checked = 0;
     // Every parameter of the fixture's network has its gradient compared.

@@ -7,13 +7,15 @@ namespace libreyolo::loss {
 torch::Tensor classification_loss(const torch::Tensor& logits, const torch::Tensor& targets,
                                   const torch::Tensor& class_weights) {
   if (logits.dim() != 2) throw std::invalid_argument("classification_loss: logits must be [B, nc]");
-  const auto logp = torch::log_softmax(logits.to(torch::kFloat), 1);
+  // Half-precision logits (AMP) are taken in float32; float64 stays float64.
+  const auto dtype = torch::promote_types(logits.scalar_type(), torch::kFloat);
+  const auto logp = torch::log_softmax(logits.to(dtype), 1);
   torch::Tensor per_sample;
   if (targets.dim() == 1) {
     per_sample = -logp.gather(1, targets.to(torch::kLong).unsqueeze(1)).squeeze(1);
     if (class_weights.defined()) per_sample = per_sample * class_weights.to(logp.device()).index_select(0, targets);
   } else {
-    const auto soft = targets.to(torch::kFloat);
+    const auto soft = targets.to(dtype);
     per_sample = -(soft * logp).sum(1);
     if (class_weights.defined()) per_sample = per_sample * (soft * class_weights.to(logp.device())).sum(1);
   }
