@@ -19,7 +19,9 @@ Writes into tests/data (or --out):
                                      detections), the FDR primitives on random input, the targets,
                                      training-mode outputs of the three-level network without and
                                      with denoising (every random draw of the denoising group
-                                     recorded), its loss terms and gradients.
+                                     recorded), its loss terms and gradients, and each recorded
+                                     gradient's own float32 error (ref_f32_err_grad_<tag>.<name>,
+                                     against the reference's float64 run of the same step).
 
 The models start from torch.manual_seed(0); BatchNorm affine parameters and the decoder tensors the
 reference initialises to zero or constants get deterministic noise from a generator seeded 1000,
@@ -27,7 +29,9 @@ and running statistics come from three training-mode forwards, so that no path i
 The input is redrawn until the encoder's top-k selection is far from ties (margins recorded). CPU,
 float32, deterministic algorithms, one thread.
 
-    PYTHONPATH=<dir holding libreyolo 1.6.0> python tests/python/make_dfine_fixture.py
+    PYTHONPATH=<dir holding libreyolo 1.6.0> python tests/python/make_dfine_fixture.py [--family deim]
+    ... make_dfine_fixture.py [--family deim] --add-float64-errors   (only the float32 errors, added to
+                                                                     the existing files)
 """
 
 import argparse
@@ -190,13 +194,108 @@ def draw_targets(g):
     return out
 
 
+def criterion():
+    matcher = HungarianMatcher(weight_dict={"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0},
+                               use_focal_loss=True, alpha=0.25, gamma=2.0)
+    weights = {f"loss_{CLASS_TERM}": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15, "loss_ddf": 1.5}
+    return Criterion(matcher=matcher, weight_dict=weights, losses=[CLASS_TERM, "boxes", "local"], alpha=0.75,
+                     gamma=CLASS_GAMMA, num_classes=NC, reg_max=32, distributed_normalize=False)
+
+
+def rel(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).abs().max() / b.abs().max())
+
+
+def float64_errors(m, exp, put):
+    """The fixture's own float32 error of every recorded gradient (ref_f32_err_grad_<tag>.<name>):
+    its relative distance to the reference's float64 run of the same training step (the network cast
+    to double, the recorded denoising draws replayed). It depends on the float32 summation order of
+    the machine that made the fixture; a parity test adds it to its own. The float64 run must select
+    the same queries and matches: its encoder outputs and loss terms are checked against the
+    recorded float32 ones."""
+    x = exp["input_u8"].double() / 255.0
+    targets = [{"labels": exp[f"targets.img{b}.labels"], "boxes": exp[f"targets.img{b}.boxes"].double()}
+               for b in range(BATCH)]
+    recorded = [exp[f"cdn.{k}"] for k in ("rand_label_u", "rand_new_label", "rand_sign_bits", "rand_part_u")]
+    for tag in ("nodn", "dn"):
+        mm = copy.deepcopy(m).double().train()
+        if tag == "dn":
+            queue = list(recorded)
+            rand_like, randint_like = torch.rand_like, torch.randint_like
+
+            def replay(like, *args, **kw):
+                t = queue.pop(0)
+                assert t.shape == like.shape, (t.shape, like.shape)
+                return t.to(kw.get("dtype") or like.dtype)
+
+            torch.rand_like, torch.randint_like = replay, replay
+            try:
+                out = mm(x, targets=targets)
+            finally:
+                torch.rand_like, torch.randint_like = rand_like, randint_like
+            assert not queue, "the float64 run drew fewer denoising values than recorded"
+        else:
+            out = mm(x)
+        # The same queries (their order may differ where float64 orders near-equal scores otherwise:
+        # the decoder and the loss do not depend on it).
+        ours, want = out["enc_aux_outputs"][0]["pred_boxes"].detach(), exp[f"train_{tag}.enc_aux_outputs.0.pred_boxes"]
+        near = (ours.unsqueeze(2) - want.double().unsqueeze(1)).abs().amax(-1).amin(-1)  # [B, Q]
+        assert float(near.max()) < 1e-4, f"{tag}: the float64 run selects other queries ({float(near.max()):.2e})"
+        # The reference computes the FGL targets' bin weights in float32 (translate_gt's .float()),
+        # whatever the boxes' precision: so does this run.
+        translate = _fdr.translate_gt
+        as_float = lambda v: v.float() if torch.is_tensor(v) else v  # noqa: E731
+        _fdr.translate_gt = lambda gt, *a: tuple(t.to(gt.dtype) for t in translate(*map(as_float, (gt, *a))))
+        try:
+            losses = criterion()(out, targets)
+        finally:
+            _fdr.translate_gt = translate
+        for k, v in losses.items():
+            want = float(exp[f"loss_{tag}.{k}"])
+            d = abs(float(v) - want) / max(abs(want), 1e-6)
+            assert d < 1e-4, f"{tag} {k}: float64 {float(v)} against the recorded float32 {want} (other matches?)"
+        sum(losses.values()).backward()
+        params = dict(mm.named_parameters())
+        for n in GRAD_NAMES:
+            want = exp[f"grad_{tag}.{n}"]
+            if want.numel() == 0:
+                continue
+            err = rel(want, params[n].grad)
+            put(f"ref_f32_err_grad_{tag}.{n}", torch.tensor(err, dtype=torch.float64))
+            print(f"  {tag} {n}: the fixture's float32 error {err:.2e}")
+
+
+def add_float64_errors(out_dir):
+    """Adds the ref_f32_err_grad_* entries to an existing expect file, leaving every other entry as it is."""
+    m = build(3)
+    ckpt = torch.load(os.path.join(out_dir, f"{NAME}.pt"), weights_only=False)
+    m.load_state_dict(ckpt["model"])
+    m.eval()
+    path = os.path.join(out_dir, f"{NAME}_expect.pt")
+    exp = torch.load(path, weights_only=True)
+    exp = {k: v for k, v in exp.items() if not k.startswith("ref_f32_err_grad_")}
+
+    def put(key, v):
+        exp[key] = v
+
+    float64_errors(m, exp, put)
+    torch.save(exp, path)
+    print(path, os.path.getsize(path), "bytes")
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data"))
     ap.add_argument("--family", choices=["dfine", "deim"], default="dfine")
+    ap.add_argument("--add-float64-errors", action="store_true",
+                    help="only add the fixture's own float32 errors to the existing files in --out")
     a = ap.parse_args()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    if a.add_float64_errors:
+        return add_float64_errors(a.out)
 
     exp, margins = {}, {}
 
@@ -279,14 +378,9 @@ def main():
         put(f"targets.img{b}.labels", d["labels"])
         put(f"targets.img{b}.boxes", d["boxes"])
 
-    matcher = HungarianMatcher(weight_dict={"cost_class": 2.0, "cost_bbox": 5.0, "cost_giou": 2.0},
-                               use_focal_loss=True, alpha=0.25, gamma=2.0)
-    weights = {f"loss_{CLASS_TERM}": 1.0, "loss_bbox": 5.0, "loss_giou": 2.0, "loss_fgl": 0.15, "loss_ddf": 1.5}
-
     def train_step(denoising):
         mm = copy.deepcopy(m).train()
-        crit = Criterion(matcher=matcher, weight_dict=weights, losses=[CLASS_TERM, "boxes", "local"], alpha=0.75,
-                         gamma=CLASS_GAMMA, num_classes=NC, reg_max=32, distributed_normalize=False)
+        crit = criterion()
         seen = {}
         if denoising:
             original = dfdec.get_contrastive_denoising_training_group
@@ -354,6 +448,7 @@ def main():
 
     for k, v in margins.items():
         put(f"margin.{k}", float(v) if not isinstance(v, int) else v)
+    float64_errors(m, exp, put)
 
     os.makedirs(a.out, exist_ok=True)
     names = {i: f"class_{i}" for i in range(NC)}
