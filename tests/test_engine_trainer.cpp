@@ -12,6 +12,7 @@
 #include "io/pickle.hpp"
 #include "io/sample_image.hpp"
 #include "engine/validator.hpp"
+#include "layers/cudnn_fusion.hpp"
 #include "support.hpp"
 
 namespace fs = std::filesystem;
@@ -461,6 +462,27 @@ TEST(Trainer, CudaGraphOnTheCpuTrainsEagerWithOneLine) {
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("cuda_graph_scope"), std::string::npos) << e.what();
   }
+}
+
+// A single-process training times new convolution plans on a worker (PlanTuning::Background), a
+// process-wide mode: when it ends, the mode before it is back, so that what runs next in the
+// process (a benchmark, a multi-GPU rank, another trainer) gets its own default.
+TEST(Trainer, PutsBackThePlanTuningModeItChose) {
+  using models::PlanTuning;
+  models::set_training_plan_tuning(PlanTuning::Background);
+  if (models::set_training_plan_tuning(PlanTuning::InCall) != PlanTuning::Background)
+    GTEST_SKIP() << "built without the cuDNN frontend: one tuning mode only";
+  const std::string project = test::temp_dir("trainer_plan_tuning");
+  {
+    LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
+    Kwargs kw = base_options(project);
+    for (auto& [k, v] : kw)
+      if (k == "epochs") v = "1";
+    kw.emplace_back("val", "false");
+    model.train(kw);
+  }
+  EXPECT_EQ(models::set_training_plan_tuning(PlanTuning::InCall), PlanTuning::InCall)
+      << "the trainer left its tuning mode in place";
 }
 
 // A folder through predict at batch 1, 2 and 4 (decoding runs a batch ahead on its own threads):

@@ -88,6 +88,7 @@ Trainer::~Trainer() {
     group_->shutdown(/*finished=*/std::uncaught_exceptions() == 0);
   }
   if (saved_log_level_) set_log_level(*saved_log_level_);
+  if (saved_plan_tuning_) models::set_training_plan_tuning(*saved_plan_tuning_);
 }
 
 void Trainer::add_hook(std::shared_ptr<TrainHook> hook) {
@@ -582,7 +583,8 @@ void Trainer::setup_optimization() {
   // A single process times its new convolution plans on a worker while its first steps run on
   // the heuristics' plans; ranks of a group time them in the call, so that every rank captures
   // its step at the same occurrence.
-  models::set_training_plan_tuning(group_ ? models::PlanTuning::InCall : models::PlanTuning::Background);
+  const auto before = models::set_training_plan_tuning(group_ ? models::PlanTuning::InCall : models::PlanTuning::Background);
+  if (!saved_plan_tuning_) saved_plan_tuning_ = before;
   if (cfg_.cuda_graph) enable_declared_cuda_graphs(*step_, *lm_.family, cfg_.cuda_graph_scope, group_ != nullptr);
   loss_names_ = step_->loss().term_names();
   loss_sums_ = torch::zeros({1 + static_cast<int64_t>(loss_names_.size())},

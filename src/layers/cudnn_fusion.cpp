@@ -79,7 +79,7 @@ torch::Tensor cudnn_conv_train(TrainConvOp, const torch::Tensor&, const torch::T
 CudnnFusionStats cudnn_fusion_stats() { return {}; }
 void cudnn_fusion_forget_plans() {}
 void cudnn_fusion_wait_background() {}
-void set_training_plan_tuning(PlanTuning) {}
+PlanTuning set_training_plan_tuning(PlanTuning) { return PlanTuning::InCall; }
 bool cudnn_training_plans_settled() { return true; }
 int64_t cudnn_adopt_timed_plans() { return 0; }
 
@@ -885,7 +885,9 @@ CudnnFusionStats cudnn_fusion_stats() {
 
 void cudnn_fusion_wait_background() { Builder::get().wait_idle(); }
 
-void set_training_plan_tuning(PlanTuning tuning) { tune_in_background.store(tuning == PlanTuning::Background); }
+PlanTuning set_training_plan_tuning(PlanTuning tuning) {
+  return tune_in_background.exchange(tuning == PlanTuning::Background) ? PlanTuning::Background : PlanTuning::InCall;
+}
 
 bool cudnn_training_plans_settled() {
   std::lock_guard<std::mutex> lock(cache().mutex);

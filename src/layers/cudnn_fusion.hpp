@@ -63,8 +63,9 @@ torch::Tensor cudnn_conv_train(TrainConvOp op, const torch::Tensor& a, const tor
 // and no timed plan waits to be adopted (cudnn_adopt_timed_plans() adopted none: else that
 // occurrence runs eager on them first), so that its graph holds the chosen plans.
 // LIBREYOLO_CUDNN_PLAN_BUILD=wait keeps InCall.
+// Process-wide; returns the mode it replaces (a trainer puts that back when it ends).
 enum class PlanTuning { InCall, Background };
-void set_training_plan_tuning(PlanTuning tuning);
+PlanTuning set_training_plan_tuning(PlanTuning tuning);
 
 // False while a worker is timing a training configuration's candidates (PlanTuning::Background).
 bool cudnn_training_plans_settled();
