@@ -40,6 +40,15 @@ Kwargs base_options(const std::string& project) {
           {"verbose", "false"}};
 }
 
+// One epoch without validation: for tests that look at the training itself.
+Kwargs one_epoch_options(const std::string& project) {
+  Kwargs kw = base_options(project);
+  for (auto& [k, v] : kw)
+    if (k == "epochs") v = "1";
+  kw.emplace_back("val", "false");
+  return kw;
+}
+
 std::vector<std::string> read_lines(const std::string& path) {
   std::ifstream f(path);
   std::vector<std::string> out;
@@ -425,12 +434,9 @@ TEST(Trainer, FreshModelRunsAreReproducibleForASeed) {
   auto run = [&](const std::string& name) {
     LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
     torch::rand({7});  // disturb the global generator differently for each run
-    Kwargs kw = base_options(project);
-    for (auto& [k, v] : kw) {
-      if (k == "epochs") v = "1";
+    Kwargs kw = one_epoch_options(project);
+    for (auto& [k, v] : kw)
       if (k == "name") v = name;
-    }
-    kw.emplace_back("val", "false");
     return model.train(kw).epochs.at(0).loss;
   };
   const double a = run("a");
@@ -444,10 +450,7 @@ TEST(Trainer, FreshModelRunsAreReproducibleForASeed) {
 TEST(Trainer, CudaGraphOnTheCpuTrainsEagerWithOneLine) {
   const std::string project = test::temp_dir("trainer_graph_cpu");
   LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
-  Kwargs kw = base_options(project);
-  for (auto& [k, v] : kw)
-    if (k == "epochs") v = "1";
-  kw.emplace_back("val", "false");
+  Kwargs kw = one_epoch_options(project);
   kw.emplace_back("cuda_graph", "true");
   testing::internal::CaptureStderr();
   const auto r = model.train(kw);
@@ -475,11 +478,7 @@ TEST(Trainer, PutsBackThePlanTuningModeItChose) {
   const std::string project = test::temp_dir("trainer_plan_tuning");
   {
     LibreYOLO model = LibreYOLO::create("yolo9", "t", 80, "cpu");
-    Kwargs kw = base_options(project);
-    for (auto& [k, v] : kw)
-      if (k == "epochs") v = "1";
-    kw.emplace_back("val", "false");
-    model.train(kw);
+    model.train(one_epoch_options(project));
   }
   EXPECT_EQ(models::set_training_plan_tuning(PlanTuning::InCall), PlanTuning::InCall)
       << "the trainer left its tuning mode in place";
