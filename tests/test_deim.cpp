@@ -3,7 +3,8 @@
 // SiLU in the decoder), the recipe (DEIM's learning rates with the backbone's fraction by size,
 // RT-DETRv4's own rate, decay and length, AMP off with its reason), the loss terms, a short run
 // whose checkpoint loads back as its family, and how weights without a family name are told apart
-// (raw RT-DETRv4 files by their distillation projector).
+// (raw RT-DETRv4 files by their distillation projector; DEIMv2's, which this build has no family
+// for, refused as no family's).
 #include <cmath>
 #include <filesystem>
 
@@ -16,6 +17,7 @@
 #include "io/pickle.hpp"
 #include "loss/loss.hpp"
 #include "models/detector.hpp"
+#include "models/loaded_model.hpp"
 #include "support.hpp"
 
 namespace fs = std::filesystem;
@@ -149,4 +151,39 @@ TEST(DeimFamilies, WeightsWithoutAFamilyName) {
   EXPECT_NO_THROW(models::load_state_dict(*m, cleaned, /*strict=*/true));
   EXPECT_EQ(m->num_classes(), 3);
   EXPECT_EQ(f->infer_size(cleaned), std::optional<std::string>("s"));
+}
+
+// This build has no DEIMv2 family. Its weights (every size's listing from LibreYOLO 1.6.0,
+// tests/python/make_deimv2_state_dicts.py: HGNetv2 or DINOv3 backbones under the DEIM decoder's
+// keys) are claimed by no family, and loading them says so: with their model_family, that the
+// family is not supported; without one, that no family recognises them (not a D-FINE error about
+// widths or the class count).
+TEST(DeimFamilies, DeimV2WeightsAreRefusedWithAClearMessage) {
+  const auto refusal = [](const libreyolo::io::PyValuePtr& root) -> std::string {
+    try {
+      models::model_from_checkpoint(root, "deimv2.pt");
+    } catch (const libreyolo::ModelError& e) {
+      return std::string(e.code()) + ": " + e.what();
+    }
+    return "loaded";
+  };
+  for (const std::string size : {"atto", "femto", "pico", "n", "s", "m", "l", "x"}) {
+    const auto sd = libreyolo::test::reference_state_dict_tsv("deimv2_state_dict_" + size + "_nc80.tsv");
+    const models::Family* f = models::detect_family(sd);
+    EXPECT_EQ(f, nullptr) << size << " taken for " << f->name << "'s";
+    libreyolo::io::CheckpointMeta meta;
+    meta.family = "deimv2";
+    meta.size = size;
+    meta.task = "detect";
+    meta.nc = 80;
+    meta.names = std::vector<std::string>(80, "c");
+    meta.imgsz = 640;
+    const auto named = libreyolo::io::make_checkpoint(sd, meta);
+    EXPECT_EQ(refusal(named), "model_family_mismatch: deimv2.pt: model_family 'deimv2' is not supported by this build")
+        << size;
+    auto raw = libreyolo::io::PyValue::new_dict();
+    raw->dict.emplace_back(libreyolo::io::PyValue::from_string("model"), named->get("model"));
+    EXPECT_EQ(refusal(raw), "model_load_failed: deimv2.pt: cannot tell which model family these weights belong to")
+        << size;
+  }
 }

@@ -105,7 +105,9 @@ std::unique_ptr<LoadedModel> model_from_checkpoint(const io::PyValuePtr& root, c
   if (ck.meta.nc) nc = static_cast<int>(*ck.meta.nc);
   if (!nc && ck.meta.names) nc = static_cast<int>(ck.meta.names->size());
   if (!nc && fam->infer_num_classes) nc = fam->infer_num_classes(sd);
-  if (!nc || *nc < 1) throw ModelError(origin + ": cannot determine the number of classes", "", "model_load_failed");
+  if (!nc || *nc < 1)
+    throw ModelError(origin + ": cannot determine the number of classes of these " + fam->name + " weights", "",
+                     "model_load_failed");
   auto impl = std::make_unique<LoadedModel>();
   impl->family = fam;
   if (!fam->aux_prefixes.empty()) {

@@ -5,6 +5,8 @@
 // buffers) and LibreYOLO's v1 recipe; D-FINE (families/rtdetr/dfine.hpp) is recognised by its
 // decoder's pre_bbox_head.
 
+#include <algorithm>
+
 #include "core/log.hpp"
 #include "families/rtdetr/dfine.hpp"
 #include "families/rtdetr/dfine_loss.hpp"
@@ -196,12 +198,18 @@ io::StateDict without_distillation(const io::StateDict& sd) {
   return out;
 }
 
+// D-FINE-line weights: its decoder's pre_bbox_head, the HGNetv2 stem, and the decoder's own
+// layout (the layers' linear feed-forward, the encoder-output projection). DEIMv2's weights share
+// the first two but not the last (RMS norms, a SwiGLU feed-forward): they are not this line's.
 bool dfine_keys(const io::StateDict& sd) {
   const auto k = without_ddp(sd);
   if (!is_dfine_state_dict(k)) return false;
-  for (const auto& kv : k)
-    if (kv.first.rfind("backbone.stem.stem1.", 0) == 0) return true;
-  return false;
+  const auto has = [&](const std::string& key) {
+    return std::any_of(k.begin(), k.end(), [&](const auto& kv) { return kv.first == key; });
+  };
+  const bool stem = std::any_of(k.begin(), k.end(),
+                                [](const auto& kv) { return kv.first.rfind("backbone.stem.stem1.", 0) == 0; });
+  return stem && has("decoder.decoder.layers.0.linear1.weight") && has("decoder.enc_output.proj.weight");
 }
 
 std::optional<std::string> dfine_infer_size(const io::StateDict& sd) {
