@@ -99,7 +99,9 @@ TEST(DeimFamilies, RecipesBySizeAndAmpOffWithTheReason) {
     EXPECT_EQ(cfg.no_aug_epochs, 12) << what;
     EXPECT_EQ(cfg.scheduler, "flat_cosine") << what;
     EXPECT_DOUBLE_EQ(cfg.min_lr_ratio, 0.05) << what;
-    // The caller's values win over the size's.
+    // The caller's values win over the size's (each dry run measures the network's memory with
+    // five forwards: checked on the first of each family only).
+    if (std::string(w.size) != "n" && std::string(w.size) != "s") continue;
     auto mine = base;
     mine.emplace_back("backbone_lr_mult", "0.25");
     mine.emplace_back("amp", "true");
