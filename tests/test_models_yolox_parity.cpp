@@ -216,6 +216,13 @@ struct LossRun {
   libreyolo::loss::SimOtaAssignment assignment;
 };
 
+// The fixture's targets as the reference's assignment takes them: class -1 on padding rows.
+torch::Tensor reference_gt(const Fixture& f, const std::string& targets_key, torch::Dtype dtype = torch::kFloat) {
+  auto gt = f.expected(targets_key).to(dtype, /*non_blocking=*/false, /*copy=*/true);
+  gt.select(2, 0).masked_fill_(gt.sum(2) <= 0, -1);
+  return gt;
+}
+
 // `dtype` kDouble runs a float64 copy of the model (the measure of our own float32 rounding).
 LossRun run_loss(Fixture& f, bool l1, const std::string& targets_key, torch::Dtype dtype = torch::kFloat) {
   f.model->train();
@@ -229,9 +236,8 @@ LossRun run_loss(Fixture& f, bool l1, const std::string& targets_key, torch::Dty
   r.out = loss.compute(raw, t, x.size(2), x.size(3));
   // The assignment of the same forward, with the fixture's targets as the reference takes them.
   const auto [cells, strides] = loss.grid(raw);
-  auto gt = f.expected(targets_key).to(dtype);
-  gt.select(2, 0).masked_fill_(gt.sum(2) <= 0, -1);
-  r.assignment = loss.assign(loss.decode(loss.flatten(raw), cells, strides), gt, cells, strides);
+  r.assignment = loss.assign(loss.decode(loss.flatten(raw), cells, strides), reference_gt(f, targets_key, dtype), cells,
+                             strides);
   return r;
 }
 
@@ -288,9 +294,7 @@ TEST(YoloxParity, SimOtaAssignmentIsExact) {
     torch::NoGradGuard no_grad;
     const auto raw = f.model->forward_raw(f.expected("input"));  // only the grid is taken from it
     const auto [cells, strides] = loss.grid(raw);
-    auto gt = f.expected("targets").clone();
-    gt.select(2, 0).masked_fill_(gt.sum(2) <= 0, -1);
-    const auto on_ref = loss.assign(f.expected("train_output"), gt, cells, strides);
+    const auto on_ref = loss.assign(f.expected("train_output"), reference_gt(f, "targets"), cells, strides);
     EXPECT_TRUE(torch::equal(on_ref.fg, f.expected("simota_fg_mask")));
     EXPECT_TRUE(torch::equal(on_ref.matched_gt, f.expected("simota_matched_gt")));
     check_rel("simota_pred_iou on the reference's forward", on_ref.pred_iou, f.expected("simota_pred_iou"), 1e-6);

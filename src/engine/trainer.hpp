@@ -155,8 +155,8 @@ class Trainer : private EpochSteps {
   BestMetric best_;
   TrainResult result_;
   std::shared_ptr<dist::Group> group_;  // null in one process
-  std::optional<LogLevel> saved_log_level_;
-  std::optional<models::PlanTuning> saved_plan_tuning_;  // put back when the trainer ends  // ranks other than 0 log warnings and errors only
+  std::optional<LogLevel> saved_log_level_;  // ranks other than 0 log warnings and errors only
+  std::optional<models::PlanTuning> saved_plan_tuning_;  // put back when the trainer ends
 };
 
 
