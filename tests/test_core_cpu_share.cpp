@@ -67,7 +67,8 @@ TEST(CpuShare, AvailableCoresFollowTheAffinityMask) {
 }
 
 // The trainer takes its share: with another CPU training registered (a registration of this test's
-// own, running, process), a training plans half the cores and says so.
+// own, running, process), a training plans half the cores and says so, and, unless the environment
+// already has OpenMP's waiting threads sleep, says how to.
 TEST(CpuShare, ATrainingTakesItsShareWhenAnotherRuns) {
   const std::string tmp = test::temp_dir("cpu_share_cli");
   data::SyntheticOptions o;
@@ -80,13 +81,17 @@ TEST(CpuShare, ATrainingTakesItsShareWhenAnotherRuns) {
   const CpuShare probe(1);  // the folder every training registers in
   const fs::path other = fs::path(probe.folder()) / (std::to_string(getpid()) + ".424242");
   std::ofstream(other) << "1\n";
-  std::string out;
-  const int rc = test::run_command("LIBREYOLO_CPU_SHARE=1 '" + std::string(LIBREYOLO_CLI_PATH) +
-                                       "' train model=yolo9t data=" + yaml + " imgsz=64 batch=2 workers=0 device=cpu "
-                                       "project=" + tmp + "/runs --dry-run",
-                                   &out);
+  const std::string train = "LIBREYOLO_CPU_SHARE=1 '" + std::string(LIBREYOLO_CLI_PATH) + "' train model=yolo9t data=" +
+                            yaml + " imgsz=64 batch=2 workers=0 device=cpu project=" + tmp + "/runs --dry-run";
+  // Without OMP_WAIT_POLICY in its environment, the run says to set it; with it, it does not.
+  std::string out, passive;
+  const int rc = test::run_command("env -u OMP_WAIT_POLICY " + train, &out);
+  const int rc_passive = test::run_command("OMP_WAIT_POLICY=PASSIVE " + train, &passive);
   fs::remove(other);
   EXPECT_EQ(rc, 0) << out;
+  EXPECT_EQ(rc_passive, 0) << passive;
+  EXPECT_NE(out.find("OMP_WAIT_POLICY=PASSIVE"), std::string::npos) << out;
+  EXPECT_EQ(passive.find("OMP_WAIT_POLICY"), std::string::npos) << passive;
   // This probe, the fake registration and the training itself: three.
   EXPECT_NE(out.find("shared by 3 trainings"), std::string::npos) << out;
   EXPECT_NE(out.find("CPU training on " + std::to_string(std::max(1, available_cores() / 3)) + " core"),

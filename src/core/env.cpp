@@ -48,6 +48,8 @@ const std::vector<EnvVar>& env_vars() {
       {"LIBREYOLO_BN_VEC", "channels per thread of the BatchNorm kernels (4)"},
       {"LIBREYOLO_BN_BLOCK_CHANNELS", "one fixed channel width of the BatchNorm reduction blocks"},
       {"LIBREYOLO_BN_ROWS_PER_THREAD", "one fixed row count per thread of the BatchNorm reductions"},
+      // Other libraries' settings the product reads (and cannot change for itself).
+      {"OMP_WAIT_POLICY", "OpenMP's waiting threads: PASSIVE sleeps (what CPU trainings side by side want); unset: they spin, and a CPU training beside another says so"},
       // Set by the product for its own worker processes.
       {"LIBREYOLO_DDP_WORKER", "internal: marks a spawned data-parallel worker"},
       {"LIBREYOLO_DDP_WEIGHTS", "internal: the weights a spawned worker starts from"},

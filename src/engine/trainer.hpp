@@ -102,6 +102,9 @@ class Trainer : private EpochSteps {
   void apply_freeze();
   // CPU training: this run's compute threads follow its share of the cores (core/cpu_share).
   void share_cpu();
+  // Other CPU trainings run beside this one and OMP_WAIT_POLICY is unset: a warning saying to set
+  // it (once a run).
+  void warn_spinning_threads();
   // The cores of this CPU training: its share, at most the threads torch started with.
   int cpu_cores() const;
   // EpochSteps
@@ -142,6 +145,7 @@ class Trainer : private EpochSteps {
   std::unique_ptr<CpuShare> cpu_share_;  // CPU training: this run's share of the cores
   int compute_threads_ = 0;               // CPU training: intra-op threads now
   std::chrono::steady_clock::time_point cpu_share_checked_;
+  bool spin_warned_ = false;
   int accumulate_ = 1;
   AccumulationWindow window_{1, true};  // the current batch's (next_batch)
   int64_t steps_per_epoch_ = 1;  // optimizer steps
