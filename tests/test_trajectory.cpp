@@ -1,9 +1,10 @@
 // A short training run against LibreYOLO 1.6.0's, step by step (tests/data/<family>_trajectory_
-// reference.pt, made by tests/python/make_trajectory_fixture.py): the same start weights (the
-// family's parity network), the same batches, the family's recipe through the trainer's own step runner (parameter groups,
-// optimizer, schedule, EMA). The loss is the fixture's smooth probe (the mean of (x - 0.5)^2 over
-// the training forward's outputs), within the noise floor the fixture recorded per step (the same
-// run from start weights perturbed by one rounding): an error in the update rule shows in the first
+// reference.pt, made by tests/python/make_trajectory_fixture.py): the same start weights (PicoDet's
+// parity network; a fresh YOLOv9-t kept in the fixture), the same batches, the family's recipe
+// through the trainer's own step runner (parameter groups, optimizer, schedule, EMA). The loss is
+// the fixture's smooth probe (the mean of (x - 0.5)^2 over the training forward's outputs), within
+// three times the noise floor the fixture recorded per step (the run again with every update
+// perturbed by one rounding, on 1 to 3 threads): an error in the update rule shows in the first
 // steps, before that floor grows. Checked at every step: the learning rate and momentum the step
 // used, the probe's value; after the last step: each parameter's group (its weight decay), the
 // EMA's update count, and that the tensors the reference moved (and only those) moved.
@@ -58,7 +59,11 @@ struct Fixture {
     if (!v || !v->is_tensor()) throw std::runtime_error("the trajectory fixture has no tensor " + key);
     return v->tensor;
   }
-  bool has(const std::string& key) const { return root->get(key) != nullptr; }
+  const std::vector<io::PyValuePtr>& list(const std::string& key) const {
+    auto v = root->get(key);
+    if (!v || v->kind != io::PyValue::Kind::List) throw std::runtime_error("the trajectory fixture has no list " + key);
+    return v->items;
+  }
 };
 
 // A float-state tensor of `m` by name (parameters and floating-point buffers).
@@ -89,27 +94,53 @@ TEST_P(Trajectory, TheRecipeTrainsAsTheReferenceStepByStep) {
   const models::Family* fam = models::find_family(family);
   ASSERT_NE(fam, nullptr);
 
-  // The start state (another fixture's network); the network of its widths and class count.
+  // The start state: another fixture's network, or this fixture's own (float16 values, flat); the
+  // network of its widths and class count.
   const auto start_file = fx.root->get("start");
   ASSERT_TRUE(start_file && start_file->is_string());
-  const io::StateDict start = io::to_state_dict(
-      *io::load_torch_file(std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/" + start_file->s)->get("model"));
+  io::StateDict start;
+  if (!start_file->s.empty()) {
+    start = io::to_state_dict(
+        *io::load_torch_file(std::string(LIBREYOLO_SOURCE_DIR) + "/tests/data/" + start_file->s)->get("model"));
+  } else {
+    const auto& names = fx.list("start_names");
+    const auto& shapes = fx.list("start_shapes");
+    const auto values = fx.get("start_values").to(torch::kFloat);
+    ASSERT_EQ(names.size(), shapes.size());
+    int64_t at = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      std::vector<int64_t> shape;
+      for (const auto& d : shapes[i]->items) shape.push_back(d->as_int());
+      const int64_t n = c10::multiply_integers(shape);
+      start.emplace_back(names[i]->as_string(), values.narrow(0, at, n).reshape(shape).clone());
+      at += n;
+    }
+    ASSERT_EQ(at, values.numel());
+  }
   auto model = fam->build_like(start, 0);
-  models::load_state_dict(*model, start, /*strict=*/true);
+  // The integer buffers (BatchNorm's batch counts) a fresh network's, where the start has none.
+  io::StateDict full = models::state_dict(*model);
+  for (auto& [k, v] : full)
+    for (const auto& [sk, sv] : start)
+      if (sk == k) v = sv;
+  models::load_state_dict(*model, full, /*strict=*/true);
   model->train();
   auto ema_model = fam->build_like(start, 0);
-  models::load_state_dict(*ema_model, start, true);
+  models::load_state_dict(*ema_model, full, true);
   const auto start_state = float_state(*model);
   std::map<std::string, torch::Tensor> start_copy;
   for (const auto& [k, v] : start_state) start_copy[k] = v.clone();
+  EXPECT_EQ(start_copy.size(), fx.list("state_names").size());
 
-  // The family's recipe as a user gets it, for the fixture's run: 3 epochs of 4 batches.
-  libreyolo::TrainConfig cfg = libreyolo::LibreYOLO(fam->name + "-" + fam->default_size, "cpu")
-                        .check_train({{"data", "builtin"}, {"epochs", "3"}, {"batch", std::to_string(batch)},
-                                      {"imgsz", std::to_string(imgsz)}});
+  // The family's recipe as a user gets it, for the fixture's run length.
+  const int64_t per_epoch = fx.get("per_epoch").item<int64_t>();
+  libreyolo::TrainConfig cfg =
+      libreyolo::LibreYOLO(fam->name + "-" + fam->default_size, "cpu")
+          .check_train({{"data", "builtin"}, {"epochs", std::to_string(fx.get("epochs").item<int64_t>())},
+                        {"batch", std::to_string(batch)}, {"imgsz", std::to_string(imgsz)}});
   engine::ModelEMA ema(ema_model, *model, cfg.ema_decay, cfg.ema_tau);
   auto setup = engine::make_step_runner(cfg, model, std::make_unique<ProbeLoss>(), &ema, torch::kCPU,
-                                        engine::AmpPlan{}, false, /*batches_per_epoch=*/4, fam);
+                                        engine::AmpPlan{}, false, per_epoch, fam);
   ASSERT_EQ(setup.accumulate, 1);
   auto& runner = *setup.runner;
 
@@ -137,42 +168,49 @@ TEST_P(Trajectory, TheRecipeTrainsAsTheReferenceStepByStep) {
   std::map<const c10::TensorImpl*, double> decay_of;
   for (const auto& g : runner.optimizer().groups())
     for (const auto& p : g.params) decay_of[p.unsafeGetTensorImpl()] = g.weight_decay;
+  std::map<std::string, int64_t> want_group;
+  const auto& param_names = fx.list("param_names");
+  const auto groups = fx.get("group");
+  for (size_t i = 0; i < param_names.size(); ++i) want_group[param_names[i]->as_string()] = groups[static_cast<int64_t>(i)].item<int64_t>();
   int groups_checked = 0;
   for (const auto& item : model->named_parameters()) {
     const std::string& k = item.key();
-    const torch::Tensor& p = item.value();
-    ASSERT_TRUE(fx.has("group." + k)) << k << " is not a parameter of the reference's network";
-    const bool decayed = fx.get("group." + k).item<int64_t>() == 1;
-    ASSERT_TRUE(decay_of.count(p.unsafeGetTensorImpl())) << k << " is in no optimizer group";
-    EXPECT_DOUBLE_EQ(decay_of[p.unsafeGetTensorImpl()], decayed ? cfg.weight_decay : 0.0) << k;
+    ASSERT_TRUE(want_group.count(k)) << k << " is not a parameter of the reference's network";
+    ASSERT_TRUE(decay_of.count(item.value().unsafeGetTensorImpl())) << k << " is in no optimizer group";
+    EXPECT_DOUBLE_EQ(decay_of[item.value().unsafeGetTensorImpl()], want_group[k] == 1 ? cfg.weight_decay : 0.0) << k;
     ++groups_checked;
   }
+  EXPECT_EQ(groups_checked, static_cast<int>(param_names.size()));
   EXPECT_GT(groups_checked, 0);
 
   // Every state tensor the reference moved, ours moved; the ones it left where they were (a
   // BatchNorm bias whose every path ends in another training-mode BatchNorm, which subtracts it
   // again: a zero gradient in exact arithmetic), ours moved by rounding at most.
   int unmoved = 0;
-  auto check_moved = [&](const std::map<std::string, torch::Tensor>& state, const std::string& prefix) {
+  std::map<std::string, size_t> index;
+  const auto& state_names = fx.list("state_names");
+  for (size_t i = 0; i < state_names.size(); ++i) index[state_names[i]->as_string()] = i;
+  auto check_moved = [&](const std::map<std::string, torch::Tensor>& state, const torch::Tensor& moves,
+                         const std::string& which) {
     for (const auto& [k, v] : state) {
-      ASSERT_TRUE(fx.has(prefix + k)) << prefix << k;
-      const double want = fx.get(prefix + k).item<double>();
+      ASSERT_TRUE(index.count(k)) << k << " is not in the reference's state";
+      const double want = moves[static_cast<int64_t>(index[k])].item<double>();
       const auto move = v.to(torch::kDouble) - start_copy.at(k).to(torch::kDouble);
-      const double got = move.pow(2).sum().item<double>();
       if (want > 0) {
-        EXPECT_GT(got, 0.0) << prefix << k << " did not move; the reference's moved by " << std::sqrt(want);
+        EXPECT_GT(move.pow(2).sum().item<double>(), 0.0)
+            << which << " " << k << " did not move; the reference's moved by " << std::sqrt(want);
       } else {
         ++unmoved;
         const double scale = start_copy.at(k).abs().max().item<double>() + 1.0;
-        EXPECT_LE(move.abs().max().item<double>(), 1e-6 * scale) << prefix << k << " moved; the reference's did not";
+        EXPECT_LE(move.abs().max().item<double>(), 1e-6 * scale) << which << " " << k << " moved; the reference's did not";
       }
     }
   };
-  check_moved(float_state(*model), "final.");
-  check_moved(float_state(*ema_model), "ema.");
+  check_moved(float_state(*model), fx.get("final"), "network");
+  check_moved(float_state(*ema_model), fx.get("ema"), "EMA");
   std::printf("  %s: %lld steps, worst probe %.2f of its bound; %d state tensors unmoved on both sides\n",
               family.c_str(), static_cast<long long>(steps), worst_loss, unmoved);
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Trajectory, ::testing::Values("picodet"),
+INSTANTIATE_TEST_SUITE_P(Families, Trajectory, ::testing::Values("picodet", "yolo9"),
                          [](const auto& info) { return info.param; });
