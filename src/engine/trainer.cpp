@@ -654,9 +654,10 @@ void Trainer::warn_spinning_threads() {
   if (spin_warned_ || env_get("OMP_WAIT_POLICY")) return;
   spin_warned_ = true;
   log_warn(
-      "Other CPU trainings share this machine, and OpenMP's threads spin while they wait: each "
-      "training can slow the others several times over. Start them with OMP_WAIT_POLICY=PASSIVE "
-      "in the environment to have waiting threads sleep.");
+      "Other CPU trainings share this machine, and OpenMP's waiting threads spin unless told "
+      "otherwise: where trainings side by side run more than one thread each, that slows them "
+      "several times over. Start them with OMP_WAIT_POLICY=PASSIVE in the environment to have "
+      "waiting threads sleep.");
 }
 
 void Trainer::begin_epoch(TrainState& s) {
