@@ -119,10 +119,10 @@ TEST_P(Trajectory, TheRecipeTrainsAsTheReferenceStepByStep) {
   }
   auto model = fam->build_like(start, 0);
   // The integer buffers (BatchNorm's batch counts) a fresh network's, where the start has none.
+  const std::map<std::string, torch::Tensor> given(start.begin(), start.end());
   io::StateDict full = models::state_dict(*model);
   for (auto& [k, v] : full)
-    for (const auto& [sk, sv] : start)
-      if (sk == k) v = sv;
+    if (auto it = given.find(k); it != given.end()) v = it->second;
   models::load_state_dict(*model, full, /*strict=*/true);
   model->train();
   auto ema_model = fam->build_like(start, 0);

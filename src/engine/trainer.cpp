@@ -271,7 +271,7 @@ void Trainer::setup_device() {
                                   : "",
                     count_of(workers_, "loader worker").c_str(), cfg_.workers,
                     count_of(compute_threads_, "compute thread").c_str()));
-    if (trainings > 1) warn_spinning_threads();
+    warn_spinning_threads();
   }
   channels_last_ = trains_channels_last(cfg_.memory_format, device_);
   // Every training batch has the same shape: let cuDNN time its algorithms once and keep the
@@ -645,13 +645,13 @@ void Trainer::share_cpu() {
                   cpu_share_->trainings(), count_of(available_cores(), "core").c_str()));
   at::set_num_threads(threads);
   compute_threads_ = threads;
-  if (cpu_share_->trainings() > 1) warn_spinning_threads();
+  warn_spinning_threads();
 }
 
 void Trainer::warn_spinning_threads() {
   // OpenMP reads its wait policy when the library loads, before main(): a process cannot change
   // it for itself, so say what to set. Once a run.
-  if (spin_warned_ || env_get("OMP_WAIT_POLICY")) return;
+  if (spin_warned_ || !cpu_share_ || cpu_share_->trainings() < 2 || env_get("OMP_WAIT_POLICY")) return;
   spin_warned_ = true;
   log_warn(
       "Other CPU trainings share this machine, and OpenMP's waiting threads spin unless told "

@@ -102,8 +102,8 @@ class Trainer : private EpochSteps {
   void apply_freeze();
   // CPU training: this run's compute threads follow its share of the cores (core/cpu_share).
   void share_cpu();
-  // Other CPU trainings run beside this one and OMP_WAIT_POLICY is unset: a warning saying to set
-  // it (once a run).
+  // When other CPU trainings run beside this one and OMP_WAIT_POLICY is unset: a warning saying
+  // to set it (once a run).
   void warn_spinning_threads();
   // The cores of this CPU training: its share, at most the threads torch started with.
   int cpu_cores() const;
